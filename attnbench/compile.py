@@ -1,0 +1,143 @@
+"""Kernel loading: kernels/*.cu with compile-time constants injected as -D options.
+
+The same source text and options go to ``cupy.RawModule`` on a GPU and, through
+``compile_only``, to NVRTC without a device (for CI and ``attnbench compile``).
+Local ``#include "x.cuh"`` lines are expanded into the source text, so the text
+that is compiled (and that CuPy's cache is keyed on) holds everything.
+"""
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .patterns import BadInput
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
+BASE_OPTIONS = ("-std=c++17",)
+
+
+def kernel_dir() -> Path:
+    here = Path(__file__).resolve().parent
+    for d in (here.parent / "kernels", here / "kernels"):
+        if (d / "common.cuh").is_file():
+            return d
+    raise FileNotFoundError(f"kernels/ not found beside {here}")
+
+
+def kernel_names() -> list[str]:
+    return sorted(p.stem for p in kernel_dir().glob("*.cu"))
+
+
+@functools.lru_cache(maxsize=None)
+def _read(name: str) -> str:
+    return (kernel_dir() / name).read_text()
+
+
+def source(name: str) -> str:
+    """The text of kernels/<name>.cu with its local includes expanded (once each)."""
+    seen: set[str] = set()
+
+    def expand(text: str) -> str:
+        def sub(m):
+            inc = m.group(1)
+            if inc in seen:
+                return ""
+            seen.add(inc)
+            return expand(_read(inc))
+        return _INCLUDE.sub(sub, text)
+
+    return expand(_read(f"{name}.cu"))
+
+
+def options(defines: dict) -> tuple[str, ...]:
+    return BASE_OPTIONS + tuple(f"-D{k}={int(v)}" for k, v in sorted(defines.items()))
+
+
+def round_up_pow2(n: int, minimum: int = 32) -> int:
+    p = minimum
+    while p < n:
+        p *= 2
+    return p
+
+
+_MODULES: dict = {}
+
+
+def get_module(name: str, defines: dict):
+    """A cupy.RawModule of kernels/<name>.cu compiled with these constants, cached per
+    (source, options, device)."""
+    import cupy
+
+    dev = cupy.cuda.Device()
+    src = source(name)
+    opts = options(defines)
+    key = (src, opts, dev.id, dev.compute_capability)
+    mod = _MODULES.get(key)
+    if mod is None:
+        mod = cupy.RawModule(code=src, options=opts, backend="nvrtc")
+        _MODULES[key] = mod
+    return mod
+
+
+@dataclass
+class KernelReport:
+    source: str
+    kernel: str
+    arch: str
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    stack: int
+    smem: int
+
+
+_ENTRY = re.compile(r"Compiling entry function '([^']+)' for '(sm_\d+a?)'")
+_REGS = re.compile(r"Used (\d+) registers")
+_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_SMEM = re.compile(r"(\d+) bytes smem")
+
+
+def parse_ptxas(log: str, source_name: str) -> list[KernelReport]:
+    out: list[KernelReport] = []
+    cur = None
+    for line in log.splitlines():
+        m = _ENTRY.search(line)
+        if m:
+            cur = KernelReport(source_name, m.group(1), m.group(2), 0, 0, 0, 0, 0)
+            out.append(cur)
+            continue
+        if cur is None:
+            continue
+        m = _SPILL.search(line)
+        if m:
+            cur.stack, cur.spill_stores, cur.spill_loads = map(int, m.groups())
+        m = _REGS.search(line)
+        if m:
+            cur.registers = int(m.group(1))
+            s = _SMEM.search(line)
+            cur.smem = int(s.group(1)) if s else 0
+    return out
+
+
+def compile_only(name: str, defines: dict, arch: str) -> list[KernelReport]:
+    """Compile kernels/<name>.cu to a cubin for ``arch`` (e.g. sm_90) through NVRTC, with no
+    device; return ptxas' per-kernel report. Raises RuntimeError with the compiler log."""
+    if not re.fullmatch(r"sm_\d+a?", arch):
+        raise BadInput(f"arch={arch!r} must look like sm_80 or sm_90")
+    from cupy.cuda import nvrtc
+
+    prog = nvrtc.createProgram(source(name), f"{name}.cu", [], [])
+    try:
+        opts = list(options(defines)) + [f"-arch={arch}", "-Xptxas=-v"]
+        try:
+            nvrtc.compileProgram(prog, opts)
+        except nvrtc.NVRTCError as e:
+            raise RuntimeError(f"{name}.cu failed for {arch} with {' '.join(opts)}:\n"
+                               f"{nvrtc.getProgramLog(prog)}") from e
+        log = nvrtc.getProgramLog(prog)
+        nvrtc.getCUBIN(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+    return parse_ptxas(log, name)

@@ -1,0 +1,151 @@
+"""Implementations: what can compute attention on a Problem, and the registry of them.
+
+An implementation (``Impl``) says whether it can run on this machine (``availability``),
+whether it takes a given problem (``unsupported``), and ``prepare``s a ``Runner`` bound to
+inputs: compilation, mask or tile-list builds happen there and are recorded in
+``Runner.setup`` (seconds), never in the time of ``Runner.run``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .patterns import BadInput, Mask
+
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+# SPEC section 4: ||out - ref|| / ||ref|| limits
+TOLERANCE = {"float32": 1e-5, "float16": 5e-3, "bfloat16": 1e-2}
+TF32_TOLERANCE = 2e-3
+
+
+@dataclass(frozen=True, eq=False)
+class Problem:
+    mask: Mask
+    B: int
+    H: int
+    D: int
+    dtype: str
+    scale: float | None = None
+    max_t: int | None = None     # compile-time MAX_T the user asked for (None: from T)
+    max_keys: int | None = None  # compile-time MAX_KEYS the user asked for (None: from the pattern)
+
+    def __post_init__(self):
+        for name in ("B", "H", "D"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise BadInput(f"{name}={v!r} must be a positive integer")
+        if self.dtype not in ITEMSIZE:
+            raise BadInput(f"dtype={self.dtype!r} is not supported: choose one of {', '.join(ITEMSIZE)}")
+        if self.max_t is not None and self.T > self.max_t:
+            raise BadInput(f"T={self.T} exceeds max_t={self.max_t}")
+        if self.max_keys is not None and self.mask.max_keys > self.max_keys:
+            raise BadInput(f"keys per row reach {self.mask.max_keys} for {self.mask.label()} at T={self.T}, "
+                           f"above max_keys={self.max_keys}")
+
+    @property
+    def T(self) -> int:
+        return self.mask.T
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.scale if self.scale is not None else 1.0 / math.sqrt(self.D)
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return (self.B, self.H, self.T, self.D)
+
+    @property
+    def flops(self) -> int:
+        """Useful FLOPs (SPEC section 3): 4 * D * pairs * B * H."""
+        return 4 * self.D * self.mask.pairs * self.B * self.H
+
+    @property
+    def bytes_floor(self) -> int:
+        return 4 * self.B * self.H * self.T * self.D * ITEMSIZE[self.dtype]
+
+    @property
+    def tolerance(self) -> float:
+        return TOLERANCE[self.dtype]
+
+
+class Runner:
+    """A prepared implementation bound to inputs. ``run`` launches once on the current
+    stream; ``out`` is the output of the last run ([B, H, T, D], storage dtype)."""
+
+    setup: dict
+
+    def run(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def out(self):
+        raise NotImplementedError
+
+    def poison(self) -> None:
+        """Fill the output buffer with NaN so an element the kernel never writes fails the check."""
+
+
+@dataclass
+class Impl:
+    name: str
+    family: str          # "attnbench" or "peer"
+    description: str
+    dtypes: tuple[str, ...]
+    tf32: bool = False   # judged by the TF32 tolerance
+    extra: dict = field(default_factory=dict)
+
+    def availability(self) -> str | None:
+        """None when it can run here, else the reason it cannot."""
+        return None
+
+    def unsupported(self, prob: Problem) -> str | None:
+        """None when it takes the problem, else why not (becomes a skip reason)."""
+        if prob.dtype not in self.dtypes:
+            return f"dtype={prob.dtype} is not supported by {self.name} (supports: {', '.join(self.dtypes)})"
+        return None
+
+    def tolerance(self, prob: Problem) -> float:
+        return TF32_TOLERANCE if (self.tf32 and prob.dtype == "float32") else prob.tolerance
+
+    def prepare(self, prob: Problem, q, k, v) -> Runner:
+        raise NotImplementedError
+
+    def require(self, prob: Problem) -> None:
+        """Raise BadInput if this implementation cannot run the problem here."""
+        why = self.availability()
+        if why:
+            raise BadInput(f"impl={self.name} cannot run here: {why}")
+        why = self.unsupported(prob)
+        if why:
+            raise BadInput(why)
+
+
+_REGISTRY: dict[str, Impl] = {}
+
+
+def register(impl: Impl) -> Impl:
+    _REGISTRY[impl.name] = impl
+    return impl
+
+
+def _load_all() -> None:
+    # each module registers its implementations on import
+    from . import naive  # noqa: F401
+    for mod in ("fast", "peers"):
+        try:
+            __import__(f"{__package__}.{mod}")
+        except ImportError as e:  # a module not written yet, or an optional dependency
+            if f"{__package__}.{mod}" not in str(e):
+                raise
+
+
+def all_impls() -> dict[str, Impl]:
+    _load_all()
+    return dict(_REGISTRY)
+
+
+def get_impl(name: str) -> Impl:
+    impls = all_impls()
+    if name not in impls:
+        raise BadInput(f"impl={name!r} is unknown: choose one of {', '.join(impls)}")
+    return impls[name]

@@ -1,0 +1,465 @@
+"""Sparse-attention patterns: the one definition everything else follows (SPEC section 2).
+
+Each pattern is defined once, here, by:
+  * its parameters (defaults = the seeds' defaults) and their validation;
+  * ``allowed(i, j)``: the vectorised numpy predicate (the reference mask);
+  * ``row_counts(i)``: the exact number of allowed keys of each row, in closed form
+    (``pairs`` is their sum, ``max_keys`` their maximum; tests check both against the mask);
+  * ``intervals(i)``: for each row, a few key intervals ("families") that cover every
+    allowed key; a family marked exact allows every key inside it. The tile builder
+    (``Mask.tiles``) turns these into the list of key tiles each query tile visits;
+  * ``device_params``: the integers the kernels' device predicate (kernels/common.cuh,
+    ``ab_allowed``) reads, with the same pattern id.
+
+The causal clause (``j <= i``) is applied on top of every pattern by ``Mask``.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+
+class BadInput(ValueError):
+    """Input that a kernel cannot take; the message names the parameter and the limit."""
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    default: int
+    minimum: int
+    help: str
+
+
+def _tri(n):
+    n = np.asarray(n, dtype=np.int64)
+    return n * (n + 1) // 2
+
+
+class Pattern:
+    name: str = ""
+    pid: int = -1
+    params: tuple[Param, ...] = ()
+    summary: str = ""
+    # lo and hi of every family never decrease with the row: a tile's hull and
+    # intersection then follow from its first and last row alone.
+    monotone: bool = True
+
+    # -- per-pattern definition -------------------------------------------------
+    def validate(self, T: int, p: dict) -> None:
+        """Extra checks beyond each parameter's minimum (sizes that do not fit T)."""
+
+    def allowed(self, i, j, T: int, causal: bool, p: dict, table):
+        raise NotImplementedError
+
+    def row_counts(self, i, T: int, causal: bool, p: dict, table):
+        raise NotImplementedError
+
+    def intervals(self, i, T: int, causal: bool, p: dict, table, split: int):
+        """Return (lo, hi, exact): lo/hi int64 arrays [F, len(i)] of half-open key
+        intervals (hi <= lo means empty), exact a bool per family. Causal clipping is
+        applied by the caller. ``split`` > 1 asks patterns whose families are constant
+        over blocks of rows to split them so rows of one query tile do not mix."""
+        raise NotImplementedError
+
+    def device_params(self, p: dict) -> tuple[int, int, int, int]:
+        return (0, 0, 0, 0)
+
+    def make_table(self, T: int, p: dict):
+        return None
+
+    # -- shared ------------------------------------------------------------------
+    def defaults(self) -> dict:
+        return {q.name: q.default for q in self.params}
+
+
+def _window_lo_hi(i, T, W, causal):
+    lo = i - W + 1
+    hi = i + 1 if causal else i + W
+    return np.maximum(lo, 0), np.minimum(hi, T)
+
+
+class Dense(Pattern):
+    name, pid = "dense", 0
+    summary = "every key (causal: every earlier key)"
+
+    def allowed(self, i, j, T, causal, p, table):
+        return np.ones(np.broadcast(i, j).shape, dtype=bool)
+
+    def row_counts(self, i, T, causal, p, table):
+        return (i + 1) if causal else np.full_like(i, T)
+
+    def intervals(self, i, T, causal, p, table, split):
+        return np.zeros((1, i.size), np.int64), np.full((1, i.size), T, np.int64), [True]
+
+
+class Window(Pattern):
+    name, pid = "window", 1
+    params = (Param("window", 64, 1, "keys per side within distance < W"),)
+    summary = "sliding window: |i - j| < W (causal: 0 <= i - j < W)"
+
+    def allowed(self, i, j, T, causal, p, table):
+        d = i - j
+        return (d < p["window"]) & (d > -p["window"])
+
+    def row_counts(self, i, T, causal, p, table):
+        lo, hi = _window_lo_hi(i, T, p["window"], causal)
+        return hi - lo
+
+    def intervals(self, i, T, causal, p, table, split):
+        lo, hi = _window_lo_hi(i, T, p["window"], causal)
+        return lo[None], hi[None], [True]
+
+    def device_params(self, p):
+        return (p["window"], 0, 0, 0)
+
+
+class Streaming(Pattern):
+    name, pid = "streaming", 2
+    params = (Param("sink", 16, 0, "attention-sink keys at the start"),
+              Param("window", 64, 1, "sliding-window width"))
+    summary = "attention sinks + sliding window: j < S or window(i, j)"
+
+    def validate(self, T, p):
+        if p["sink"] > T:
+            raise BadInput(f"sink={p['sink']} exceeds T={T}: sink must be <= T")
+
+    def allowed(self, i, j, T, causal, p, table):
+        return (j < p["sink"]) | Window.allowed(self, i, j, T, causal, p, table)
+
+    def row_counts(self, i, T, causal, p, table):
+        lo, hi = _window_lo_hi(i, T, p["window"], causal)
+        sinks = np.minimum(p["sink"], lo)  # sinks before the window
+        if causal:
+            sinks = np.minimum(sinks, i + 1)
+        return (hi - lo) + sinks
+
+    def intervals(self, i, T, causal, p, table, split):
+        lo, hi = _window_lo_hi(i, T, p["window"], causal)
+        slo = np.zeros_like(i)
+        shi = np.full_like(i, p["sink"])
+        return np.stack([slo, lo]), np.stack([shi, hi]), [True, True]
+
+    def device_params(self, p):
+        return (p["sink"], p["window"], 0, 0)
+
+
+class BlockDiagonal(Pattern):
+    name, pid = "block_diagonal", 3
+    params = (Param("block", 16, 1, "block size Bk; T must be a multiple"),)
+    summary = "block-diagonal: i // Bk == j // Bk"
+
+    def validate(self, T, p):
+        if T % p["block"]:
+            raise BadInput(f"T={T} is not a multiple of block={p['block']}")
+
+    def allowed(self, i, j, T, causal, p, table):
+        return (i // p["block"]) == (j // p["block"])
+
+    def row_counts(self, i, T, causal, p, table):
+        Bk = p["block"]
+        return (i % Bk + 1) if causal else np.full_like(i, Bk)
+
+    def intervals(self, i, T, causal, p, table, split):
+        Bk = p["block"]
+        lo = (i // Bk) * Bk
+        return lo[None], (lo + Bk)[None], [True]
+
+    def device_params(self, p):
+        return (p["block"], 0, 0, 0)
+
+
+class Dilated(Pattern):
+    name, pid = "dilated", 4
+    params = (Param("window", 64, 1, "keys per side"),
+              Param("dilation", 2, 1, "stride r between keys"))
+    summary = "dilated window: d = i - j (or |i - j|), d < W*r and d % r == 0"
+
+    def allowed(self, i, j, T, causal, p, table):
+        d = np.abs(i - j)
+        return (d < p["window"] * p["dilation"]) & (d % p["dilation"] == 0)
+
+    def row_counts(self, i, T, causal, p, table):
+        W, r = p["window"], p["dilation"]
+        back = np.minimum(W - 1, i // r)
+        if causal:
+            return back + 1
+        return back + 1 + np.minimum(W - 1, (T - 1 - i) // r)
+
+    def intervals(self, i, T, causal, p, table, split):
+        W, r = p["window"], p["dilation"]
+        lo, hi = _window_lo_hi(i, T, (W - 1) * r + 1, causal)
+        return lo[None], hi[None], [r == 1]
+
+    def device_params(self, p):
+        return (p["window"], p["dilation"], 0, 0)
+
+
+class BigBird(Pattern):
+    name, pid = "bigbird", 5
+    monotone = False
+    params = (Param("block", 64, 1, "block size Bk; T must be a multiple"),
+              Param("window_blocks", 3, 1, "w: blocks with |qb - kb| <= w // 2"),
+              Param("global_blocks", 1, 0, "g: first g blocks attend and are attended everywhere"),
+              Param("random_blocks", 3, 0, "r: distinct random key blocks per query block"),
+              Param("seed", 0, 0, "seed of numpy.random.default_rng for the random table"))
+    summary = "BigBird: block window + global blocks + random blocks"
+
+    def validate(self, T, p):
+        if T % p["block"]:
+            raise BadInput(f"T={T} is not a multiple of block={p['block']}")
+        nb = T // p["block"]
+        if p["random_blocks"] > nb:
+            raise BadInput(f"random_blocks={p['random_blocks']} exceeds the {nb} key blocks of T={T}")
+
+    def make_table(self, T, p):
+        nb, r = T // p["block"], p["random_blocks"]
+        rng = np.random.default_rng(p["seed"])
+        table = np.empty((nb, max(r, 1)), dtype=np.int32)
+        table[:] = -1
+        for qb in range(nb):
+            if r:
+                table[qb, :r] = rng.choice(nb, size=r, replace=False)
+        return table
+
+    def block_mask(self, T, p, table):
+        nb = T // p["block"]
+        qb = np.arange(nb)[:, None]
+        kb = np.arange(nb)[None, :]
+        m = (np.abs(qb - kb) <= p["window_blocks"] // 2) | (qb < p["global_blocks"]) | (kb < p["global_blocks"])
+        if p["random_blocks"]:
+            m[np.repeat(np.arange(nb), p["random_blocks"]), table[:, :p["random_blocks"]].ravel()] = True
+        return m
+
+    def allowed(self, i, j, T, causal, p, table):
+        Bk = p["block"]
+        return _bigbird_block_mask(self, T, _freeze(p), table)[i // Bk, j // Bk]
+
+    def row_counts(self, i, T, causal, p, table):
+        Bk = p["block"]
+        bm = _bigbird_block_mask(self, T, _freeze(p), table)
+        qb = i // Bk
+        if not causal:
+            return bm.sum(axis=1)[qb] * Bk
+        below = np.cumsum(bm, axis=1)  # below[qb, kb] = allowed blocks <= kb
+        before = np.where(qb > 0, below[qb, np.maximum(qb - 1, 0)], 0)
+        return before * Bk + (i % Bk) + 1
+
+    def intervals(self, i, T, causal, p, table, split):
+        Bk, w, g, r = p["block"], p["window_blocks"], p["global_blocks"], p["random_blocks"]
+        qb = i // Bk
+        lo = [np.maximum(qb - w // 2, 0) * Bk, np.zeros_like(i), np.zeros_like(i)]
+        hi = [np.minimum(qb + w // 2 + 1, T // Bk) * Bk,
+              np.full_like(i, g * Bk),
+              np.where(qb < g, T, 0)]
+        for k in range(r):
+            start = table[qb, k].astype(np.int64) * Bk
+            for s in range(split):
+                mine = (qb % split) == s
+                lo.append(np.where(mine, start, 0))
+                hi.append(np.where(mine, start + Bk, 0))
+        return np.stack(lo), np.stack(hi), [True] * len(lo)
+
+    def device_params(self, p):
+        return (p["block"], p["window_blocks"], p["global_blocks"], p["random_blocks"])
+
+
+def _freeze(p: dict):
+    return tuple(sorted(p.items()))
+
+
+@functools.lru_cache(maxsize=16)
+def _bigbird_block_mask_cached(T, frozen, table_bytes, shape):
+    p = dict(frozen)
+    table = np.frombuffer(table_bytes, dtype=np.int32).reshape(shape)
+    return BigBird().block_mask(T, p, table)
+
+
+def _bigbird_block_mask(pattern, T, frozen, table):
+    return _bigbird_block_mask_cached(T, frozen, table.tobytes(), table.shape)
+
+
+PATTERNS: dict[str, Pattern] = {pat.name: pat for pat in
+                                (Dense(), Window(), Streaming(), BlockDiagonal(), Dilated(), BigBird())}
+
+
+def get_pattern(name: str) -> Pattern:
+    try:
+        return PATTERNS[name]
+    except KeyError:
+        raise BadInput(f"pattern={name!r} is unknown: choose one of {', '.join(PATTERNS)}") from None
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Key tiles each query tile visits (CSR): entries ``kt << 1 | partial``."""
+    BM: int
+    BN: int
+    ptr: np.ndarray      # int32 [n_qtiles + 1]
+    entries: np.ndarray  # int32 [n_entries]
+
+    @property
+    def n_visited(self) -> int:
+        return int(self.entries.size)
+
+    @property
+    def n_partial(self) -> int:
+        return int((self.entries & 1).sum())
+
+
+@dataclass(frozen=True, eq=False)
+class Mask:
+    """A pattern at a given T, causal flag and parameters, validated."""
+    pattern: Pattern
+    T: int
+    causal: bool
+    params: dict
+    table: np.ndarray | None = None
+
+    # -- the mask and its counts ---------------------------------------------------
+    def allowed(self, i, j):
+        a = self.pattern.allowed(i, j, self.T, self.causal, self.params, self.table)
+        if self.causal:
+            a = a & (j <= i)
+        return a
+
+    def dense(self, rows=None) -> np.ndarray:
+        """Boolean mask [len(rows), T] for the given rows (all rows by default)."""
+        i = np.arange(self.T) if rows is None else np.asarray(rows)
+        return self.allowed(i[:, None], np.arange(self.T)[None, :])
+
+    def row_counts(self) -> np.ndarray:
+        i = np.arange(self.T, dtype=np.int64)
+        return np.asarray(self.pattern.row_counts(i, self.T, self.causal, self.params, self.table), np.int64)
+
+    @functools.cached_property
+    def pairs(self) -> int:
+        return int(self.row_counts().sum())
+
+    @functools.cached_property
+    def max_keys(self) -> int:
+        return int(self.row_counts().max())
+
+    @property
+    def density(self) -> float:
+        return self.pairs / float(self.T) ** 2
+
+    def label(self) -> str:
+        ps = ",".join(f"{k}={v}" for k, v in self.params.items() if k != "seed")
+        return f"{self.pattern.name}({ps})" if ps else self.pattern.name
+
+    def device_params(self) -> tuple[int, ...]:
+        return (self.pattern.pid, int(self.causal)) + tuple(int(x) for x in self.pattern.device_params(self.params))
+
+    # -- intervals and tiles -------------------------------------------------------
+    def intervals(self, i, split: int = 1):
+        lo, hi, exact = self.pattern.intervals(i, self.T, self.causal, self.params, self.table, split)
+        lo = np.clip(lo, 0, self.T)
+        hi = np.clip(hi, 0, self.T)
+        if self.causal:
+            hi = np.minimum(hi, i[None] + 1)
+        return lo, np.maximum(hi, lo), np.asarray(exact, dtype=bool)
+
+    def tiles(self, BM: int, BN: int) -> Tiles:
+        return _build_tiles(self, BM, BN)
+
+
+def _build_tiles(mask: Mask, BM: int, BN: int) -> Tiles:
+    """Vectorised tile list: for every query tile, the key tiles any of its rows may see,
+    each flagged partial unless one exact family allows the whole tile for every row."""
+    T = mask.T
+    nq = -(-T // BM)
+    big = np.int64(1) << 40
+    if mask.pattern.monotone:
+        # first and last valid row of each tile bound every row in between
+        first = np.arange(nq, dtype=np.int64) * BM
+        last = np.minimum(first + BM, T) - 1
+        lo, hi, exact = mask.intervals(np.concatenate([first, last]))
+        lo_f, lo_l = lo[:, :nq], lo[:, nq:]
+        hi_f, hi_l = hi[:, :nq], hi[:, nq:]
+        # the hull [lo(first), hi(last)) holds every row's interval; the intersection
+        # is [lo(last), hi(first)) and, when not empty, every row in between holds it
+        has = hi_l > lo_f
+        u_lo, u_hi = lo_f, hi_l
+        i_lo, i_hi = lo_l, np.where(hi_f > lo_f, hi_f, -big)
+        F = lo.shape[0]
+    else:
+        split = max(1, BM // mask.params["block"]) if "block" in mask.params else 1
+        i = np.arange(nq * BM, dtype=np.int64)
+        valid = (i < T)
+        lo, hi, exact = mask.intervals(np.minimum(i, T - 1), split)
+        F = lo.shape[0]
+        nonempty = (hi > lo) & valid[None]
+        lo3 = lo.reshape(F, nq, BM)
+        hi3 = hi.reshape(F, nq, BM)
+        ne3 = nonempty.reshape(F, nq, BM)
+        v3 = valid.reshape(1, nq, BM)
+        # union hull of each family over the tile's rows
+        u_lo = np.where(ne3, lo3, big).min(axis=2)
+        u_hi = np.where(ne3, hi3, -big).max(axis=2)
+        has = ne3.any(axis=2)
+        # intersection over every valid row (a row with an empty interval empties it)
+        i_lo = np.where(v3, lo3, -big).max(axis=2)
+        i_hi = np.where(v3, np.where(ne3, hi3, -big), big).min(axis=2)
+    ks = np.where(has, u_lo // BN, 0)
+    ke = np.where(has, (u_hi + BN - 1) // BN, 0)
+    fs = (i_lo + BN - 1) // BN
+    fe = np.minimum(i_hi, T) // BN  # a tile reaching past T is never full
+    fe = np.where(exact[:, None] & (i_hi > i_lo), fe, fs)
+    # merge the families' ranges per query tile: sort by start, drop overlaps
+    ks, ke, fs, fe = ks.T, ke.T, fs.T, fe.T  # [nq, F]
+    order = np.argsort(ks, axis=1, kind="stable")
+    ks = np.take_along_axis(ks, order, 1)
+    ke = np.take_along_axis(ke, order, 1)
+    prev_end = np.maximum.accumulate(np.concatenate([np.zeros((nq, 1), np.int64), ke[:, :-1]], axis=1), axis=1)
+    start = np.maximum(ks, prev_end)
+    count = np.maximum(ke - start, 0)
+    per_q = count.sum(axis=1)
+    ptr = np.zeros(nq + 1, np.int64)
+    np.cumsum(per_q, out=ptr[1:])
+    total = int(ptr[-1])
+    flat_count = count.ravel()
+    seg_start = np.repeat(start.ravel(), flat_count)
+    seg_first = np.repeat(np.cumsum(flat_count) - flat_count, flat_count)
+    kt = seg_start + (np.arange(total) - seg_first)
+    q_of = np.repeat(np.arange(nq), per_q)
+    full = np.zeros(total, dtype=bool)
+    for f in range(F):
+        full |= (kt >= fs[q_of, f]) & (kt < fe[q_of, f])
+    entries = (kt << 1) | (~full).astype(np.int64)
+    return Tiles(BM, BN, ptr.astype(np.int32), entries.astype(np.int32))
+
+
+def make_mask(pattern: str, T: int, causal: bool = True, **params) -> Mask:
+    """Validate a pattern at T and return its Mask; raises BadInput naming the parameter."""
+    pat = get_pattern(pattern)
+    if not isinstance(T, (int, np.integer)) or T < 1:
+        raise BadInput(f"T={T} must be a positive integer")
+    known = {q.name for q in pat.params}
+    extra = sorted(k for k, v in params.items() if v is not None and k not in known)
+    if extra:
+        raise BadInput(f"pattern {pat.name!r} takes no parameter {', '.join(extra)}"
+                       f" (it takes: {', '.join(sorted(known)) or 'none'})")
+    p = pat.defaults()
+    for q in pat.params:
+        v = params.get(q.name)
+        if v is not None:
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
+                raise BadInput(f"{q.name}={v!r} must be an integer")
+            p[q.name] = int(v)
+        if p[q.name] < q.minimum:
+            raise BadInput(f"{q.name}={p[q.name]} is below its minimum {q.minimum}")
+    pat.validate(int(T), p)
+    table = pat.make_table(int(T), p)
+    return Mask(pat, int(T), bool(causal), p, table)
+
+
+def replace_T(mask: Mask, T: int) -> Mask:
+    """The same pattern and parameters at another T."""
+    return make_mask(mask.pattern.name, T, mask.causal, **mask.params)
+
+
+__all__ = ["BadInput", "Param", "Pattern", "PATTERNS", "get_pattern", "Mask", "Tiles", "make_mask",
+           "replace_T"]

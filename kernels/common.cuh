@@ -1,0 +1,73 @@
+// Shared device helpers for every attnbench kernel family.
+//
+// The pattern predicate below mirrors attnbench/patterns.py (SPEC section 2); the pattern ids
+// and the meaning of p0..p3 are those of Pattern.device_params(). No CUDA headers are included,
+// so the same source compiles through NVRTC with or without a device.
+#pragma once
+
+#define AB_DENSE 0
+#define AB_WINDOW 1
+#define AB_STREAMING 2
+#define AB_BLOCK_DIAGONAL 3
+#define AB_DILATED 4
+#define AB_BIGBIRD 5
+
+// Everything a kernel needs to evaluate allowed(i, j).
+struct ABPattern {
+    int pid;      // pattern id
+    int causal;   // 1: also require j <= i
+    int p0, p1, p2, p3;
+    const int* table;  // bigbird: random key blocks, [T / block][max(1, r)] int32
+};
+
+__device__ __forceinline__ int ab_abs(int x) { return x < 0 ? -x : x; }
+
+// allowed(i, j) for 0 <= i, j < T.
+__device__ __forceinline__ bool ab_allowed(const ABPattern& p, int i, int j) {
+    if (p.causal && j > i) return false;
+    switch (p.pid) {
+    case AB_DENSE:
+        return true;
+    case AB_WINDOW:  // p0 = W
+        return ab_abs(i - j) < p.p0;
+    case AB_STREAMING:  // p0 = S, p1 = W
+        return j < p.p0 || ab_abs(i - j) < p.p1;
+    case AB_BLOCK_DIAGONAL:  // p0 = Bk
+        return (i / p.p0) == (j / p.p0);
+    case AB_DILATED: {  // p0 = W, p1 = r
+        int d = ab_abs(i - j);
+        return d < p.p0 * p.p1 && (d % p.p1) == 0;
+    }
+    case AB_BIGBIRD: {  // p0 = Bk, p1 = w, p2 = g, p3 = r
+        int qb = i / p.p0, kb = j / p.p0;
+        if (ab_abs(qb - kb) <= p.p1 / 2 || qb < p.p2 || kb < p.p2) return true;
+        const int stride = p.p3 > 0 ? p.p3 : 1;
+        for (int r = 0; r < p.p3; ++r)
+            if (p.table[qb * stride + r] == kb) return true;
+        return false;
+    }
+    }
+    return false;
+}
+
+// ---- 16-bit float conversions without cuda_fp16.h / cuda_bf16.h ---------------------------
+// bfloat16 and float16 travel as unsigned short bit patterns.
+__device__ __forceinline__ float ab_bf16_to_f32(unsigned short h) {
+    return __uint_as_float(((unsigned int)h) << 16);
+}
+__device__ __forceinline__ float ab_f16_to_f32(unsigned short h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+// Two floats into one register of two 16-bit values (lo in the low half), round to nearest even.
+__device__ __forceinline__ unsigned int ab_pack_bf16(float lo, float hi) {
+    unsigned int r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+__device__ __forceinline__ unsigned int ab_pack_f16(float lo, float hi) {
+    unsigned int r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
