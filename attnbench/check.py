@@ -1,0 +1,45 @@
+"""The correctness gate (SPEC section 4): fresh random inputs, poisoned output, float64
+reference, ||out - ref|| / ||ref|| within the dtype's tolerance; NaN or Inf never passes."""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+from .arrays import poison, random_inputs, to_float32
+from .impls import Impl, Problem, Runner
+from .reference import reference, rel_error
+
+_seeds = itertools.count(1)
+
+
+@dataclass
+class GateResult:
+    ok: bool
+    rel_err: float
+    tolerance: float
+    reason: str = ""
+
+
+def judge(impl: Impl, prob: Problem, runner: Runner, q, k, v) -> GateResult:
+    """Poison the runner's output, run once, compare with the float64 reference."""
+    runner.poison()
+    runner.run()
+    out = runner.out
+    if tuple(out.shape) != prob.shape:
+        return GateResult(False, math.nan, impl.tolerance(prob), f"output shape {tuple(out.shape)} != {prob.shape}")
+    ref = reference(q, k, v, prob.mask, prob.dtype, prob.softmax_scale)
+    err = rel_error(to_float32(out, prob.dtype), ref)
+    tol = impl.tolerance(prob)
+    if math.isnan(err):
+        return GateResult(False, err, tol, "output holds NaN or Inf (unwritten or overflowed elements)")
+    if err > tol:
+        return GateResult(False, err, tol, f"relative error {err:.3g} above tolerance {tol:g}")
+    return GateResult(True, err, tol)
+
+
+def gate(impl: Impl, prob: Problem, seed: int | None = None) -> GateResult:
+    """Check ``impl`` on fresh random inputs of ``prob`` against the float64 reference."""
+    q, k, v = random_inputs(prob.shape, prob.dtype, next(_seeds) if seed is None else seed)
+    runner = impl.prepare(prob, q, k, v)
+    return judge(impl, prob, runner, q, k, v)
