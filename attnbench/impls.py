@@ -130,8 +130,7 @@ def register(impl: Impl) -> Impl:
 
 def _load_all() -> None:
     # each module registers its implementations on import
-    from . import naive  # noqa: F401
-    for mod in ("fast", "peers"):
+    for mod in ("naive", "fast_tc", "fast_f32", "peers"):
         try:
             __import__(f"{__package__}.{mod}")
         except ImportError as e:  # a module not written yet, or an optional dependency
