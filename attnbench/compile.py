@@ -141,3 +141,23 @@ def compile_only(name: str, defines: dict, arch: str) -> list[KernelReport]:
     finally:
         nvrtc.destroyProgram(prog)
     return parse_ptxas(log, name)
+
+
+FAMILIES = ("naive", "fast_tc", "fast_f32")
+
+
+def standard_builds() -> list[tuple[str, dict]]:
+    """(source, constants) for every kernel family at the standard configurations (SPEC section 5)."""
+    import importlib
+
+    builds: list[tuple[str, dict]] = []
+    for fam in FAMILIES:
+        modname = f"{__package__}.{fam}"
+        try:
+            mod = importlib.import_module(modname)
+        except ModuleNotFoundError as e:
+            if e.name == modname:
+                continue
+            raise
+        builds += [b for b in mod.standard_builds() if b not in builds]
+    return builds

@@ -7,6 +7,7 @@ inputs: compilation, mask or tile-list builds happen there and are recorded in
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -38,7 +39,9 @@ class Problem:
             raise BadInput(f"dtype={self.dtype!r} is not supported: choose one of {', '.join(ITEMSIZE)}")
         if self.max_t is not None and self.T > self.max_t:
             raise BadInput(f"T={self.T} exceeds max_t={self.max_t}")
-        if self.max_keys is not None and self.mask.max_keys > self.max_keys:
+        # MAX_KEYS bounds the keys of one row of a sparse pattern (dense rows are bounded by MAX_T)
+        sparse = self.mask.pattern.name != "dense"
+        if sparse and self.max_keys is not None and self.mask.max_keys > self.max_keys:
             raise BadInput(f"keys per row reach {self.mask.max_keys} for {self.mask.label()} at T={self.T}, "
                            f"above max_keys={self.max_keys}")
 
@@ -66,6 +69,20 @@ class Problem:
     @property
     def tolerance(self) -> float:
         return TOLERANCE[self.dtype]
+
+
+@functools.lru_cache(maxsize=None)
+def device_problem() -> str | None:
+    """None when CuPy sees a CUDA device, else why not."""
+    try:
+        import cupy
+    except ImportError as e:
+        return f"CuPy is not installed ({e})"
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:
+        return f"no CUDA device ({type(e).__name__}: {str(e).strip()})"
+    return None if n > 0 else "no CUDA device"
 
 
 class Runner:
@@ -96,7 +113,7 @@ class Impl:
 
     def availability(self) -> str | None:
         """None when it can run here, else the reason it cannot."""
-        return None
+        return device_problem()
 
     def unsupported(self, prob: Problem) -> str | None:
         """None when it takes the problem, else why not (becomes a skip reason)."""

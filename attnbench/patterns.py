@@ -132,8 +132,8 @@ class Streaming(Pattern):
     def row_counts(self, i, T, causal, p, table):
         lo, hi = _window_lo_hi(i, T, p["window"], causal)
         sinks = np.minimum(p["sink"], lo)  # sinks before the window
-        if causal:
-            sinks = np.minimum(sinks, i + 1)
+        if not causal:  # and, for early rows, sinks after it
+            sinks = sinks + np.maximum(p["sink"] - hi, 0)
         return (hi - lo) + sinks
 
     def intervals(self, i, T, causal, p, table, split):

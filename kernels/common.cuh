@@ -20,6 +20,8 @@ struct ABPattern {
     const int* table;  // bigbird: random key blocks, [T / block][max(1, r)] int32
 };
 
+#define AB_NEG_INF (-__int_as_float(0x7f800000))
+
 __device__ __forceinline__ int ab_abs(int x) { return x < 0 ? -x : x; }
 
 // allowed(i, j) for 0 <= i, j < T.

@@ -1,0 +1,212 @@
+"""The attnbench command line."""
+from __future__ import annotations
+
+import functools
+import json
+import sys
+
+import click
+
+from .patterns import PATTERNS, BadInput, make_mask
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def friendly(fn):
+    """Refused input: 'error: ...' on stderr, exit 2, no traceback."""
+    @functools.wraps(fn)
+    def wrapper(*a, **kw):
+        try:
+            return fn(*a, **kw)
+        except BadInput as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(2)
+    return wrapper
+
+
+def pattern_options(fn):
+    """One option per pattern parameter (default: the pattern's own default)."""
+    opts = [
+        click.option("--window", type=int, default=None, help="window W (window, streaming, dilated)"),
+        click.option("--sink", type=int, default=None, help="sink S (streaming)"),
+        click.option("--block", type=int, default=None, help="block size Bk (block_diagonal, bigbird)"),
+        click.option("--dilation", type=int, default=None, help="dilation r (dilated)"),
+        click.option("--window-blocks", type=int, default=None, help="w (bigbird)"),
+        click.option("--global-blocks", type=int, default=None, help="g (bigbird)"),
+        click.option("--random-blocks", type=int, default=None, help="r (bigbird)"),
+        click.option("--seed", "mask_seed", type=int, default=None, help="random-table seed (bigbird)"),
+    ]
+    for o in reversed(opts):
+        fn = o(fn)
+    return fn
+
+
+def pattern_params(kw: dict) -> dict:
+    names = ("window", "sink", "block", "dilation", "window_blocks", "global_blocks", "random_blocks")
+    p = {n: kw.pop(n) for n in names}
+    p["seed"] = kw.pop("mask_seed")
+    return {k: v for k, v in p.items() if v is not None}
+
+
+@click.group()
+@click.version_option(package_name="attnbench")
+def main():
+    """attnbench: what sparse attention really costs on your GPU."""
+
+
+@main.command("list")
+def list_cmd():
+    """Patterns with their parameters, implementations and whether they run here."""
+    from .impls import all_impls
+
+    click.echo("patterns:")
+    for pat in PATTERNS.values():
+        ps = ", ".join(f"{p.name}={p.default}" for p in pat.params) or "no parameters"
+        click.echo(f"  {pat.name:<15} {ps}")
+        click.echo(f"  {'':<15} {pat.summary}")
+    click.echo("implementations:")
+    for im in all_impls().values():
+        why = im.availability()
+        state = "available" if why is None else f"unavailable: {why}"
+        click.echo(f"  {im.name:<15} [{im.family}] {', '.join(im.dtypes)}: {state}")
+        click.echo(f"  {'':<15} {im.description}")
+
+
+def _time_ms(runner, reps: int = 10) -> float:
+    """Median of ``reps`` event-timed launches after one warm-up."""
+    from .timing import time_runner
+
+    return time_runner(runner, min_samples=reps, budget_s=2.0).median_ms
+
+
+@main.command("run")
+@click.option("--pattern", default="streaming", show_default=True, type=click.Choice(list(PATTERNS)))
+@click.option("--T", "T", type=int, default=2048, show_default=True, help="sequence length")
+@pattern_options
+@click.option("--B", "B", type=int, default=1, show_default=True)
+@click.option("--H", "H", type=int, default=1, show_default=True)
+@click.option("--D", "D", type=int, default=384, show_default=True, help="head dimension (the constant C)")
+@click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
+@click.option("--impl", default="naive", show_default=True)
+@click.option("--max-t", type=int, default=None, help="compile-time MAX_T (default: T rounded up)")
+@click.option("--max-keys", type=int, default=None, help="compile-time MAX_KEYS (default: from the pattern)")
+@click.option("--causal/--no-causal", default=True, show_default=True)
+@friendly
+def run_cmd(pattern, T, B, H, D, dtype, impl, max_t, max_keys, causal, **kw):
+    """Run dense and a pattern once each, check both, print time, TFLOP/s, error and speedup."""
+    from .arrays import random_inputs
+    from .check import judge
+    from .impls import Problem, get_impl
+
+    params = pattern_params(kw)
+    im = get_impl(impl)
+    probs = []
+    for name, ps in (("dense", {}), (pattern, params)):
+        mask = make_mask(name, T, causal, **ps)
+        probs.append(Problem(mask, B, H, D, dtype, None, max_t, max_keys))
+    for prob in probs:  # refuse before any launch
+        im.require(prob)
+    q, k, v = random_inputs(probs[0].shape, dtype, seed=1234)
+    click.echo(f"{im.name}: B={B} H={H} T={T} D={D} {dtype} {'causal' if causal else 'non-causal'}")
+    times = []
+    for prob in probs:
+        runner = im.prepare(prob, q, k, v)
+        res = judge(im, prob, runner, q, k, v)
+        ms = _time_ms(runner) if res.ok else float("nan")
+        times.append(ms)
+        tflops = prob.flops / (ms * 1e-3) / 1e12
+        state = "ok" if res.ok else f"FAILED: {res.reason}"
+        click.echo(f"  {prob.mask.label():<40} {ms:10.3f} ms {tflops:9.3f} TFLOP/s  "
+                   f"rel err {res.rel_err:.2e}  {state}")
+        if not res.ok:
+            sys.exit(1)
+    click.echo(f"  speedup {pattern} over dense: {times[0] / times[1]:.2f}x")
+
+
+def check_cases(patterns, Ts):
+    """Pattern instances for the gate: defaults, plus small blocks so odd T sizes fit."""
+    for name in patterns:
+        variants = [{}]
+        if name in ("block_diagonal", "bigbird"):
+            variants.append({"block": 8})
+        if name == "streaming":
+            variants.append({"sink": 4, "window": 33})
+        if name == "dilated":
+            variants.append({"window": 7, "dilation": 3})
+        for ps in variants:
+            for T in Ts:
+                yield name, ps, T
+
+
+@main.command("check")
+@click.option("--impl", "impls", multiple=True, help="implementations (default: every available one)")
+@click.option("--pattern", "patterns", multiple=True, type=click.Choice(list(PATTERNS)))
+@click.option("--T", "Ts", type=int, multiple=True, help="sizes (default: 1 7 128 1000 4096)")
+@click.option("--D", "D", type=int, default=64, show_default=True)
+@click.option("--B", "B", type=int, default=2, show_default=True)
+@click.option("--H", "H", type=int, default=3, show_default=True)
+@click.option("--causal/--no-causal", default=True, show_default=True)
+@friendly
+def check_cmd(impls, patterns, Ts, D, B, H, causal):
+    """The correctness gate over patterns x implementations x sizes; non-zero exit on failure."""
+    from .check import gate
+    from .impls import Problem, all_impls, get_impl
+
+    chosen = [get_impl(n) for n in impls] if impls else [i for i in all_impls().values() if i.availability() is None]
+    if not chosen:
+        raise BadInput("no implementation is available here (see `attnbench list`)")
+    Ts = Ts or (1, 7, 128, 1000, 4096)
+    failures = 0
+    click.echo(f"{'impl':<15} {'dtype':<9} {'pattern':<44} {'T':>6} {'rel err':>10}  result")
+    for im in chosen:
+        for dtype in im.dtypes:
+            for name, ps, T in check_cases(patterns or list(PATTERNS), Ts):
+                try:
+                    prob = Problem(make_mask(name, T, causal, **ps), B, H, D, dtype)
+                    label = prob.mask.label()
+                    why = im.availability() or im.unsupported(prob)
+                except BadInput as e:
+                    label, why = f"{name}{json.dumps(ps) if ps else ''}", str(e)
+                if why:
+                    click.echo(f"{im.name:<15} {dtype:<9} {label:<44} {T:>6} {'':>10}  skipped: {why}")
+                    continue
+                try:
+                    res = gate(im, prob)
+                    state = "ok" if res.ok else f"FAILED: {res.reason}"
+                    err = f"{res.rel_err:10.2e}"
+                except Exception as e:  # a crash is a failure of this case, the gate goes on
+                    res, state, err = None, f"FAILED: {type(e).__name__}: {e}", f"{'':>10}"
+                failures += res is None or not res.ok
+                click.echo(f"{im.name:<15} {dtype:<9} {label:<44} {T:>6} {err}  {state}")
+    click.echo(f"{failures} failed" if failures else "all passed")
+    sys.exit(1 if failures else 0)
+
+
+@main.command("compile")
+@click.option("--arch", "archs", multiple=True, default=("sm_90",), show_default=True,
+              help="target, e.g. sm_80 or sm_90 (repeatable)")
+@friendly
+def compile_cmd(archs):
+    """Compile every kernel with the standard configurations' constants (no GPU needed)."""
+    from . import compile as kc
+
+    failed = 0
+    click.echo(f"{'arch':<6} {'source':<9} {'kernel':<28} {'constants':<36} {'regs':>5} {'spill st/ld':>12} "
+               f"{'stack':>6} {'smem':>7}")
+    for arch in archs:
+        for name, defines in kc.standard_builds():
+            consts = " ".join(f"{k}={v}" for k, v in sorted(defines.items()))
+            try:
+                reports = kc.compile_only(name, defines, arch)
+            except RuntimeError as e:
+                failed += 1
+                click.echo(f"{arch:<6} {name:<9} FAILED {consts}\n{e}", err=True)
+                continue
+            for r in reports:
+                click.echo(f"{arch:<6} {name:<9} {r.kernel:<28} {consts:<36} {r.registers:>5} "
+                           f"{r.spill_stores:>5}/{r.spill_loads:<6} {r.stack:>6} {r.smem:>7}")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

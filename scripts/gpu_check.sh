@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# GPU check: install (no network), run the GPU tests, the correctness gate and sweeps,
+# and leave logs, CSVs and plots under an output folder.
+#
+#   scripts/gpu_check.sh [OUT_DIR] [STEP ...]
+#   steps: tests check seed llm (default: tests check seed)
+#
+# OUT_DIR defaults to $OUT, else ./out. Everything is also packed into OUT_DIR/gpu_check.tar.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${1:-${OUT:-out}}"; shift || true
+steps="${*:-tests check seed}"
+work="$(mktemp -d)"
+mkdir -p "$out"
+log="$work/gpu_check.log"
+export PYTHONUNBUFFERED=1
+status=0
+say() { echo "== $*" | tee -a "$log"; }
+step() {  # step NAME CMD...: run, log, remember failure, go on
+    local name="$1"; shift
+    say "$name: $*"
+    local t0=$(date +%s)
+    "$@" > >(tee "$work/$name.log") 2>&1
+    local rc=$?
+    say "$name: exit $rc after $(( $(date +%s) - t0 )) s"
+    [ $rc -eq 0 ] || status=1
+}
+
+say "attnbench gpu_check $(git rev-parse --short HEAD 2>/dev/null) steps: $steps"
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$work/install.log" 2>&1 \
+    || { cat "$work/install.log"; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee -a "$log"
+python3 -c "import cupy, sys; print('cupy', cupy.__version__, 'cuda runtime', cupy.cuda.runtime.runtimeGetVersion(), 'python', sys.version.split()[0])" | tee -a "$log"
+
+for s in $steps; do
+    case "$s" in
+    tests) step tests python3 -m pytest -q -m gpu -rs --junitxml="$work/pytest_gpu.xml" ;;
+    check) step check attnbench check ;;
+    seed)  step seed attnbench sweep --T-min 128 --T-max 4096 --out "$work/seed.csv"
+           step seed_plot attnbench plot "$work/seed.csv" --out-dir "$work/plots" ;;
+    llm)   step llm attnbench sweep --config llm --out "$work/llm.csv"
+           step llm_plot attnbench plot "$work/llm.csv" --out-dir "$work/plots" ;;
+    *) say "unknown step $s"; status=1 ;;
+    esac
+done
+
+tar -cf "$out/gpu_check.tar" -C "$work" .
+cp "$log" "$out/"
+for f in "$work"/*.csv; do [ -e "$f" ] && cp "$f" "$out/"; done
+say "done: status $status, files in $out"
+exit $status

@@ -1,0 +1,62 @@
+"""The CLI: listing, compiling, and bad input refused before any launch."""
+import pytest
+from click.testing import CliRunner
+
+from attnbench import compile as kc
+from attnbench.cli import main
+from attnbench.patterns import PATTERNS
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("a kernel was loaded for input that should have been refused")
+    monkeypatch.setattr(kc, "get_module", boom)
+
+
+def test_list_shows_patterns_and_implementations():
+    r = CliRunner().invoke(main, ["list"])
+    assert r.exit_code == 0
+    for name in PATTERNS:
+        assert name in r.output
+    assert "naive" in r.output and "window=64" in r.output and "sink=16" in r.output
+
+
+@pytest.mark.parametrize("args, words", [
+    (["run", "--pattern", "streaming", "--T", "5000", "--max-t", "4096"], ["T=5000", "max_t=4096"]),
+    (["run", "--pattern", "block_diagonal", "--T", "100"], ["T=100", "block=16"]),
+    (["run", "--pattern", "window", "--window", "0"], ["window=0"]),
+    (["run", "--pattern", "streaming", "--T", "64", "--sink", "65"], ["sink=65", "T=64"]),
+    (["run", "--pattern", "window", "--dilation", "2"], ["dilation"]),
+    (["run", "--pattern", "streaming", "--T", "2048", "--max-keys", "32"], ["max_keys=32", "80"]),
+    (["run", "--dtype", "bfloat16"], ["dtype=bfloat16", "naive"]),
+    (["run", "--impl", "nope"], ["impl='nope'"]),
+    (["run", "--D", "0"], ["D=0"]),
+])
+def test_bad_input_is_refused_by_name_before_any_launch(args, words, no_launch, monkeypatch):
+    # pretend a device is there, so refusal comes from the input, not the machine
+    from attnbench import impls
+    monkeypatch.setattr(impls.Impl, "availability", lambda self: None)
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2, r.output
+    assert r.output.startswith("error: ") and "Traceback" not in r.output
+    for w in words:
+        assert w in r.output
+
+
+def test_naive_refuses_sizes_past_its_local_memory_limit(no_launch, monkeypatch):
+    from attnbench import impls
+    monkeypatch.setattr(impls.Impl, "availability", lambda self: None)
+    r = CliRunner().invoke(main, ["run", "--pattern", "dense", "--T", "32768"])
+    assert r.exit_code == 2 and "max_t=32768" in r.output and "16384" in r.output
+
+
+def test_compile_reports_every_kernel():
+    r = CliRunner().invoke(main, ["compile", "--arch", "sm_80"])
+    assert r.exit_code == 0, r.output
+    assert "naive_dense" in r.output and "naive_sparse" in r.output and "C=384" in r.output
+
+
+def test_compile_rejects_a_bad_arch():
+    r = CliRunner().invoke(main, ["compile", "--arch", "ampere"])
+    assert r.exit_code == 2 and "arch='ampere'" in r.output

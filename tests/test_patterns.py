@@ -1,0 +1,112 @@
+"""Every pattern against its own mask: causality, coverage, pair counts, key bounds, tile lists."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnbench.patterns import PATTERNS, BadInput, make_mask
+
+
+@st.composite
+def masks(draw, max_T=160):
+    name = draw(st.sampled_from(sorted(PATTERNS)))
+    causal = draw(st.booleans())
+    if name in ("block_diagonal", "bigbird"):
+        block = draw(st.integers(1, 12))
+        T = block * draw(st.integers(1, max_T // block))
+        ps = {"block": block}
+        if name == "bigbird":
+            ps.update(window_blocks=draw(st.integers(1, 5)), global_blocks=draw(st.integers(0, 2)),
+                      random_blocks=draw(st.integers(0, min(3, T // block))), seed=draw(st.integers(0, 99)))
+        return make_mask(name, T, causal, **ps)
+    T = draw(st.integers(1, max_T))
+    ps = {}
+    if name in ("window", "streaming", "dilated"):
+        ps["window"] = draw(st.integers(1, 40))
+    if name == "streaming":
+        ps["sink"] = draw(st.integers(0, min(T, 20)))
+    if name == "dilated":
+        ps["dilation"] = draw(st.integers(1, 5))
+    return make_mask(name, T, causal, **ps)
+
+
+@settings(max_examples=150, deadline=None)
+@given(masks())
+def test_mask_properties(m):
+    d = m.dense()
+    i = np.arange(m.T)
+    if m.causal:
+        assert not np.triu(d, 1).any(), "a causal pattern looked ahead"
+    assert d.any(axis=1).all(), "a row has no key"
+    assert (d.sum(axis=1) == m.row_counts()).all()
+    assert m.pairs == int(d.sum())
+    assert m.max_keys == int(d.sum(axis=1).max())
+    # the mask of a block of rows equals those rows of the whole mask
+    rows = i[m.T // 3: m.T // 3 + 5]
+    assert (m.dense(rows) == d[rows]).all()
+
+
+def _visited(tiles, nq, nk):
+    vis = np.zeros((nq, nk), dtype=int)  # 0 skipped, 1 partial, 2 full
+    for q in range(nq):
+        for e in tiles.entries[tiles.ptr[q]:tiles.ptr[q + 1]]:
+            assert vis[q, e >> 1] == 0, "a key tile listed twice"
+            vis[q, e >> 1] = 1 if e & 1 else 2
+    return vis
+
+
+@settings(max_examples=120, deadline=None)
+@given(masks(), st.sampled_from([(16, 16), (64, 32), (128, 64), (64, 16), (32, 64)]))
+def test_tile_list_covers_exactly(m, tile):
+    BM, BN = tile
+    T = m.T
+    nq, nk = -(-T // BM), -(-T // BN)
+    vis = _visited(m.tiles(BM, BN), nq, nk)
+    pad = np.zeros((nq * BM, nk * BN), dtype=bool)
+    pad[:T, :T] = m.dense()
+    blocks = pad.reshape(nq, BM, nk, BN)
+    assert not (blocks.any(axis=(1, 3)) & (vis == 0)).any(), "an allowed pair lies in a skipped tile"
+    for q, k in zip(*np.nonzero(vis == 2)):
+        r1 = min(T, (q + 1) * BM)
+        assert (k + 1) * BN <= T, "a full tile reaches past T"
+        assert pad[q * BM:r1, k * BN:(k + 1) * BN].all(), "a full tile holds a masked pair"
+
+
+def test_tile_list_is_tight_for_sparse_patterns():
+    # a 64-key window plus 16 sinks at BN=32: the diagonal band and the sink tile, nothing more
+    m = make_mask("streaming", 32768, True, sink=16, window=64)
+    t = m.tiles(64, 32)
+    per_q = np.diff(t.ptr)
+    assert per_q.max() <= 5
+    assert t.n_visited < 5 * (32768 // 64)
+
+
+def test_device_params_follow_the_pattern_ids():
+    assert make_mask("streaming", 128, True, sink=4, window=8).device_params() == (2, 1, 4, 8, 0, 0)
+    assert make_mask("dilated", 128, False, window=8, dilation=3).device_params() == (4, 0, 8, 3, 0, 0)
+    assert make_mask("bigbird", 128, True, block=16).device_params() == (5, 1, 16, 3, 1, 3)
+
+
+def test_bigbird_table_is_seeded_and_distinct():
+    a = make_mask("bigbird", 1024, True, block=64, seed=7).table
+    b = make_mask("bigbird", 1024, True, block=64, seed=7).table
+    c = make_mask("bigbird", 1024, True, block=64, seed=8).table
+    assert (a == b).all() and not (a == c).all()
+    assert all(len(set(row)) == 3 for row in a.tolist())
+
+
+@pytest.mark.parametrize("name, T, params, words", [
+    ("block_diagonal", 100, {"block": 16}, ["T=100", "block=16"]),
+    ("bigbird", 1000, {}, ["T=1000", "block=64"]),
+    ("window", 64, {"window": 0}, ["window=0", "minimum 1"]),
+    ("streaming", 32, {"sink": 40}, ["sink=40", "T=32"]),
+    ("dilated", 64, {"dilation": 0}, ["dilation=0", "minimum 1"]),
+    ("window", 64, {"sink": 3}, ["sink"]),
+    ("nope", 64, {}, ["pattern='nope'", "dense"]),
+    ("dense", 0, {}, ["T=0"]),
+])
+def test_bad_sizes_are_refused_with_the_parameter_and_the_limit(name, T, params, words):
+    with pytest.raises(BadInput) as e:
+        make_mask(name, T, True, **params)
+    for w in words:
+        assert w in str(e.value)
