@@ -3,7 +3,8 @@
 # and leave logs, CSVs and plots under an output folder.
 #
 #   scripts/gpu_check.sh [OUT_DIR] [STEP ...]
-#   steps: tests check seed llm (default: tests check seed)
+#   steps: tests check compare seed llm (default: tests check seed)
+#   compare: the seeds' comparison, naive dense vs naive streaming (16+64) for T = 128..4096
 #
 # OUT_DIR defaults to $OUT, else ./out. Everything is also packed into OUT_DIR/gpu_check.tar.
 set -uo pipefail
@@ -36,6 +37,7 @@ for s in $steps; do
     case "$s" in
     tests) step tests python3 -m pytest -q -m gpu -rs --junitxml="$work/pytest_gpu.xml" ;;
     check) step check attnbench check ;;
+    compare) for T in 128 256 512 1024 2048 4096; do step compare_$T attnbench run --pattern streaming --T $T; done ;;
     seed)  step seed attnbench sweep --T-min 128 --T-max 4096 --out "$work/seed.csv"
            step seed_plot attnbench plot "$work/seed.csv" --out-dir "$work/plots" ;;
     llm)   step llm attnbench sweep --config llm --out "$work/llm.csv"
