@@ -113,7 +113,7 @@ def _section(df, title: str) -> list[str]:
         for impl, gi in sorted(g.groupby("impl"), key=lambda kv: kv[0]):
             family = gi["family"].iloc[0]
             if not (gi["status"] == "ok").any():
-                untimed.append(f"{impl} ({_reasons(gi, '; ')})")
+                untimed.append(f"- {impl}: {_reasons(gi, '; ')}")
                 continue
             lines += [f"#### {impl} ({family}): {dtype}, B={B} H={H} D={D}", ""]
             inst = gi.groupby(["pattern", "label", "causal"])
@@ -141,7 +141,7 @@ def _section(df, title: str) -> list[str]:
                 if (gp["status"] != "ok").any():
                     lines += [f"Not timed: {_reasons(gp, '; ')}.", ""]
         if untimed:
-            lines += [f"Not timed at all for {dtype}, B={B} H={H} D={D}: " + "; ".join(untimed) + ".", ""]
+            lines += [f"Never timed for {dtype}, B={B} H={H} D={D}:", ""] + untimed + [""]
     return lines
 
 

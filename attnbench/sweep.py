@@ -134,6 +134,11 @@ def instances(config: str, patterns: tuple[str, ...] = (), causal: bool | None =
         raise BadInput(f"unknown pattern options {sorted(unknown)}")
     given = {k: tuple(v) for k, v in options.items() if v}
     chosen = list(patterns) or list(PATTERNS)
+    for name in chosen:  # a value below a parameter's minimum fits no T: refuse the sweep
+        for prm in get_pattern(name).params:
+            for v in given.get(prm.name, ()):
+                if v < prm.minimum:
+                    raise BadInput(f"--{prm.name}={v} is below its minimum {prm.minimum} ({name}: {prm.help})")
     if not given and config == "llm":
         out = [i for i in _llm_instances() if i.pattern in chosen]
     else:
