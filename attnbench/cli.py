@@ -28,20 +28,20 @@ def main():
 
 
 @main.command()
-@click.option("--config", "config", type=click.Choice(["seed", "llm"]), default="seed", show_default=True,
-              help="standard configuration (SPEC section 5) the options below widen or override")
+@click.option("--config", "config", default="seed", show_default=True,
+              help="seed or llm: the standard configuration (SPEC section 5) the options below widen or override")
 @click.option("--T-min", "T_min", type=int, help="smallest T (powers of two from here)")
 @click.option("--T-max", "T_max", type=int, help="largest T")
 @click.option("--T", "T", type=int, multiple=True, help="explicit T values (repeatable; wins over the range)")
-@click.option("--pattern", "patterns", type=click.Choice(list(PATTERNS)), multiple=True,
-              help="patterns to sweep (repeatable; default: all of the config)")
+@click.option("--pattern", "patterns", multiple=True,
+              help=f"patterns to sweep, of {', '.join(PATTERNS)} (repeatable; default: all of the config)")
 @click.option("--impl", "impls", multiple=True, help="implementations (repeatable; default: every registered one)")
 @click.option("--window", type=int, multiple=True, help="window W values (repeatable)")
 @click.option("--sink", type=int, multiple=True, help="sink S values (repeatable)")
 @click.option("--block", type=int, multiple=True, help="block Bk values (repeatable)")
 @click.option("--dilation", type=int, multiple=True, help="dilation r values (repeatable)")
-@click.option("--dtype", "dtypes", type=click.Choice(["float32", "float16", "bfloat16"]), multiple=True,
-              help="dtypes (repeatable; default: the config's)")
+@click.option("--dtype", "dtypes", multiple=True,
+              help="float32, float16 or bfloat16 (repeatable; default: the config's)")
 @click.option("--B", "B", type=int, help="batch (default: the config's)")
 @click.option("--H", "H", type=int, help="heads (default: the config's)")
 @click.option("--D", "D", type=int, multiple=True, help="head dims (repeatable; default: the config's)")

@@ -173,8 +173,9 @@ def measure_peaks(matmul_n: int = 8192, f32_n: int = 4096, copy_bytes: int = 1 <
     tc_ms = _best_ms(timer, lambda: cupy.matmul(a, b, out=c))
     del a, b, c
 
-    old = linalg.get_compute_type(np.float32)
-    linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_PEDANTIC)  # no TF32
+    f32 = np.dtype(np.float32)
+    old = linalg.get_compute_type(f32)
+    linalg.set_compute_type(f32, linalg.COMPUTE_TYPE_PEDANTIC)  # plain FP32, no TF32
     try:
         a = cupy.random.standard_normal((f32_n, f32_n), dtype=cupy.float32)
         b = a.T.copy()
@@ -182,7 +183,7 @@ def measure_peaks(matmul_n: int = 8192, f32_n: int = 4096, copy_bytes: int = 1 <
         f32_ms = _best_ms(timer, lambda: cupy.matmul(a, b, out=c))
         del a, b, c
     finally:
-        linalg.set_compute_type(np.float32, old)
+        linalg.set_compute_type(f32, old)
 
     src = cupy.ones(copy_bytes // 4, dtype=cupy.float32)
     dst = cupy.empty_like(src)

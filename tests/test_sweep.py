@@ -272,6 +272,9 @@ def no_device(monkeypatch):
     (["--T-min", "512", "--T-max", "128"], "T-min"),
     (["--block", "0"], "--block=0 is below its minimum 1"),
     (["--time-budget", "0"], "time-budget"),
+    (["--dtype", "float64"], "dtype='float64' is not supported: choose one of float32"),
+    (["--pattern", "diagonal"], "pattern='diagonal' is unknown: choose one of dense"),
+    (["--config", "huge"], "config='huge' is unknown: choose one of seed, llm"),
 ])
 def test_sweep_bad_input_exits_2_before_any_launch(tmp_path, registry, no_device, args, match):
     r = CliRunner().invoke(main, ["sweep", "--out", str(tmp_path / "r.csv")] + args)
