@@ -1,33 +1,195 @@
-"""Timing with CUDA events (SPEC section 4)."""
+"""Timing protocol (SPEC section 4) and the machine's peaks (SPEC section 3).
+
+* ``EventTimer``: CUDA events around one launch, the L2 flushed before every sample.
+* ``time_interleaved``: warm-up, then round-robin samples over several runners until each
+  one's relative spread (p80 - p20) / median is small or the time budget is spent.
+* ``measure_peaks``: tensor-core matmul, float32 matmul without TF32, device copy.
+
+The adaptive loop takes any ``sample(fn) -> ms`` callable, so its logic runs without a GPU.
+"""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
+MIN_SAMPLES = 10
+MAX_SAMPLES = 1000
+TARGET_SPREAD = 0.05
+WARMUP_RUNS = 3
+DEFAULT_BUDGET_S = 2.0
 
-@dataclass
+
+@dataclass(frozen=True)
 class Timing:
     median_ms: float
     p20_ms: float
     p80_ms: float
     samples: int
 
+    @property
+    def spread(self) -> float:
+        return relative_spread([self.p20_ms, self.p80_ms], self.median_ms)
 
-def time_runner(runner, min_samples: int = 10, budget_s: float = 2.0) -> Timing:
+
+def relative_spread(p20_p80, median: float) -> float:
+    lo, hi = p20_p80
+    return (hi - lo) / median if median > 0 else float("inf")
+
+
+def summarize(samples_ms) -> Timing:
+    a = np.asarray(samples_ms, dtype=np.float64)
+    if a.size == 0:
+        raise ValueError("no samples")
+    p20, med, p80 = np.percentile(a, [20, 50, 80])
+    return Timing(float(med), float(p20), float(p80), int(a.size))
+
+
+def settled(samples_ms, min_samples: int, target: float) -> bool:
+    if len(samples_ms) < min_samples:
+        return False
+    return summarize(samples_ms).spread <= target
+
+
+def time_interleaved(runs: dict[str, Callable[[], None]], sample: Callable[[Callable[[], None]], float],
+                     *, budget_s: float = DEFAULT_BUDGET_S, min_samples: int = MIN_SAMPLES,
+                     max_samples: int = MAX_SAMPLES, target_spread: float = TARGET_SPREAD,
+                     warmup: int = WARMUP_RUNS, clock: Callable[[], float] = time.perf_counter,
+                     ) -> dict[str, Timing | BaseException]:
+    """Time several launches of the same configuration against each other.
+
+    Each name gets ``warmup`` untimed calls, then rounds: one sample of every name still
+    unsettled per round, so drifts of the machine land on all of them alike. A name
+    settles at ``min_samples`` samples with a relative spread <= ``target_spread``, or at
+    ``max_samples``; once ``budget_s`` seconds of sampling have passed, the loop stops as
+    soon as every name has ``min_samples``. An exception from one name ends that name
+    (its value is the exception) and the others go on.
+    """
+    out: dict[str, Timing | BaseException] = {}
+    samples: dict[str, list[float]] = {}
+    for name, fn in runs.items():
+        try:
+            for _ in range(warmup):
+                fn()
+            samples[name] = []
+        except Exception as e:  # noqa: BLE001 - one implementation's failure is a row, not a crash
+            out[name] = e
+    start = clock()
+    active = list(samples)
+    while active:
+        over = clock() - start > budget_s
+        for name in list(active):
+            s = samples[name]
+            if len(s) >= max_samples or settled(s, min_samples, target_spread) or (over and len(s) >= min_samples):
+                active.remove(name)
+                continue
+            try:
+                s.append(float(sample(runs[name])))
+            except Exception as e:  # noqa: BLE001
+                out[name] = e
+                active.remove(name)
+    for name, s in samples.items():
+        if name not in out:
+            out[name] = summarize(s)
+    return {name: out[name] for name in runs}
+
+
+# -- the GPU side ----------------------------------------------------------------------
+
+class L2Flusher:
+    """Writes a buffer of at least twice the device's L2 size, evicting what a launch left."""
+
+    def __init__(self):
+        import cupy
+
+        l2 = int(cupy.cuda.Device().attributes["L2CacheSize"])
+        self.nbytes = max(2 * l2, 1 << 20)
+        self.buf = cupy.empty(self.nbytes // 4, dtype=cupy.int32)
+        self._value = 0
+
+    def flush(self) -> None:
+        self._value ^= 1  # a different value each time, so no write is elided
+        self.buf.fill(self._value)
+
+
+class EventTimer:
+    """``sample(fn)``: flush the L2, then CUDA events around one launch on the current stream."""
+
+    def __init__(self, flush: bool = True):
+        import cupy
+
+        self._cupy = cupy
+        self.flusher = L2Flusher() if flush else None
+        self.start = cupy.cuda.Event()
+        self.end = cupy.cuda.Event()
+
+    def sample(self, fn: Callable[[], None]) -> float:
+        if self.flusher is not None:
+            self.flusher.flush()
+        stream = self._cupy.cuda.get_current_stream()
+        self.start.record(stream)
+        fn()
+        self.end.record(stream)
+        self.end.synchronize()
+        return float(self._cupy.cuda.get_elapsed_time(self.start, self.end))
+
+    def time(self, runs: dict[str, Callable[[], None]], **kw) -> dict[str, Timing | BaseException]:
+        return time_interleaved(runs, self.sample, **kw)
+
+
+@dataclass(frozen=True)
+class Peaks:
+    """Measured ceilings of this GPU: TFLOP/s and TB/s."""
+    tc_tflops: float     # float16 tensor-core matmul (stands for the 16-bit dtypes)
+    f32_tflops: float    # float32 matmul, TF32 off
+    copy_tbps: float     # device-to-device copy, read + write
+
+    def matrix_tflops(self, dtype: str) -> float:
+        return self.f32_tflops if dtype == "float32" else self.tc_tflops
+
+
+def floor_ms(flops: float, bytes_floor: float, peak_tflops: float, peak_tbps: float) -> float:
+    """max(useful FLOPs / matrix peak, bytes floor / bandwidth), in ms (SPEC section 3)."""
+    return max(flops / (peak_tflops * 1e12), bytes_floor / (peak_tbps * 1e12)) * 1e3
+
+
+def _best_ms(timer: EventTimer, fn, n: int = 10) -> float:
+    for _ in range(2):
+        fn()
+    return min(timer.sample(fn) for _ in range(n))
+
+
+def measure_peaks(matmul_n: int = 8192, f32_n: int = 4096, copy_bytes: int = 1 << 30) -> Peaks:
+    """The fastest of a few samples of each ceiling (a peak is the best the chip reaches)."""
     import cupy
+    from cupy._core import _routines_linalg as linalg
 
-    runner.run()  # warm-up
-    cupy.cuda.get_current_stream().synchronize()
-    ts = []
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    spent = 0.0
-    while len(ts) < min_samples and spent < budget_s * 1e3:
-        start.record()
-        runner.run()
-        stop.record()
-        stop.synchronize()
-        ts.append(cupy.cuda.get_elapsed_time(start, stop))
-        spent += ts[-1]
-    a = np.asarray(ts)
-    return Timing(float(np.median(a)), float(np.percentile(a, 20)), float(np.percentile(a, 80)), len(a))
+    timer = EventTimer(flush=False)
+    a = cupy.random.standard_normal((matmul_n, matmul_n), dtype=cupy.float32).astype(cupy.float16)
+    b = a.T.copy()
+    c = cupy.empty_like(a)
+    tc_ms = _best_ms(timer, lambda: cupy.matmul(a, b, out=c))
+    del a, b, c
+
+    f32 = np.dtype(np.float32)
+    old = linalg.get_compute_type(f32)
+    linalg.set_compute_type(f32, linalg.COMPUTE_TYPE_PEDANTIC)  # plain FP32, no TF32
+    try:
+        a = cupy.random.standard_normal((f32_n, f32_n), dtype=cupy.float32)
+        b = a.T.copy()
+        c = cupy.empty_like(a)
+        f32_ms = _best_ms(timer, lambda: cupy.matmul(a, b, out=c))
+        del a, b, c
+    finally:
+        linalg.set_compute_type(f32, old)
+
+    src = cupy.ones(copy_bytes // 4, dtype=cupy.float32)
+    dst = cupy.empty_like(src)
+    copy_ms = _best_ms(timer, lambda: dst.data.copy_from_device_async(src.data, copy_bytes))
+    del src, dst
+    cupy.get_default_memory_pool().free_all_blocks()
+    return Peaks(tc_tflops=2 * matmul_n ** 3 / (tc_ms * 1e-3) / 1e12,
+                 f32_tflops=2 * f32_n ** 3 / (f32_ms * 1e-3) / 1e12,
+                 copy_tbps=2 * copy_bytes / (copy_ms * 1e-3) / 1e12)

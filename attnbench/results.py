@@ -1,0 +1,208 @@
+"""Tidy result rows: one per (configuration, implementation), provenance in every row.
+
+Rows are appended and flushed as each configuration finishes, so an interrupted sweep keeps
+every finished row, and ``--resume`` skips the (configuration, implementation) pairs that a
+CSV already holds.
+"""
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from .patterns import BadInput
+
+COLUMNS = [
+    "timestamp", "gpu", "sm_count", "driver", "cuda_runtime", "cupy", "torch", "git_commit",
+    "config", "command", "impl", "family", "pattern", "label", "causal", "window", "sink", "block",
+    "dilation", "params", "B", "H", "T", "D", "dtype", "pairs", "density", "flops", "bytes_floor",
+    "status", "reason", "rel_err", "tolerance", "median_ms", "p20_ms", "p80_ms", "samples",
+    "tflops", "peak_tflops", "peak_tbps", "floor_ms", "roofline", "compile_s", "setup_s",
+]
+STATUSES = ("ok", "failed", "skipped")
+# the columns that name a (configuration, implementation) pair
+KEY_COLUMNS = ("impl", "pattern", "params", "causal", "B", "H", "T", "D", "dtype")
+PATTERN_PARAM_COLUMNS = ("window", "sink", "block", "dilation")
+
+
+def params_json(params: dict) -> str:
+    return json.dumps(params, sort_keys=True, separators=(",", ":"))
+
+
+def _norm(col: str, v) -> str:
+    if col == "causal":
+        return str(v).strip().lower() in ("true", "1")
+    if col in ("B", "H", "T", "D"):
+        return int(float(v))
+    if col == "params":
+        return params_json(json.loads(v)) if isinstance(v, str) else params_json(v)
+    return str(v)
+
+
+def row_key(row: dict) -> tuple:
+    """The identity of a row, the same whether it comes from a dict just built or a CSV."""
+    return tuple(_norm(c, row[c]) for c in KEY_COLUMNS)
+
+
+# -- provenance -----------------------------------------------------------------------
+
+def git_commit(path: str | os.PathLike | None = None) -> str:
+    """The commit of the working tree holding ``path`` (this package by default), ``-dirty``
+    when tracked files are modified; ``unknown`` outside a git checkout."""
+    where = Path(path) if path is not None else Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=where, capture_output=True,
+                              text=True, timeout=10)
+        if head.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where,
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def _version(pkg: str) -> str:
+    from importlib import metadata
+
+    for name in (pkg, f"{pkg}-cuda13x", f"{pkg}-cuda12x"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return ""
+
+
+def _cuda_version(v: int) -> str:
+    return f"{v // 1000}.{(v % 1000) // 10}"
+
+
+def _driver_version() -> str:
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=20)
+        if r.returncode == 0 and r.stdout.strip():
+            return r.stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    import cupy
+
+    return "cuda " + _cuda_version(cupy.cuda.runtime.driverGetVersion())
+
+
+def provenance(device: int | None = None) -> dict:
+    """GPU, driver, runtime, library versions and git commit (the columns shared by every row
+    of a run; ``timestamp`` is set when each row is written)."""
+    import cupy
+
+    dev = cupy.cuda.Device() if device is None else cupy.cuda.Device(device)
+    props = cupy.cuda.runtime.getDeviceProperties(dev.id)
+    name = props["name"]
+    return {
+        "gpu": name.decode() if isinstance(name, bytes) else str(name),
+        "sm_count": int(props["multiProcessorCount"]),
+        "driver": _driver_version(),
+        "cuda_runtime": _cuda_version(cupy.cuda.runtime.runtimeGetVersion()),
+        "cupy": cupy.__version__,
+        "torch": _version("torch"),
+        "git_commit": git_commit(),
+    }
+
+
+def now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# -- writing and reading --------------------------------------------------------------
+
+def read_header(path: Path) -> list[str]:
+    with open(path, newline="") as f:
+        return next(csv.reader(f), [])
+
+
+class ResultWriter:
+    """Appends rows to a CSV, flushed to disk as each configuration finishes."""
+
+    def __init__(self, path: str | os.PathLike, resume: bool = False, overwrite: bool = False):
+        self.path = Path(path)
+        self.done: set[tuple] = set()
+        exists = self.path.exists() and self.path.stat().st_size > 0
+        if exists and not (resume or overwrite):
+            raise BadInput(f"{self.path} exists: pass --resume to continue it or --overwrite to replace it")
+        if exists and resume:
+            header = read_header(self.path)
+            if header != COLUMNS:
+                missing = [c for c in COLUMNS if c not in header]
+                raise BadInput(f"{self.path} has other columns than this version writes "
+                               f"(missing: {', '.join(missing) or 'none'}): cannot resume it")
+            with open(self.path, newline="") as f:
+                self.done = {row_key(r) for r in csv.DictReader(f)}
+            self._f = open(self.path, "a", newline="")
+            self._w = csv.DictWriter(self._f, fieldnames=COLUMNS)
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._f = open(self.path, "w", newline="")
+            self._w = csv.DictWriter(self._f, fieldnames=COLUMNS)
+            self._w.writeheader()
+            self._sync()
+
+    def is_done(self, row: dict) -> bool:
+        return row_key(row) in self.done
+
+    def write(self, rows: list[dict]) -> None:
+        for row in rows:
+            key = row_key(row)
+            if key in self.done:
+                continue
+            unknown = set(row) - set(COLUMNS)
+            if unknown:
+                raise ValueError(f"unknown columns {sorted(unknown)}")
+            self._w.writerow({c: _cell(row.get(c)) for c in COLUMNS})
+            self.done.add(key)
+        self._sync()
+
+    def _sync(self) -> None:
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _cell(v):
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return repr(v) if v == v else "nan"
+    if isinstance(v, dict):
+        return json.dumps(v, sort_keys=True)
+    return v
+
+
+def read_results(path: str | os.PathLike):
+    """The rows of a results CSV as a pandas DataFrame; BadInput when the file is missing or
+    is not a results CSV."""
+    import pandas as pd
+
+    p = Path(path)
+    if not p.is_file():
+        raise BadInput(f"results CSV {p} does not exist")
+    try:
+        df = pd.read_csv(p, keep_default_na=False, na_values=[""], dtype={"reason": str, "git_commit": str})
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise BadInput(f"{p} is not a results CSV: {e}") from None
+    needed = ["impl", "family", "pattern", "label", "causal", "B", "H", "T", "D", "dtype", "status", "median_ms"]
+    missing = [c for c in needed if c not in df.columns]
+    if missing:
+        raise BadInput(f"{p} is not a results CSV: missing columns {', '.join(missing)}")
+    df["causal"] = df["causal"].map(lambda v: str(v).strip().lower() in ("true", "1"))
+    return df

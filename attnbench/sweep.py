@@ -1,0 +1,375 @@
+"""Sweeps: configurations x implementations, each gated against the float64 reference and
+the survivors timed against each other (SPEC sections 3, 4, 5).
+
+A configuration is a pattern instance (pattern, parameters, causal flag) at one T, B, H, D and
+dtype. For each one, every implementation gives exactly one row:
+
+* ``skipped``: the configuration does not fit (BadInput from the pattern), the implementation
+  is not available here, does not take the problem, or refuses it while preparing;
+* ``failed``: the correctness gate failed, or an exception (out of memory, a compile error)
+  came up while preparing, checking or timing it; its reason is kept;
+* ``ok``: passed the gate and was timed, interleaved with the other implementations that
+  passed on the same configuration.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+import zlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .check import judge
+from .impls import Impl, Problem, all_impls, get_impl
+from .patterns import PATTERNS, BadInput, get_pattern, make_mask
+from .results import COLUMNS, ResultWriter, now, params_json, row_key
+from .timing import DEFAULT_BUDGET_S, Peaks, Timing, floor_ms
+
+CONFIGS = ("seed", "llm")
+DTYPES = ("float32", "float16", "bfloat16")
+# the options that set a pattern parameter, by parameter name
+PARAM_OPTIONS = ("window", "sink", "block", "dilation")
+
+
+@dataclass(frozen=True)
+class Instance:
+    """A pattern with its parameters (defaults filled in) and causal flag."""
+    pattern: str
+    params: tuple  # sorted (name, value) pairs
+    causal: bool
+
+    @classmethod
+    def make(cls, pattern: str, causal: bool, **given) -> "Instance":
+        p = get_pattern(pattern).defaults()
+        p.update({k: v for k, v in given.items() if v is not None})
+        return cls(pattern, tuple(sorted(p.items())), bool(causal))
+
+    @property
+    def param_dict(self) -> dict:
+        return dict(self.params)
+
+
+@dataclass(frozen=True)
+class Case:
+    config: str
+    inst: Instance
+    T: int
+    B: int
+    H: int
+    D: int
+    dtype: str
+
+    def describe(self) -> str:
+        ps = ",".join(f"{k}={v}" for k, v in self.inst.params if k != "seed")
+        lab = f"{self.inst.pattern}({ps})" if ps else self.inst.pattern
+        return (f"{lab} {'causal' if self.inst.causal else 'non-causal'} T={self.T} B={self.B} H={self.H} "
+                f"D={self.D} {self.dtype}")
+
+
+# -- the standard configurations (SPEC section 5) ------------------------------------------
+
+def _llm_instances() -> list[Instance]:
+    return [
+        Instance.make("dense", True),
+        Instance.make("streaming", True, sink=16, window=64),
+        Instance.make("streaming", True, sink=4, window=1024),
+        Instance.make("window", True, window=256),
+        Instance.make("window", True, window=4096),
+        Instance.make("block_diagonal", False, block=16),
+        Instance.make("block_diagonal", False, block=128),
+        Instance.make("dilated", True, window=512, dilation=2),
+        Instance.make("bigbird", True),
+    ]
+
+
+CONFIG_DEFAULTS = {
+    "seed": dict(B=1, H=1, D=(384,), dtype=("float32",), T_min=128, T_max=4096, Ts=None),
+    "llm": dict(B=1, H=16, D=(64, 128), dtype=("bfloat16",), T_min=None, T_max=None,
+                Ts=(4096, 32768, 131072)),
+}
+
+
+def powers_of_two(t_min: int, t_max: int) -> list[int]:
+    if t_min < 1 or t_max < 1:
+        raise BadInput(f"T range {t_min}..{t_max}: T must be a positive integer")
+    if t_min > t_max:
+        raise BadInput(f"--T-min={t_min} is above --T-max={t_max}")
+    out, t = [], 1
+    while t <= t_max:
+        if t >= t_min:
+            out.append(t)
+        t *= 2
+    if not out:
+        raise BadInput(f"no power of two lies between --T-min={t_min} and --T-max={t_max}")
+    return out
+
+
+def t_values(config: str, T: tuple[int, ...] = (), T_min: int | None = None,
+             T_max: int | None = None) -> list[int]:
+    """Explicit ``T`` values win; else powers of two over the range (the config's bounds
+    fill in the one not given); else the config's list."""
+    d = CONFIG_DEFAULTS[config]
+    if T:
+        bad = [t for t in T if t < 1]
+        if bad:
+            raise BadInput(f"T={bad[0]} must be a positive integer")
+        return sorted(set(T))
+    if T_min is None and T_max is None and d["Ts"]:
+        return list(d["Ts"])
+    lo = T_min if T_min is not None else (d["T_min"] or min(d["Ts"]))
+    hi = T_max if T_max is not None else (d["T_max"] or max(d["Ts"]))
+    return powers_of_two(lo, hi)
+
+
+def instances(config: str, patterns: tuple[str, ...] = (), causal: bool | None = None,
+              **options: tuple[int, ...]) -> list[Instance]:
+    """Pattern instances of a sweep. With no parameter option, the config's own list (seed:
+    every pattern at its defaults, causal). With some, for each pattern the product of the
+    given values of the parameters it takes (defaults for the rest)."""
+    for name in patterns:
+        get_pattern(name)
+    unknown = set(options) - set(PARAM_OPTIONS)
+    if unknown:
+        raise BadInput(f"unknown pattern options {sorted(unknown)}")
+    given = {k: tuple(v) for k, v in options.items() if v}
+    chosen = list(patterns) or list(PATTERNS)
+    for name in chosen:  # a value below a parameter's minimum fits no T: refuse the sweep
+        for prm in get_pattern(name).params:
+            for v in given.get(prm.name, ()):
+                if v < prm.minimum:
+                    raise BadInput(f"--{prm.name}={v} is below its minimum {prm.minimum} ({name}: {prm.help})")
+    if not given and config == "llm":
+        out = [i for i in _llm_instances() if i.pattern in chosen]
+    else:
+        out = []
+        for name in chosen:
+            takes = [p.name for p in get_pattern(name).params if p.name in given]
+            default_causal = not (config == "llm" and name == "block_diagonal")
+            for values in itertools.product(*(given[p] for p in takes)):
+                out.append(Instance.make(name, default_causal, **dict(zip(takes, values))))
+    if causal is not None:
+        out = [Instance(i.pattern, i.params, causal) for i in out]
+    seen, uniq = set(), []
+    for i in out:
+        if i not in seen:
+            seen.add(i)
+            uniq.append(i)
+    if not uniq:
+        raise BadInput(f"no pattern instance for --config {config} and --pattern {', '.join(patterns)}")
+    return uniq
+
+
+def plan(config: str = "seed", *, patterns=(), T=(), T_min=None, T_max=None, B=None, H=None, D=(),
+         dtype=(), causal=None, **options) -> list[Case]:
+    """Every configuration of a sweep, in order: by dtype, D, T, then pattern instance."""
+    if config not in CONFIGS:
+        raise BadInput(f"config={config!r} is unknown: choose one of {', '.join(CONFIGS)}")
+    d = CONFIG_DEFAULTS[config]
+    dtypes = tuple(dtype) or d["dtype"]
+    for dt in dtypes:
+        if dt not in DTYPES:
+            raise BadInput(f"dtype={dt!r} is not supported: choose one of {', '.join(DTYPES)}")
+    Ds = tuple(D) or d["D"]
+    B = d["B"] if B is None else B
+    H = d["H"] if H is None else H
+    for name, v in (("B", B), ("H", H)) + tuple(("D", x) for x in Ds):
+        if v < 1:
+            raise BadInput(f"{name}={v} must be a positive integer")
+    insts = instances(config, tuple(patterns), causal, **options)
+    Ts = t_values(config, tuple(T), T_min, T_max)
+    return [Case(config, inst, t, B, H, dd, dt)
+            for dt in dtypes for dd in Ds for t in Ts for inst in insts]
+
+
+def select_impls(names=()) -> list[Impl]:
+    """The implementations named (BadInput naming the choices for an unknown one), else all."""
+    if names:
+        return [get_impl(n) for n in dict.fromkeys(names)]
+    impls = list(all_impls().values())
+    if not impls:
+        raise BadInput("no implementation is registered")
+    return impls
+
+
+# -- running ------------------------------------------------------------------------------
+
+def _device_inputs(shape, dtype, seed):
+    from .arrays import random_inputs
+
+    return random_inputs(shape, dtype, seed)
+
+
+def _free_device_memory():
+    import cupy
+
+    cupy.get_default_memory_pool().free_all_blocks()
+
+
+@dataclass
+class Context:
+    """What a sweep runs with: everything that touches the device can be replaced."""
+    time: Callable  # time(runs: dict[name, fn], budget_s=...) -> dict[name, Timing | Exception]
+    peaks: Peaks
+    provenance: dict
+    inputs: Callable = _device_inputs
+    cleanup: Callable = _free_device_memory
+    seed: int = 0
+    budget_s: float = DEFAULT_BUDGET_S
+    command: str = ""
+    progress: Callable | None = None
+
+
+def _reason(e: BaseException) -> str:
+    msg = " ".join(str(e).split())
+    return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+
+
+def _base_row(case: Case, impl: Impl, ctx: Context, prob: Problem | None) -> dict:
+    p = case.inst.param_dict
+    row = dict(ctx.provenance)
+    row.update(config=case.config, command=ctx.command, impl=impl.name, family=impl.family,
+               pattern=case.inst.pattern, causal=case.inst.causal, params=params_json(p),
+               B=case.B, H=case.H, T=case.T, D=case.D, dtype=case.dtype,
+               peak_tflops=ctx.peaks.matrix_tflops(case.dtype), peak_tbps=ctx.peaks.copy_tbps)
+    for name in PARAM_OPTIONS:
+        row[name] = p.get(name)
+    if prob is not None:
+        m = prob.mask
+        row.update(label=m.label(), pairs=m.pairs, density=m.density, flops=prob.flops,
+                   bytes_floor=prob.bytes_floor,
+                   floor_ms=floor_ms(prob.flops, prob.bytes_floor, row["peak_tflops"], row["peak_tbps"]))
+    else:
+        ps = ",".join(f"{k}={v}" for k, v in case.inst.params if k != "seed")
+        row["label"] = f"{case.inst.pattern}({ps})" if ps else case.inst.pattern
+    return row
+
+
+def _finish(row: dict, status: str, reason: str = "") -> dict:
+    row.update(status=status, reason=reason, timestamp=now())
+    return row
+
+
+def _setup_cols(row: dict, setup: dict | None) -> None:
+    setup = dict(setup or {})
+    row["compile_s"] = setup.get("compile_s")
+    row["setup_s"] = json.dumps(setup, sort_keys=True)
+
+
+def case_seed(case: Case, seed: int) -> int:
+    """Inputs of a configuration depend on the configuration and --seed only (resumable)."""
+    text = f"{case.inst.pattern}|{case.inst.params}|{case.inst.causal}|{case.T}|{case.B}|{case.H}|{case.D}|{case.dtype}"
+    return (seed * 1_000_003 + zlib.crc32(text.encode())) % (2 ** 31)
+
+
+def run_case(case: Case, impls: list[Impl], ctx: Context, done: Callable[[dict], bool] = lambda r: False
+             ) -> list[dict]:
+    """The rows of one configuration: one per implementation not already ``done``."""
+    rows = {impl.name: _base_row(case, impl, ctx, None) for impl in impls}
+    todo = [i for i in impls if not done(rows[i.name])]
+    if not todo:
+        return []
+    try:
+        mask = make_mask(case.inst.pattern, case.T, case.inst.causal, **case.inst.param_dict)
+        prob = Problem(mask, case.B, case.H, case.D, case.dtype)
+    except BadInput as e:
+        return [_finish(rows[i.name], "skipped", str(e)) for i in todo]
+    rows = {i.name: _base_row(case, i, ctx, prob) for i in todo}
+    out: dict[str, dict] = {}
+    candidates = []
+    for impl in todo:
+        why = impl.availability() or impl.unsupported(prob)
+        if why:
+            out[impl.name] = _finish(rows[impl.name], "skipped", why)
+        else:
+            candidates.append(impl)
+    runners = {}
+    if candidates:
+        try:
+            q, k, v = ctx.inputs(prob.shape, prob.dtype, case_seed(case, ctx.seed))
+        except Exception as e:  # noqa: BLE001 - e.g. out of memory for the inputs
+            for impl in candidates:
+                out[impl.name] = _finish(rows[impl.name], "failed", f"inputs: {_reason(e)}")
+            candidates = []
+        for impl in candidates:
+            row = rows[impl.name]
+            try:
+                runner = impl.prepare(prob, q, k, v)
+                _setup_cols(row, getattr(runner, "setup", None))
+                g = judge(impl, prob, runner, q, k, v)
+            except BadInput as e:
+                out[impl.name] = _finish(row, "skipped", str(e))
+                continue
+            except Exception as e:  # noqa: BLE001 - a failure of one implementation is a row
+                out[impl.name] = _finish(row, "failed", _reason(e))
+                ctx.cleanup()
+                continue
+            row.update(rel_err=g.rel_err, tolerance=g.tolerance)
+            if g.ok:
+                runners[impl.name] = runner
+            else:
+                out[impl.name] = _finish(row, "failed", g.reason)
+    if runners:
+        timings = ctx.time({n: r.run for n, r in runners.items()}, budget_s=ctx.budget_s)
+        for name, t in timings.items():
+            row = rows[name]
+            if isinstance(t, Timing):
+                row.update(median_ms=t.median_ms, p20_ms=t.p20_ms, p80_ms=t.p80_ms, samples=t.samples,
+                           tflops=prob.flops / (t.median_ms * 1e-3) / 1e12,
+                           roofline=row["floor_ms"] / t.median_ms)
+                out[name] = _finish(row, "ok")
+            else:
+                out[name] = _finish(row, "failed", f"timing: {_reason(t)}")
+    runners.clear()
+    ctx.cleanup()
+    return [out[i.name] for i in todo]
+
+
+def run_sweep(cases: list[Case], impls: list[Impl], writer: ResultWriter, ctx: Context) -> dict:
+    """Run every configuration, writing its rows as soon as it finishes. Returns counts by status."""
+    counts = {"ok": 0, "failed": 0, "skipped": 0, "resumed": 0}
+    for n, case in enumerate(cases):
+        if ctx.progress:
+            ctx.progress(n, len(cases), case)
+        rows = run_case(case, impls, ctx, writer.is_done)
+        counts["resumed"] += len(impls) - len(rows)
+        writer.write(rows)
+        for r in rows:
+            counts[r["status"]] += 1
+    if ctx.progress:
+        ctx.progress(len(cases), len(cases), None)
+    return counts
+
+
+class Progress:
+    """One stderr line, rewritten in place on a terminal: configurations done / left, current."""
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+        self.tty = getattr(self.stream, "isatty", lambda: False)()
+
+    def __call__(self, done: int, total: int, case: Case | None) -> None:
+        what = case.describe() if case is not None else "finished"
+        line = f"[{done}/{total} done, {total - done} left] {what}"
+        if self.tty:
+            self.stream.write("\r\033[K" + line + ("\n" if case is None else ""))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+def device_context(seed: int = 0, budget_s: float = DEFAULT_BUDGET_S, command: str = "",
+                   progress: Callable | None = None) -> Context:
+    """The real thing: provenance, peaks measured once, CUDA-event timing with L2 flushes."""
+    from .results import provenance
+    from .timing import EventTimer, measure_peaks
+
+    prov = provenance()
+    peaks = measure_peaks()
+    timer = EventTimer()
+    return Context(time=timer.time, peaks=peaks, provenance=prov, seed=seed, budget_s=budget_s,
+                   command=command, progress=progress)
+
+
+__all__ = ["Instance", "Case", "Context", "plan", "instances", "t_values", "select_impls", "run_case",
+           "run_sweep", "device_context", "Progress", "COLUMNS", "row_key"]

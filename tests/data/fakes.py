@@ -1,0 +1,96 @@
+"""Fake implementations, inputs and timer for CPU tests and the test fixture CSV.
+
+Nothing here measures anything: the "times" are a made-up function of the useful FLOPs so
+that plots and tables have something to draw. Rows built from these carry the GPU name
+"test-fixture".
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from attnbench.arrays import from_float32, random_inputs
+from attnbench.impls import Impl, Runner
+from attnbench.reference import reference
+from attnbench.timing import Peaks, Timing
+
+FIXTURE = "test-fixture"
+PROVENANCE = {"gpu": FIXTURE, "sm_count": 0, "driver": FIXTURE, "cuda_runtime": FIXTURE,
+              "cupy": FIXTURE, "torch": "", "git_commit": FIXTURE}
+PEAKS = Peaks(tc_tflops=100.0, f32_tflops=10.0, copy_tbps=1.0)
+
+
+class NumpyRunner(Runner):
+    """Computes attention on the host from the float64 reference, times ``factor``."""
+
+    def __init__(self, prob, q, k, v, factor=1.0):
+        self.prob, self.q, self.k, self.v, self.factor = prob, q, k, v, factor
+        self._out = np.zeros(q.shape, dtype=q.dtype)
+        self.setup = {"compile_s": 0.0, "fake_build_s": 0.0}
+        self.calls = 0
+
+    def run(self):
+        self.calls += 1
+        ref = reference(self.q, self.k, self.v, self.prob.mask, self.prob.dtype, self.prob.softmax_scale)
+        self._out[...] = from_float32((ref * self.factor).astype(np.float32), self.prob.dtype)
+
+    @property
+    def out(self):
+        return self._out
+
+    def poison(self):
+        self._out.fill(np.nan)
+
+
+class FakeImpl(Impl):
+    """``factor`` != 1 fails the gate; ``raises`` is raised by prepare; ``unavailable`` is
+    the availability reason; ``speed`` scales the made-up time."""
+
+    def __init__(self, name, family="attnbench", dtypes=("float32", "float16"), factor=1.0, raises=None,
+                 unavailable=None, speed=1.0):
+        super().__init__(name=name, family=family, description=f"fake {name}", dtypes=tuple(dtypes))
+        self.factor, self.raises, self.unavailable, self.speed = factor, raises, unavailable, speed
+        self.prepared = 0
+
+    def availability(self):
+        return self.unavailable
+
+    def prepare(self, prob, q, k, v):
+        self.prepared += 1
+        if self.raises is not None:
+            raise self.raises
+        return NumpyRunner(prob, q, k, v, self.factor)
+
+
+def fake_impls():
+    return [
+        FakeImpl("fake-exact"),
+        FakeImpl("fake-slow", speed=4.0),
+        FakeImpl("fake-peer", family="peer", speed=0.5),
+        FakeImpl("fake-wrong", factor=1.5),
+        FakeImpl("fake-oom", raises=MemoryError("out of memory allocating 1 GiB (fake)")),
+        FakeImpl("fake-absent", unavailable="fake: needs a library that is not installed"),
+        FakeImpl("fake-f16", dtypes=("float16",)),
+    ]
+
+
+def host_inputs(shape, dtype, seed):
+    return random_inputs(shape, dtype, seed, xp=np)
+
+
+class FakeTimer:
+    """Calls each run a few times and reports a made-up time: 0.01 ms + flops / 1e9 per ms,
+    times the implementation's ``speed`` (looked up by name)."""
+
+    def __init__(self, impls):
+        self.speed = {i.name: i.speed for i in impls}
+        self.calls = []
+
+    def __call__(self, runs, budget_s=None):
+        self.calls.append(sorted(runs))
+        out = {}
+        for name, fn in runs.items():
+            for _ in range(3):
+                fn()
+            ms = (0.01 + fn.__self__.prob.flops / 1e9) * self.speed.get(name, 1.0)
+            out[name] = Timing(ms, ms * 0.98, ms * 1.03, 10)
+        return out

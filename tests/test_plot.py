@@ -1,0 +1,76 @@
+"""Plots from the small fixture CSV: files made, axes labelled, speedup matched on the right rows."""
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from attnbench.cli import main
+from attnbench.patterns import BadInput
+from attnbench.plot import GROUP, group_figures, plot_csv, with_speedup
+from attnbench.results import read_results
+
+SMALL = Path(__file__).parent / "data" / "small.csv"
+
+
+def test_one_set_of_pngs_per_group(tmp_path):
+    paths = plot_csv(SMALL, tmp_path)
+    df = read_results(SMALL)
+    groups = df[df["status"] == "ok"].groupby(GROUP).ngroups
+    assert groups == 2
+    assert len(paths) == 3 * groups
+    assert {p.name for p in paths} >= {"float32_D16_B1_H2_runtime.png", "float16_D32_B1_H2_speedup.png"}
+    for p in paths:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 10_000
+
+
+def test_figures_have_labelled_log_axes_a_title_and_a_line_per_series():
+    df = read_results(SMALL)
+    g = df[(df["dtype"] == "float32")]
+    figs = group_figures(g)
+    try:
+        ok = g[g["status"] == "ok"]
+        n_series = ok.groupby(["label", "causal", "impl"]).ngroups
+        ax = figs["runtime"].axes[0]
+        assert "ms" in ax.get_ylabel() and "T" in ax.get_xlabel()
+        assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+        assert "test-fixture" in ax.get_title() and "float32" in ax.get_title() and "D=16" in ax.get_title()
+        assert len(ax.get_lines()) == n_series
+        a1, a2 = figs["throughput"].axes[:2]
+        assert "TFLOP/s" in a1.get_ylabel() and "roofline" in a2.get_ylabel()
+        assert len(a1.get_lines()) == len(a2.get_lines()) == n_series
+        sp = figs["speedup"].axes[0]
+        assert "dense" in sp.get_ylabel()
+        # one line per non-dense series (plus the 1x reference line)
+        assert len(sp.get_lines()) == ok[ok["pattern"] != "dense"].groupby(["label", "causal", "impl"]).ngroups + 1
+    finally:
+        for f in figs.values():
+            plt.close(f)
+
+
+def _r(pattern, impl, T, ms, causal=True, status="ok"):
+    return dict(pattern=pattern, label=pattern, impl=impl, T=T, B=1, H=1, D=8, dtype="float32", causal=causal,
+                median_ms=ms, status=status)
+
+
+def test_speedup_is_over_dense_of_the_same_impl_and_causal_flag():
+    df = pd.DataFrame([
+        _r("dense", "a", 64, 8.0), _r("dense", "b", 64, 100.0), _r("dense", "a", 128, 30.0, status="failed"),
+        _r("window", "a", 64, 2.0), _r("window", "b", 64, 10.0),
+        _r("window", "a", 128, 3.0),                 # its dense row failed: no speedup
+        _r("block_diagonal", "a", 64, 1.0, causal=False),  # no non-causal dense: no speedup
+    ])
+    sp = with_speedup(df)
+    got = sorted(zip(sp["pattern"], sp["impl"], sp["T"], sp["speedup"]))
+    assert got == [("window", "a", 64, 4.0), ("window", "b", 64, 10.0)]
+
+
+def test_plot_refuses_a_missing_csv_or_one_without_ok_rows(tmp_path):
+    r = CliRunner().invoke(main, ["plot", str(tmp_path / "nope.csv")])
+    assert r.exit_code == 2 and "error: results CSV" in r.stderr and "does not exist" in r.stderr
+    df = read_results(SMALL)
+    df = df[df["status"] != "ok"]
+    df.to_csv(tmp_path / "bad.csv", index=False)
+    with pytest.raises(BadInput, match="no ok row"):
+        plot_csv(tmp_path / "bad.csv", tmp_path)

@@ -1,0 +1,316 @@
+"""Sweeps without a GPU: plans, gating, skip and failure rows, interleaved timing, resume, CLI."""
+import csv
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).parent / "data"))
+
+from fakes import PEAKS, PROVENANCE, FakeImpl, FakeTimer, fake_impls, host_inputs  # noqa: E402
+
+from attnbench import impls as impls_mod  # noqa: E402
+from attnbench import sweep as sw  # noqa: E402
+from attnbench.cli import main  # noqa: E402
+from attnbench.patterns import PATTERNS, BadInput  # noqa: E402
+from attnbench.results import ResultWriter, row_key  # noqa: E402
+from attnbench.timing import Timing, summarize, time_interleaved  # noqa: E402
+
+
+def ctx_for(impls, **kw):
+    timer = FakeTimer(impls)
+    return sw.Context(time=timer, peaks=PEAKS, provenance=dict(PROVENANCE), inputs=host_inputs,
+                      cleanup=lambda: None, **kw), timer
+
+
+# -- plans --------------------------------------------------------------------------------
+
+def test_seed_plan_is_every_pattern_at_its_defaults():
+    cases = sw.plan("seed")
+    assert sorted({c.T for c in cases}) == [128, 256, 512, 1024, 2048, 4096]
+    assert {(c.B, c.H, c.D, c.dtype) for c in cases} == {(1, 1, 384, "float32")}
+    insts = {c.inst for c in cases}
+    assert {i.pattern for i in insts} == set(PATTERNS)
+    assert all(i.causal for i in insts)
+    assert all(i.param_dict == PATTERNS[i.pattern].defaults() for i in insts)
+    assert len(cases) == len(PATTERNS) * 6
+
+
+def test_llm_plan_is_spec_section_5():
+    cases = sw.plan("llm")
+    assert sorted({c.T for c in cases}) == [4096, 32768, 131072]
+    assert {(c.B, c.H, c.D, c.dtype) for c in cases} == {(1, 16, 64, "bfloat16"), (1, 16, 128, "bfloat16")}
+    got = {(i.pattern, tuple((k, v) for k, v in i.params if k != "seed"), i.causal) for i in {c.inst for c in cases}}
+    assert got == {
+        ("dense", (), True),
+        ("streaming", (("sink", 16), ("window", 64)), True),
+        ("streaming", (("sink", 4), ("window", 1024)), True),
+        ("window", (("window", 256),), True),
+        ("window", (("window", 4096),), True),
+        ("block_diagonal", (("block", 16),), False),
+        ("block_diagonal", (("block", 128),), False),
+        ("dilated", (("dilation", 2), ("window", 512)), True),
+        ("bigbird", (("block", 64), ("global_blocks", 1), ("random_blocks", 3), ("window_blocks", 3)), True),
+    }
+    assert sorted({c.T for c in sw.plan("llm", T_min=1024, T_max=2048)}) == [1024, 2048]
+
+
+def test_parameter_options_take_the_product_per_pattern():
+    insts = sw.instances("seed", ("dense", "window", "streaming", "dilated"), window=(32, 64), sink=(4, 8),
+                         dilation=(3,))
+    by = {}
+    for i in insts:
+        by.setdefault(i.pattern, []).append(i.param_dict)
+    assert by["dense"] == [{}]
+    assert sorted(p["window"] for p in by["window"]) == [32, 64]
+    assert sorted((p["sink"], p["window"]) for p in by["streaming"]) == [(4, 32), (4, 64), (8, 32), (8, 64)]
+    assert sorted((p["window"], p["dilation"]) for p in by["dilated"]) == [(32, 3), (64, 3)]
+    assert all(i.causal for i in insts)
+    assert not any(i.causal for i in sw.instances("seed", ("window",), causal=False))
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(T_min=512, T_max=256), "T-min"),
+    (dict(T_min=300, T_max=500), "power of two"),
+    (dict(dtype=("float64",)), "dtype"),
+    (dict(B=0), "B=0"),
+    (dict(patterns=("nope",)), "pattern"),
+])
+def test_bad_plans_are_refused(kw, match):
+    with pytest.raises(BadInput, match=match):
+        sw.plan("seed", **kw)
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    """The registry holds the fake implementations only."""
+    reg = {i.name: i for i in fake_impls()}
+    monkeypatch.setattr(impls_mod, "_REGISTRY", reg)
+    monkeypatch.setattr(impls_mod, "_load_all", lambda: None)
+    return reg
+
+
+def test_unknown_impl_names_the_choices(registry):
+    with pytest.raises(BadInput, match="fake-exact"):
+        sw.select_impls(("nope",))
+    assert [i.name for i in sw.select_impls(("fake-peer", "fake-exact"))] == ["fake-peer", "fake-exact"]
+
+
+# -- one configuration ---------------------------------------------------------------------
+
+def case(pattern="streaming", T=64, dtype="float32", D=16, **params):
+    return sw.Case("seed", sw.Instance.make(pattern, True, **params), T, 1, 2, D, dtype)
+
+
+def test_rows_of_a_configuration_gate_skip_fail_and_time():
+    impls = fake_impls()
+    ctx, timer = ctx_for(impls)
+    rows = {r["impl"]: r for r in sw.run_case(case(), impls, ctx)}
+    assert list(rows) == [i.name for i in impls]
+    st = {n: (r["status"], r["reason"]) for n, r in rows.items()}
+    assert st["fake-exact"] == ("ok", "")
+    assert st["fake-peer"] == ("ok", "")
+    assert st["fake-wrong"][0] == "failed" and "above tolerance" in st["fake-wrong"][1]
+    assert st["fake-oom"] == ("failed", "MemoryError: out of memory allocating 1 GiB (fake)")
+    assert st["fake-absent"] == ("skipped", "fake: needs a library that is not installed")
+    assert st["fake-f16"][0] == "skipped" and "dtype=float32" in st["fake-f16"][1]
+    # the implementations that passed were timed together, once, and nothing else was
+    assert timer.calls == [["fake-exact", "fake-peer", "fake-slow"]]
+    assert all(rows[n].get("median_ms") is None for n in ("fake-wrong", "fake-oom", "fake-absent", "fake-f16"))
+    assert rows["fake-exact"]["rel_err"] <= rows["fake-exact"]["tolerance"]
+    assert rows["fake-slow"]["median_ms"] == pytest.approx(4 * rows["fake-exact"]["median_ms"])
+
+
+def test_a_configuration_that_does_not_fit_is_skipped_for_every_impl():
+    impls = fake_impls()
+    ctx, timer = ctx_for(impls)
+    rows = sw.run_case(case("block_diagonal", T=32, block=64), impls, ctx)
+    assert {r["status"] for r in rows} == {"skipped"}
+    assert all("block=64" in r["reason"] for r in rows)
+    assert timer.calls == [] and all(i.prepared == 0 for i in impls)
+
+
+def test_an_exception_while_timing_fails_that_impl_only():
+    impls = [FakeImpl("a"), FakeImpl("b")]
+
+    def time(runs, budget_s=None):
+        return {"a": Timing(1.0, 0.9, 1.1, 10), "b": RuntimeError("launch failed")}
+
+    ctx = sw.Context(time=time, peaks=PEAKS, provenance=dict(PROVENANCE), inputs=host_inputs,
+                     cleanup=lambda: None)
+    rows = {r["impl"]: r for r in sw.run_case(case(), impls, ctx)}
+    assert rows["a"]["status"] == "ok" and rows["a"]["median_ms"] == 1.0
+    assert rows["b"]["status"] == "failed" and rows["b"]["reason"] == "timing: RuntimeError: launch failed"
+
+
+def test_failed_inputs_fail_every_candidate():
+    impls = [FakeImpl("a"), FakeImpl("b", unavailable="no")]
+
+    def inputs(*a):
+        raise MemoryError("out of memory")
+
+    ctx = sw.Context(time=None, peaks=PEAKS, provenance=dict(PROVENANCE), inputs=inputs, cleanup=lambda: None)
+    st = {r["impl"]: (r["status"], r["reason"]) for r in sw.run_case(case(), impls, ctx)}
+    assert st == {"a": ("failed", "inputs: MemoryError: out of memory"), "b": ("skipped", "no")}
+
+
+# -- whole sweeps and resume -------------------------------------------------------------------
+
+def small_plan():
+    return sw.plan("seed", patterns=("dense", "window", "block_diagonal"), T_min=32, T_max=64, B=1, H=1, D=(16,),
+                   window=(8,), block=(16, 64))
+
+
+def read(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_resume_after_an_interrupt_loses_no_finished_row_and_writes_none_twice(tmp_path):
+    cases, out = small_plan(), tmp_path / "r.csv"
+    impls = fake_impls()
+
+    def interrupt_at_3(done, total, c):
+        if done == 3:
+            raise KeyboardInterrupt
+
+    ctx, _ = ctx_for(impls, progress=interrupt_at_3)
+    with pytest.raises(KeyboardInterrupt):
+        with ResultWriter(out) as w:
+            sw.run_sweep(cases, impls, w, ctx)
+    first = read(out)
+    assert len(first) == 3 * len(impls)  # every row of the three finished configurations
+    prepared = {i.name: i.prepared for i in impls}
+
+    ctx, _ = ctx_for(impls)
+    with ResultWriter(out, resume=True) as w:
+        counts = sw.run_sweep(cases, impls, w, ctx)
+    assert counts["resumed"] == 3 * len(impls)
+    rows = read(out)
+    assert rows[:len(first)] == first
+    keys = [row_key(r) for r in rows]
+    assert len(keys) == len(set(keys)) == len(cases) * len(impls)
+    # configurations already done were not prepared again
+    again = {i.name: i.prepared - prepared[i.name] for i in impls}
+    assert again["fake-exact"] == len(cases) - 3 - sum(1 for c in cases[3:] if c.inst.param_dict.get("block") == 64
+                                                      and c.T == 32)
+
+
+# -- the adaptive, interleaved timing loop ---------------------------------------------------------
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_timing_interleaves_and_stops_once_settled():
+    order = []
+    clock = Clock()
+
+    def sample(fn):
+        order.append(fn.__name__)
+        clock.t += 0.001
+        return 2.0
+
+    def a():
+        pass
+
+    def b():
+        pass
+
+    out = time_interleaved({"a": a, "b": b}, sample, min_samples=5, warmup=0, clock=clock)
+    assert order[:6] == ["a", "b", "a", "b", "a", "b"]
+    assert out["a"] == Timing(2.0, 2.0, 2.0, 5) and out["b"].samples == 5
+
+
+def test_timing_takes_more_samples_while_noisy_until_the_budget():
+    clock = Clock()
+    values = iter([1.0, 3.0] * 1000)
+
+    def sample(fn):
+        clock.t += 0.1
+        return next(values)
+
+    out = time_interleaved({"x": lambda: None}, sample, min_samples=4, budget_s=1.0, warmup=0, clock=clock)
+    assert 10 <= out["x"].samples <= 12
+    assert out["x"].p20_ms == 1.0 and out["x"].p80_ms == 3.0
+
+
+def test_timing_warms_up_and_keeps_going_past_a_failing_runner():
+    calls = []
+
+    def bad():
+        raise RuntimeError("boom")
+
+    out = time_interleaved({"bad": bad, "ok": lambda: calls.append(1)}, lambda fn: (fn(), 1.0)[1],
+                           min_samples=3, warmup=2)
+    assert isinstance(out["bad"], RuntimeError)
+    assert out["ok"].samples == 3 and len(calls) == 2 + 3
+
+
+def test_summary_percentiles():
+    t = summarize([5, 1, 4, 2, 3])
+    assert (t.median_ms, t.samples) == (3.0, 5)
+    assert t.p20_ms == pytest.approx(1.8) and t.p80_ms == pytest.approx(4.2)
+
+
+# -- the command line -----------------------------------------------------------------------------
+
+@pytest.fixture
+def no_device(monkeypatch):
+    def refuse(**kw):
+        raise AssertionError("the device was touched")
+    monkeypatch.setattr(sw, "device_context", refuse)
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--impl", "nope"], "impl='nope' is unknown: choose one of fake-exact"),
+    (["--T-min", "512", "--T-max", "128"], "T-min"),
+    (["--block", "0"], "--block=0 is below its minimum 1"),
+    (["--time-budget", "0"], "time-budget"),
+    (["--dtype", "float64"], "dtype='float64' is not supported: choose one of float32"),
+    (["--pattern", "diagonal"], "pattern='diagonal' is unknown: choose one of dense"),
+    (["--config", "huge"], "config='huge' is unknown: choose one of seed, llm"),
+])
+def test_sweep_bad_input_exits_2_before_any_launch(tmp_path, registry, no_device, args, match):
+    r = CliRunner().invoke(main, ["sweep", "--out", str(tmp_path / "r.csv")] + args)
+    assert r.exit_code == 2, r.output
+    assert "error: " in r.stderr and match in r.stderr
+    assert "Traceback" not in r.output
+
+
+def test_sweep_refuses_an_existing_csv_without_resume(tmp_path, registry, no_device):
+    out = tmp_path / "r.csv"
+    out.write_text("x\n")
+    r = CliRunner().invoke(main, ["sweep", "--out", str(out)])
+    assert r.exit_code == 2 and "--resume" in r.stderr
+
+
+def test_sweep_command_end_to_end_with_fakes(tmp_path, registry, monkeypatch):
+    made = {}
+
+    def fake_context(seed, budget_s, command, progress):
+        ctx, timer = ctx_for(list(registry.values()), seed=seed, budget_s=budget_s, command=command,
+                             progress=progress)
+        made["ctx"] = ctx
+        return ctx
+
+    monkeypatch.setattr(sw, "device_context", fake_context)
+    out = tmp_path / "r.csv"
+    r = CliRunner().invoke(main, ["sweep", "--T-min", "32", "--T-max", "64", "--pattern", "dense", "--pattern",
+                                  "window", "--window", "8", "--D", "16", "--impl", "fake-exact", "--impl",
+                                  "fake-wrong", "--time-budget", "0.5", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    rows = read(out)
+    assert [(x["pattern"], x["T"], x["impl"], x["status"]) for x in rows] == [
+        ("dense", "32", "fake-exact", "ok"), ("dense", "32", "fake-wrong", "failed"),
+        ("window", "32", "fake-exact", "ok"), ("window", "32", "fake-wrong", "failed"),
+        ("dense", "64", "fake-exact", "ok"), ("dense", "64", "fake-wrong", "failed"),
+        ("window", "64", "fake-exact", "ok"), ("window", "64", "fake-wrong", "failed")]
+    assert made["ctx"].budget_s == 0.5
+    assert all(x["command"].startswith("attnbench ") for x in rows)
+    assert "[4/4 done, 0 left]" in r.stderr

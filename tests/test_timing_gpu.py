@@ -1,0 +1,86 @@
+"""On a GPU: the event timer against a host clock, the peaks, a short sweep end to end."""
+import csv
+import time
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+pytestmark = pytest.mark.gpu
+
+SPIN = r"""
+extern "C" __global__ void spin(long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) { }
+}
+"""
+
+
+def test_event_timer_agrees_with_a_host_clock_on_a_spin_kernel():
+    import cupy
+
+    from attnbench.timing import EventTimer
+
+    kernel = cupy.RawModule(code=SPIN).get_function("spin")
+    khz = cupy.cuda.Device().attributes.get("ClockRate") or 1_500_000
+    cycles = np.int64(int(khz * 2.0))  # about 2 ms at the rated clock
+
+    def launch():
+        kernel((1,), (1,), (cycles,))
+
+    timer = EventTimer()
+    for _ in range(3):
+        launch()
+    events = sorted(timer.sample(launch) for _ in range(9))[4]
+    n = 20
+    cupy.cuda.Device().synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        launch()
+    cupy.cuda.Device().synchronize()
+    host = (time.perf_counter() - t0) * 1e3 / n
+    assert events == pytest.approx(host, rel=0.1)
+    assert 0.5 < events < 8.0  # the kernel's length at any clock between a quarter and the rated one
+
+
+def test_flush_buffer_is_at_least_twice_the_l2():
+    import cupy
+
+    from attnbench.timing import L2Flusher
+
+    f = L2Flusher()
+    assert f.buf.nbytes >= 2 * cupy.cuda.Device().attributes["L2CacheSize"]
+
+
+def test_peaks_are_ordered_as_on_any_tensor_core_gpu():
+    from attnbench.timing import measure_peaks
+
+    p = measure_peaks()
+    assert p.tc_tflops > p.f32_tflops > 0
+    assert p.copy_tbps > 0.1
+
+
+def test_a_short_sweep_end_to_end(tmp_path):
+    from attnbench.cli import main
+    from attnbench.impls import all_impls
+
+    impls = all_impls()
+    assert impls, "no implementation is registered"
+    name = "naive" if "naive" in impls else next(iter(impls))
+    out = tmp_path / "r.csv"
+    r = CliRunner().invoke(main, ["sweep", "--T-min", "128", "--T-max", "256", "--pattern", "dense", "--pattern",
+                                  "streaming", "--impl", name, "--time-budget", "0.5", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    rows = list(csv.DictReader(open(out)))
+    assert len(rows) == 4
+    assert {x["status"] for x in rows} == {"ok"}, [(x["status"], x["reason"]) for x in rows]
+    for x in rows:
+        assert x["gpu"] and int(x["sm_count"]) > 0 and x["git_commit"]
+        assert float(x["p20_ms"]) <= float(x["median_ms"]) <= float(x["p80_ms"])
+        assert int(x["samples"]) >= 10
+        assert float(x["rel_err"]) <= float(x["tolerance"])
+        assert 0 < float(x["roofline"]) <= 1.2
+    r = CliRunner().invoke(main, ["sweep", "--T-min", "128", "--T-max", "256", "--pattern", "dense", "--pattern",
+                                  "streaming", "--impl", name, "--out", str(out), "--resume"])
+    assert r.exit_code == 0, r.output
+    assert len(list(csv.DictReader(open(out)))) == 4
