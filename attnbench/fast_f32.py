@@ -189,6 +189,10 @@ class FastF32Runner(Runner):
 
 
 def _check_input(name: str, x, prob: Problem) -> None:
+    import cupy
+
+    if not isinstance(x, cupy.ndarray):
+        raise BadInput(f"{name} of type {type(x).__name__} is not a CuPy array")
     shape = tuple(getattr(x, "shape", ()))
     if shape != prob.shape:
         raise BadInput(f"{name} has shape {shape}, expected {prob.shape}")
@@ -226,10 +230,10 @@ class FastF32(Impl):
 
     def prepare(self, prob: Problem, q, k, v) -> Runner:
         self.require(prob)
-        for name, x in (("q", q), ("k", k), ("v", v)):
-            _check_input(name, x, prob)
         if self.splits is not None and self.splits < 1:
             raise BadInput(f"splits={self.splits} must be at least 1")
+        for name, x in (("q", q), ("k", k), ("v", v)):
+            _check_input(name, x, prob)
         return FastF32Runner(prob, q, k, v, self.splits)
 
 

@@ -62,6 +62,18 @@ def test_head_dims_outside_the_kernel_are_refused(D):
     assert why is not None and f"D={D}" in why and str(ff.D_MAX) in why and str(ff.D_STEP) in why
 
 
+def test_prepare_refuses_before_any_launch(monkeypatch):
+    monkeypatch.setattr(ff.FastF32, "availability", lambda self: None)
+    prob = Problem(make_mask("dense", 128), 1, 1, 96, "float32")
+    with pytest.raises(BadInput, match="D=96"):
+        ff.IMPL.prepare(prob, None, None, None)
+    with pytest.raises(BadInput, match="splits=0"):
+        ff.FastF32(name="x", family="attnbench", description="", dtypes=("float32",), splits=0).prepare(
+            Problem(make_mask("dense", 128), 1, 1, 64, "float32"), None, None, None)
+    with pytest.raises(BadInput, match="q of type ndarray is not a CuPy array"):
+        ff.IMPL.prepare(Problem(make_mask("dense", 128), 1, 1, 64, "float32"), *_inputs(1, 1, 128, 64, 0))
+
+
 @pytest.mark.parametrize("D", [64, 128, 192, 384])
 def test_head_dims_that_fit_are_taken(D):
     assert ff.IMPL.unsupported(Problem(make_mask("dense", 128), 1, 1, D, "float32")) is None
@@ -282,8 +294,6 @@ def test_gate_fixed_splits(name, T, splits):
 
 @pytest.mark.gpu
 def test_runner_setup_and_repeat():
-    import cupy
-
     from attnbench.arrays import random_inputs
 
     prob = Problem(make_mask("dense", 4096), 1, 1, 384, "float32")
@@ -295,4 +305,4 @@ def test_runner_setup_and_repeat():
     first = runner.out.copy()
     runner.poison()
     runner.run()
-    cupy.testing.assert_array_equal(runner.out, first)  # deterministic, fully rewritten
+    assert bool((runner.out == first).all())  # deterministic, fully rewritten
