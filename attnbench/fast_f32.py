@@ -244,3 +244,8 @@ IMPL = register(FastF32(
 
 __all__ = ["FastF32", "FastF32Runner", "IMPL", "plan_splits", "split_ranges", "smem_bytes", "defines",
            "supported_d", "cached_tiles", "workspace_splits_limit"]
+
+
+def standard_builds() -> list[tuple[str, dict]]:
+    """The seed configuration (C = 384) and the llm head dims."""
+    return [("fast_f32", defines(D)) for D in (384, 64, 128)]

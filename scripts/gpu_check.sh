@@ -25,6 +25,12 @@ step() {  # step NAME CMD...: run, log, remember failure, go on
     local rc=$?
     say "$name: exit $rc after $(( $(date +%s) - t0 )) s"
     [ $rc -eq 0 ] || status=1
+    pack
+}
+pack() {  # after every step, so a run cut short still leaves what it finished
+    tar -cf "$out/gpu_check.tar" -C "$work" . 2>/dev/null
+    cp "$log" "$out/"
+    for f in "$work"/*.csv; do [ -e "$f" ] && cp "$f" "$out/"; done
 }
 
 say "attnbench gpu_check $(git rev-parse --short HEAD 2>/dev/null) steps: $steps"
@@ -46,8 +52,6 @@ for s in $steps; do
     esac
 done
 
-tar -cf "$out/gpu_check.tar" -C "$work" .
-cp "$log" "$out/"
-for f in "$work"/*.csv; do [ -e "$f" ] && cp "$f" "$out/"; done
+pack
 say "done: status $status, files in $out"
 exit $status

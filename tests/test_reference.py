@@ -34,7 +34,7 @@ def test_reference_matches_brute_force(name, params, causal):
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((2, 2, 12, 5)).astype(np.float32) for _ in range(3))
     m = make_mask(name, 12, causal, **params)
-    ref = reference(q, k, v, m, chunk_bytes=800)  # several chunks
+    ref = reference(q, k, v, m, chunk_bytes=800, tile=4)  # several tiles and chunks
     assert np.allclose(ref, brute(q, k, v, m), rtol=1e-12, atol=1e-12)
 
 
@@ -52,3 +52,19 @@ def test_16bit_storage_round_trip(dtype, tol):
     y = to_float32(from_float32(x, dtype), dtype)
     assert np.all(np.abs(y - x) <= tol * np.abs(x) + 1e-30)
     assert not np.array_equal(y, x)  # rounding happened
+
+
+def test_reference_notices_a_tile_list_that_misses_pairs(monkeypatch):
+    from attnbench import patterns
+
+    m = make_mask("window", 64, True, window=8)
+    good = patterns._build_tiles
+
+    def drop_last(mask, BM, BN):
+        t = good(mask, BM, BN)
+        return patterns.Tiles(t.BM, t.BN, np.minimum(t.ptr, t.ptr[-1] - 1), t.entries[:-1])
+
+    monkeypatch.setattr(patterns, "_build_tiles", drop_last)
+    q = np.ones((1, 1, 64, 4), np.float32)
+    with pytest.raises(AssertionError, match="misses"):
+        reference(q, q, q, m, tile=16)
