@@ -2,7 +2,8 @@
 
 Each pattern is defined once, here, by:
   * its parameters (defaults = the seeds' defaults) and their validation;
-  * ``allowed(i, j)``: the vectorised numpy predicate (the reference mask);
+  * ``allowed(i, j)``: the vectorised predicate (the reference mask); the same code runs on
+    numpy arrays and on torch tensors (``Mask.mask_mod`` hands it to FlexAttention);
   * ``row_counts(i)``: the exact number of allowed keys of each row, in closed form
     (``pairs`` is their sum, ``max_keys`` their maximum; tests check both against the mask);
   * ``intervals(i)``: for each row, a few key intervals ("families") that cover every
@@ -16,7 +17,7 @@ The causal clause (``j <= i``) is applied on top of every pattern by ``Mask``.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -31,6 +32,15 @@ class Param:
     default: int
     minimum: int
     help: str
+
+
+_HOST = (np.ndarray, np.generic, int, float)
+
+
+def _is_torch(x) -> bool:
+    """True for a torch tensor, i.e. anything but a numpy array or a number. torch is never
+    imported here, and a plain isinstance test also holds inside a torch.compile trace."""
+    return not isinstance(x, _HOST)
 
 
 def _tri(n):
@@ -70,6 +80,10 @@ class Pattern:
     def make_table(self, T: int, p: dict):
         return None
 
+    def torch_table(self, T: int, p: dict, table, device):
+        """What ``allowed`` reads in place of ``table`` when the indices are torch tensors."""
+        return None
+
     # -- shared ------------------------------------------------------------------
     def defaults(self) -> dict:
         return {q.name: q.default for q in self.params}
@@ -86,6 +100,8 @@ class Dense(Pattern):
     summary = "every key (causal: every earlier key)"
 
     def allowed(self, i, j, T, causal, p, table):
+        if _is_torch(i) or _is_torch(j):
+            return (i >= 0) & (j >= 0)  # every index in range
         return np.ones(np.broadcast(i, j).shape, dtype=bool)
 
     def row_counts(self, i, T, causal, p, table):
@@ -178,7 +194,7 @@ class Dilated(Pattern):
     summary = "dilated window: d = i - j (or |i - j|), d < W*r and d % r == 0"
 
     def allowed(self, i, j, T, causal, p, table):
-        d = np.abs(i - j)
+        d = abs(i - j)
         return (d < p["window"] * p["dilation"]) & (d % p["dilation"] == 0)
 
     def row_counts(self, i, T, causal, p, table):
@@ -233,9 +249,16 @@ class BigBird(Pattern):
             m[np.repeat(np.arange(nb), p["random_blocks"]), table[:, :p["random_blocks"]].ravel()] = True
         return m
 
+    def torch_table(self, T, p, table, device):
+        import torch
+
+        return torch.as_tensor(_bigbird_block_mask(self, T, _freeze(p), table), device=device)
+
     def allowed(self, i, j, T, causal, p, table):
         Bk = p["block"]
-        return _bigbird_block_mask(self, T, _freeze(p), table)[i // Bk, j // Bk]
+        # torch indices come with the block mask itself on their device (Mask.allowed)
+        bm = table if _is_torch(table) else _bigbird_block_mask(self, T, _freeze(p), table)
+        return bm[i // Bk, j // Bk]
 
     def row_counts(self, i, T, causal, p, table):
         Bk = p["block"]
@@ -317,13 +340,40 @@ class Mask:
     causal: bool
     params: dict
     table: np.ndarray | None = None
+    # the pattern's torch_table, kept on the device it was last asked for
+    _torch: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # -- the mask and its counts ---------------------------------------------------
     def allowed(self, i, j):
-        a = self.pattern.allowed(i, j, self.T, self.causal, self.params, self.table)
+        """The predicate on index arrays that broadcast: numpy arrays or torch tensors."""
+        table = self._torch_table(i.device) if _is_torch(i) else self.table
+        a = self.pattern.allowed(i, j, self.T, self.causal, self.params, table)
         if self.causal:
             a = a & (j <= i)
         return a
+
+    def _torch_table(self, device):
+        t = self._torch.get("table")
+        if t is not None and t.device == device:
+            return t
+        if self.table is None:
+            return None
+        t = self._torch["table"] = self.pattern.torch_table(self.T, self.params, self.table, device)
+        return t
+
+    def mask_mod(self, device=None):
+        """FlexAttention's ``mask_mod(b, h, q_idx, kv_idx)``: this mask's own predicate.
+        Give the device the indices will live on so that any table the predicate reads is
+        placed there now, outside any torch.compile trace."""
+        if device is not None and self.table is not None:
+            import torch
+
+            self._torch_table(torch.device(device))
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return self.allowed(q_idx, kv_idx)
+
+        return mask_mod
 
     def dense(self, rows=None) -> np.ndarray:
         """Boolean mask [len(rows), T] for the given rows (all rows by default)."""
