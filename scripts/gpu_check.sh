@@ -6,6 +6,7 @@
 #   steps: tests check compare seed llm (default: tests check seed)
 #   compare: the seeds' comparison, naive dense vs naive streaming (16+64) for T = 128..4096
 #
+# GPU_TESTS (optional) narrows the tests step to given files or -k expressions.
 # OUT_DIR defaults to $OUT, else ./out. Everything is also packed into OUT_DIR/gpu_check.tar.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -41,7 +42,7 @@ python3 -c "import cupy, sys; print('cupy', cupy.__version__, 'cuda runtime', cu
 
 for s in $steps; do
     case "$s" in
-    tests) step tests python3 -m pytest -q -m gpu -rs --junitxml="$work/pytest_gpu.xml" ;;
+    tests) step tests python3 -m pytest -q -m gpu -rs --junitxml="$work/pytest_gpu.xml" ${GPU_TESTS:-} ;;
     check) step check attnbench check ;;
     compare) for T in 128 256 512 1024 2048 4096; do step compare_$T attnbench run --pattern streaming --T $T; done ;;
     seed)  step seed attnbench sweep --T-min 128 --T-max 4096 --out "$work/seed.csv"
