@@ -123,7 +123,8 @@ _ZERO = np.array(0.0, np.float32)
 def _kernels():
     import cupy
 
-    block = cupy.ElementwiseKernel("bool blocked", "float32 s", "if (blocked) s = -INFINITY;",
+    # -inf by its bits: NVRTC here defines no INFINITY
+    block = cupy.ElementwiseKernel("bool blocked", "float32 s", "if (blocked) s = __int_as_float(0xff800000);",
                                    "attnbench_peer_block")
     to_bf16 = cupy.ElementwiseKernel(
         "float32 x", "uint16 y",
