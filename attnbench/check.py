@@ -21,14 +21,16 @@ class GateResult:
     reason: str = ""
 
 
-def judge(impl: Impl, prob: Problem, runner: Runner, q, k, v) -> GateResult:
-    """Poison the runner's output, run once, compare with the float64 reference."""
+def judge(impl: Impl, prob: Problem, runner: Runner, q, k, v, ref=None) -> GateResult:
+    """Poison the runner's output, run once, compare with the float64 reference (computed
+    here unless the caller passes the one of these inputs)."""
     runner.poison()
     runner.run()
     out = runner.out
     if tuple(out.shape) != prob.shape:
         return GateResult(False, math.nan, impl.tolerance(prob), f"output shape {tuple(out.shape)} != {prob.shape}")
-    ref = reference(q, k, v, prob.mask, prob.dtype, prob.softmax_scale)
+    if ref is None:
+        ref = reference_of(prob, q, k, v)
     err = rel_error(to_float32(out, prob.dtype), ref)
     tol = impl.tolerance(prob)
     if math.isnan(err):
@@ -36,6 +38,11 @@ def judge(impl: Impl, prob: Problem, runner: Runner, q, k, v) -> GateResult:
     if err > tol:
         return GateResult(False, err, tol, f"relative error {err:.3g} above tolerance {tol:g}")
     return GateResult(True, err, tol)
+
+
+def reference_of(prob: Problem, q, k, v):
+    """The float64 reference of a problem on these inputs."""
+    return reference(q, k, v, prob.mask, prob.dtype, prob.softmax_scale)
 
 
 def gate(impl: Impl, prob: Problem, seed: int | None = None) -> GateResult:

@@ -237,6 +237,16 @@ class CublasImpl(Impl):
             return f"cuBLAS cannot be loaded ({str(e).splitlines()[0]})"
         return None
 
+    def unsupported(self, prob: Problem) -> str | None:
+        why = super().unsupported(prob)
+        if why:
+            return why
+        T = prob.T
+        if prob.mask.pairs != T * T and T * T > MASK_CACHE_BYTES:
+            return (f"cublas keeps the [T, T] mask on the device up to T*T = {MASK_CACHE_BYTES >> 20} MiB; "
+                    f"T={T} needs {T * T >> 20} MiB, and rebuilding it on the host every run would time the host")
+        return None
+
     def prepare(self, prob: Problem, q, k, v) -> Runner:
         self.require(prob)
         return _CublasRunner(prob, q, k, v)
@@ -529,8 +539,8 @@ _SDPA_MASKED = ("; other patterns through an additive [T, T] attn_mask in the in
 CUBLAS = register(CublasImpl(
     "cublas", "peer",
     "CuPy + cuBLAS written by hand: S = scale * Q K^T for a chunk of query rows over all T keys "
-    "(cublasGemmStridedBatchedEx, float32 out), the pattern's dense mask (Mask.dense, uploaded; cached "
-    f"in prepare when T*T <= {MASK_CACHE_BYTES >> 20} MiB, else rebuilt on the host in every run), "
+    "(cublasGemmStridedBatchedEx, float32 out), the pattern's dense mask (Mask.dense, uploaded once in "
+    f"prepare; masked patterns up to T*T = {MASK_CACHE_BYTES >> 20} MiB), "
     "max-subtracted softmax in float32, P rounded to the storage dtype, O = P V accumulated in float32 "
     f"and written in the storage dtype; bfloat16 natively (CUDA_R_16BF); chunks of at most "
     f"{SCRATCH_BYTES >> 20} MiB of scratch",

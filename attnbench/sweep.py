@@ -20,7 +20,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .check import judge
+from .check import judge, reference_of
 from .impls import Impl, Problem, all_impls, get_impl
 from .patterns import PATTERNS, BadInput, get_pattern, make_mask
 from .results import COLUMNS, ResultWriter, now, params_json, row_key
@@ -291,12 +291,15 @@ def run_case(case: Case, impls: list[Impl], ctx: Context, done: Callable[[dict],
             for impl in candidates:
                 out[impl.name] = _finish(rows[impl.name], "failed", f"inputs: {_reason(e)}")
             candidates = []
+        ref = None  # one float64 reference per configuration, for every implementation
         for impl in candidates:
             row = rows[impl.name]
             try:
                 runner = impl.prepare(prob, q, k, v)
                 _setup_cols(row, getattr(runner, "setup", None))
-                g = judge(impl, prob, runner, q, k, v)
+                if ref is None:
+                    ref = reference_of(prob, q, k, v)
+                g = judge(impl, prob, runner, q, k, v, ref)
             except BadInput as e:
                 out[impl.name] = _finish(row, "skipped", str(e))
                 continue
@@ -321,6 +324,7 @@ def run_case(case: Case, impls: list[Impl], ctx: Context, done: Callable[[dict],
             else:
                 out[name] = _finish(row, "failed", f"timing: {_reason(t)}")
     runners.clear()
+    ref = None
     ctx.cleanup()
     return [out[i.name] for i in todo]
 
