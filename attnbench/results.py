@@ -51,8 +51,12 @@ def row_key(row: dict) -> tuple:
 
 def git_commit(path: str | os.PathLike | None = None) -> str:
     """The commit of the working tree holding ``path`` (this package by default), ``-dirty``
-    when tracked files are modified; ``unknown`` outside a git checkout."""
+    when tracked files are modified. A copy of the tree without its git metadata (a GPU
+    machine that gets the files only) takes it from ATTNBENCH_GIT_COMMIT; else ``unknown``."""
     where = Path(path) if path is not None else Path(__file__).resolve().parent
+    given = os.environ.get("ATTNBENCH_GIT_COMMIT", "").strip()
+    if given:
+        return given
     try:
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=where, capture_output=True,
                               text=True, timeout=10)

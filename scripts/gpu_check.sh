@@ -34,7 +34,18 @@ pack() {  # after every step, so a run cut short still leaves what it finished
     for f in "$work"/*.csv; do [ -e "$f" ] && cp "$f" "$out/"; done
 }
 
-say "attnbench gpu_check $(git rev-parse --short HEAD 2>/dev/null) steps: $steps"
+# provenance: the commit from git, or, where the tree arrives as a copy without its git
+# metadata, from a file .provenance written beside it before the copy (one line: the commit)
+if git rev-parse --short=12 HEAD >/dev/null 2>&1; then
+    commit="$(git rev-parse --short=12 HEAD)"
+    [ -n "$(git status --porcelain --untracked-files=no)" ] && commit="$commit-dirty"
+elif [ -f .provenance ]; then
+    commit="$(head -n 1 .provenance)"
+else
+    commit="unknown"
+fi
+export ATTNBENCH_GIT_COMMIT="$commit"
+say "attnbench gpu_check $commit steps: $steps"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$work/install.log" 2>&1 \
     || { cat "$work/install.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee -a "$log"
