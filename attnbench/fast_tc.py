@@ -30,10 +30,12 @@ class TileConfig:
     NWARPS: int
     BN: int
     STAGES: int
+    MT: int = 1    # m16 row tiles per warp
+    MINB: int = 1  # blocks per multiprocessor asked of the register allocator
 
     @property
     def BM(self) -> int:
-        return 16 * self.NWARPS
+        return 16 * self.MT * self.NWARPS
 
     @property
     def threads(self) -> int:
@@ -43,10 +45,35 @@ class TileConfig:
         return 2 * D * (self.BM + 2 * self.STAGES * self.BN)
 
 
+# Per head dimension: the default shape, the shape for wide patterns (many full tiles per query
+# tile: two m16 tiles per warp, or 8 warps, amortise each K/V fragment over more rows) and for
+# patterns whose every visited tile is partial (32-key tiles: less masked work, 4 blocks per SM).
+# Chosen from interleaved timings on an H200 (docs/PERF.md, v2 sweep).
 CONFIGS: dict[int, TileConfig] = {
     64: TileConfig(NWARPS=4, BN=64, STAGES=3),
     128: TileConfig(NWARPS=4, BN=64, STAGES=2),
 }
+WIDE_CONFIGS: dict[int, TileConfig] = {
+    64: TileConfig(NWARPS=4, BN=64, STAGES=2, MT=2),
+    128: TileConfig(NWARPS=8, BN=64, STAGES=2),
+}
+PARTIAL_CONFIGS: dict[int, TileConfig] = {
+    64: TileConfig(NWARPS=4, BN=32, STAGES=3, MINB=4),
+    128: TileConfig(NWARPS=4, BN=32, STAGES=3),
+}
+WIDE_KEYS_PER_ROW = 2048
+
+
+def choose_config(mask: Mask, D: int) -> TileConfig:
+    """The tile shape for a pattern: wide when rows average >= WIDE_KEYS_PER_ROW allowed keys,
+    32-key tiles when every tile of the default list is partial, else the default."""
+    if mask.pairs >= WIDE_KEYS_PER_ROW * mask.T:
+        return WIDE_CONFIGS[D]
+    base = CONFIGS[D]
+    t = tile_list(mask, base.BM, base.BN)
+    if t.n_visited and t.n_partial == t.n_visited:
+        return PARTIAL_CONFIGS[D]
+    return base
 
 
 def pattern_defines(mask: Mask) -> dict:
@@ -56,8 +83,9 @@ def pattern_defines(mask: Mask) -> dict:
 
 def kernel_defines(D: int, dtype: str, mask: Mask, cfg: TileConfig | None = None) -> dict:
     """The -D constants of kernels/fast_tc.cu for a head dimension, dtype and pattern."""
-    cfg = cfg or CONFIGS[D]
-    d = dict(HEAD_D=D, BN=cfg.BN, NWARPS=cfg.NWARPS, STAGES=cfg.STAGES, AB_F16=int(dtype == "float16"))
+    cfg = cfg or choose_config(mask, D)
+    d = dict(HEAD_D=D, BN=cfg.BN, NWARPS=cfg.NWARPS, STAGES=cfg.STAGES, MT=cfg.MT, MINB=cfg.MINB,
+             AB_F16=int(dtype == "float16"))
     d.update(pattern_defines(mask))
     return d
 
@@ -116,10 +144,9 @@ class FastTC(Impl):
         for a, name in zip(arrays, "qkv"):
             if tuple(a.shape) != prob.shape:
                 raise BadInput(f"{name} has shape {tuple(a.shape)}, expected {prob.shape}")
-        cfg = cfg or CONFIGS[prob.D]
         setup = {}
-
         t0 = time.perf_counter()
+        cfg = cfg or choose_config(prob.mask, prob.D)
         tiles = tile_list(prob.mask, cfg.BM, cfg.BN)
         setup["tiles_build_s"] = time.perf_counter() - t0
 
@@ -160,4 +187,4 @@ IMPL = register(FastTC(
     dtypes=("bfloat16", "float16"),
 ))
 
-__all__ = ["CONFIGS", "TileConfig", "FastTC", "IMPL", "kernel_defines", "tile_list", "useful_tile_share"]
+__all__ = ["CONFIGS", "WIDE_CONFIGS", "PARTIAL_CONFIGS", "choose_config", "TileConfig", "FastTC", "IMPL", "kernel_defines", "tile_list", "useful_tile_share"]

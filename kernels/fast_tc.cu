@@ -1,7 +1,8 @@
 // Tensor-core attention forward for bfloat16 / float16 (float32 accumulation), FlashAttention-2
 // style, over a host-built list of key tiles per query tile.
 //
-// Grid: (query tiles, B * H); block: NWARPS warps, each owning 16 query rows (BM = 16 * NWARPS).
+// Grid: (query tiles, B * H); block: NWARPS warps, each owning MT m16 tiles of query rows
+// (BM = 16 * MT * NWARPS); every K/V fragment read from shared memory feeds MT mma.
 // For every key tile of the query tile's list (CSR tptr / tent, entry = key_tile << 1 | partial):
 //   S = Q K^T (mma.sync m16n8k16, Q held in registers, K through ldmatrix),
 //   on partial tiles only: keys failing ab_allowed(i, j) or j >= T are set to -inf,
@@ -12,7 +13,7 @@
 // bank conflicts. The output is staged through the Q buffer and written with 16-byte stores.
 //
 // Compile-time constants (-D): HEAD_D (64 or 128), BN (keys per tile, multiple of 16),
-// NWARPS, STAGES (>= 2), AB_F16 (1: float16, 0: bfloat16), and the pattern itself: PID (pattern
+// NWARPS, MT, MINB (blocks per SM for __launch_bounds__), STAGES (>= 2), AB_F16 (1: float16, 0: bfloat16), and the pattern itself: PID (pattern
 // id of common.cuh), CAUSAL, P0..P3 (Mask.device_params()), so that the predicate's switch folds
 // away and its divisions become multiplications by constants.
 #include "common.cuh"
@@ -51,8 +52,16 @@
 #define P3 0
 #endif
 
+#ifndef MT
+#define MT 1
+#endif
+#ifndef MINB
+#define MINB 1
+#endif
+
 #define THREADS (NWARPS * 32)
-#define BM (NWARPS * 16)
+#define RW (MT * 16)  // query rows per warp
+#define BM (NWARPS * RW)
 #define CH (HEAD_D / 8)  // 16-byte chunks per row
 #define TILE_BYTES (BN * HEAD_D * 2)
 
@@ -132,7 +141,7 @@ __device__ __forceinline__ void tc_load_tile(u32 dst, const u16* __restrict__ sr
     }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS)
+extern "C" __global__ void __launch_bounds__(THREADS, MINB)
 fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* __restrict__ Vg,
             u16* __restrict__ Og, const int* __restrict__ tptr, const int* __restrict__ tent,
             int T, float scale_log2, const int* __restrict__ table) {
@@ -173,21 +182,27 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
     tc_wait<STAGES - 1>();  // the Q group is the oldest
     __syncthreads();
 
-    u32 qf[HEAD_D / 16][4];
+    u32 qf[MT][HEAD_D / 16][4];
 #pragma unroll
-    for (int ks = 0; ks < HEAD_D / 16; ++ks)
-        tc_ldsm_x4(qf[ks], sQ + tc_swz(warp * 16 + (lane & 15), ks * 2 + (lane >> 4)));
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int ks = 0; ks < HEAD_D / 16; ++ks)
+            tc_ldsm_x4(qf[m][ks], sQ + tc_swz(warp * RW + m * 16 + (lane & 15), ks * 2 + (lane >> 4)));
 
-    float acc[HEAD_D / 8][4];
+    float acc[MT][HEAD_D / 8][4];
 #pragma unroll
-    for (int d = 0; d < HEAD_D / 8; ++d)
-        acc[d][0] = acc[d][1] = acc[d][2] = acc[d][3] = 0.f;
-    float mrow[2] = {TC_NEG_INF, TC_NEG_INF};
-    float lrow[2] = {0.f, 0.f};
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int d = 0; d < HEAD_D / 8; ++d)
+            acc[m][d][0] = acc[m][d][1] = acc[m][d][2] = acc[m][d][3] = 0.f;
+    float mrow[MT][2], lrow[MT][2];
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+        mrow[m][0] = mrow[m][1] = TC_NEG_INF;
+        lrow[m][0] = lrow[m][1] = 0.f;
+    }
 
     const int g = lane >> 2, t4 = lane & 3;
-    const int row_a = min(qt * BM + warp * 16 + g, T - 1);  // clamped: predicate reads stay in range
-    const int row_b = min(qt * BM + warp * 16 + g + 8, T - 1);
 
     for (int it = 0; it < n; ++it) {
         tc_wait<STAGES - 2>();
@@ -207,106 +222,129 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
         const u32 cK = sK + (it % STAGES) * TILE_BYTES;
         const u32 cV = sV + (it % STAGES) * TILE_BYTES;
 
-        float s[BN / 8][4];
+        float s[MT][BN / 8][4];
 #pragma unroll
-        for (int j = 0; j < BN / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.f;
 #pragma unroll
         for (int ks = 0; ks < HEAD_D / 16; ++ks) {
 #pragma unroll
             for (int np = 0; np < BN / 16; ++np) {
                 u32 b[4];
                 tc_ldsm_x4(b, cK + tc_swz(np * 16 + ((lane >> 4) << 3) + (lane & 7), ks * 2 + ((lane >> 3) & 1)));
-                tc_mma(s[2 * np], qf[ks], b[0], b[1]);
-                tc_mma(s[2 * np + 1], qf[ks], b[2], b[3]);
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+                    tc_mma(s[m][2 * np], qf[m][ks], b[0], b[1]);
+                    tc_mma(s[m][2 * np + 1], qf[m][ks], b[2], b[3]);
+                }
             }
         }
 
         if (ent & 1) {
 #pragma unroll
-            for (int j = 0; j < BN / 8; ++j) {
+            for (int m = 0; m < MT; ++m) {
+                // rows clamped below T so the predicate's table reads stay in range
+                const int row_a = min(qt * BM + warp * RW + m * 16 + g, T - 1);
+                const int row_b = min(qt * BM + warp * RW + m * 16 + g + 8, T - 1);
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int key = kt * BN + j * 8 + t4 * 2 + (e & 1);
-                    const int row = (e < 2) ? row_a : row_b;
-                    if (!(key < T && ab_allowed(pat, row, key))) s[j][e] = TC_NEG_INF;
+                for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int key = kt * BN + j * 8 + t4 * 2 + (e & 1);
+                        const int row = (e < 2) ? row_a : row_b;
+                        if (!(key < T && ab_allowed(pat, row, key))) s[m][j][e] = TC_NEG_INF;
+                    }
                 }
             }
         }
 
-        // online softmax, two rows per thread (g and g + 8), four lanes per row
+        // online softmax, two rows per thread and m-tile (g and g + 8), four lanes per row
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            float mx = mrow[r];
+        for (int m = 0; m < MT; ++m) {
 #pragma unroll
-            for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            // no allowed key yet: subtract 0 instead of -inf so exp2 gives 0, never NaN
-            const float ms = (mx == TC_NEG_INF) ? 0.f : mx * scale_log2;
-            const float alpha = tc_exp2(mrow[r] * scale_log2 - ms);
-            mrow[r] = mx;
-            float rs = 0.f;
+            for (int r = 0; r < 2; ++r) {
+                float mx = mrow[m][r];
 #pragma unroll
-            for (int j = 0; j < BN / 8; ++j) {
-                const float a = tc_exp2(fmaf(s[j][2 * r], scale_log2, -ms));
-                const float b = tc_exp2(fmaf(s[j][2 * r + 1], scale_log2, -ms));
-                s[j][2 * r] = a;
-                s[j][2 * r + 1] = b;
-                rs += a + b;
-            }
-            lrow[r] = lrow[r] * alpha + rs;
+                for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[m][j][2 * r], s[m][j][2 * r + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                // no allowed key yet: subtract 0 instead of -inf so exp2 gives 0, never NaN
+                const float ms = (mx == TC_NEG_INF) ? 0.f : mx * scale_log2;
+                const float alpha = tc_exp2(mrow[m][r] * scale_log2 - ms);
+                mrow[m][r] = mx;
+                float rs = 0.f;
 #pragma unroll
-            for (int d = 0; d < HEAD_D / 8; ++d) {
-                acc[d][2 * r] *= alpha;
-                acc[d][2 * r + 1] *= alpha;
+                for (int j = 0; j < BN / 8; ++j) {
+                    const float a = tc_exp2(fmaf(s[m][j][2 * r], scale_log2, -ms));
+                    const float b = tc_exp2(fmaf(s[m][j][2 * r + 1], scale_log2, -ms));
+                    s[m][j][2 * r] = a;
+                    s[m][j][2 * r + 1] = b;
+                    rs += a + b;
+                }
+                lrow[m][r] = lrow[m][r] * alpha + rs;
+#pragma unroll
+                for (int d = 0; d < HEAD_D / 8; ++d) {
+                    acc[m][d][2 * r] *= alpha;
+                    acc[m][d][2 * r + 1] *= alpha;
+                }
             }
         }
 
         // O += P V
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
-            u32 a[4];
-            a[0] = tc_pack(s[2 * kk][0], s[2 * kk][1]);
-            a[1] = tc_pack(s[2 * kk][2], s[2 * kk][3]);
-            a[2] = tc_pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            a[3] = tc_pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            u32 a[MT][4];
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                a[m][0] = tc_pack(s[m][2 * kk][0], s[m][2 * kk][1]);
+                a[m][1] = tc_pack(s[m][2 * kk][2], s[m][2 * kk][3]);
+                a[m][2] = tc_pack(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
+                a[m][3] = tc_pack(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
+            }
 #pragma unroll
             for (int dp = 0; dp < HEAD_D / 16; ++dp) {
                 u32 b[4];
                 tc_ldsm_x4_t(b, cV + tc_swz(kk * 16 + (((lane >> 3) & 1) << 3) + (lane & 7), dp * 2 + (lane >> 4)));
-                tc_mma(acc[2 * dp], a, b[0], b[1]);
-                tc_mma(acc[2 * dp + 1], a, b[2], b[3]);
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+                    tc_mma(acc[m][2 * dp], a[m], b[0], b[1]);
+                    tc_mma(acc[m][2 * dp + 1], a[m], b[2], b[3]);
+                }
             }
         }
     }
     tc_wait<0>();
 
-    // normalise, stage this warp's 16 rows in its own part of the Q buffer, store 16 bytes a lane
-    float inv[2];
+    // normalise, stage this warp's rows in its own part of the Q buffer, store 16 bytes a lane
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        float l = lrow[r];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        inv[r] = l > 0.f ? 1.f / l : 0.f;
-    }
-    const int wrow = warp * 16;
+    for (int m = 0; m < MT; ++m) {
+        float inv[2];
 #pragma unroll
-    for (int d = 0; d < HEAD_D / 8; ++d) {
-        const u32 lo = tc_pack(acc[d][0] * inv[0], acc[d][1] * inv[0]);
-        const u32 hi = tc_pack(acc[d][2] * inv[1], acc[d][3] * inv[1]);
-        asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(sQ + tc_swz(wrow + g, d) + t4 * 4), "r"(lo));
-        asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(sQ + tc_swz(wrow + g + 8, d) + t4 * 4), "r"(hi));
+        for (int r = 0; r < 2; ++r) {
+            float l = lrow[m][r];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            inv[r] = l > 0.f ? 1.f / l : 0.f;
+        }
+        const int wrow = warp * RW + m * 16;
+#pragma unroll
+        for (int d = 0; d < HEAD_D / 8; ++d) {
+            const u32 lo = tc_pack(acc[m][d][0] * inv[0], acc[m][d][1] * inv[0]);
+            const u32 hi = tc_pack(acc[m][d][2] * inv[1], acc[m][d][3] * inv[1]);
+            asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(sQ + tc_swz(wrow + g, d) + t4 * 4), "r"(lo));
+            asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(sQ + tc_swz(wrow + g + 8, d) + t4 * 4), "r"(hi));
+        }
     }
     __syncwarp();
 #pragma unroll
-    for (int idx = lane; idx < 16 * CH; idx += 32) {
+    for (int idx = lane; idx < RW * CH; idx += 32) {
         const int r = idx / CH, c = idx % CH;
-        const int grow = qt * BM + wrow + r;
+        const int grow = qt * BM + warp * RW + r;
         if (grow < T) {
             u32 x0, x1, x2, x3;
             asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                         : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3) : "r"(sQ + tc_swz(wrow + r, c)));
+                         : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3) : "r"(sQ + tc_swz(warp * RW + r, c)));
             asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};\n"
                          :: "l"(o + (size_t)grow * HEAD_D + c * 8), "r"(x0), "r"(x1), "r"(x2), "r"(x3));
         }

@@ -27,6 +27,8 @@ import numpy as np
 SPEC_BF16_TFLOPS = 794.0
 SPEC_COPY_TBS = 4.23
 
+SLEEP_CYCLES = 200_000  # about 0.1 ms of GPU time queued ahead of each timed launch
+
 # SPEC section 5, llm configuration: (label, pattern, causal, params)
 LLM = [
     ("streaming S=16 W=64", "streaming", True, dict(sink=16, window=64)),
@@ -104,6 +106,8 @@ class Timer:
             evs = []
             for name, fn in fns.items():
                 self.flush_buf.fill_(1)
+                # keep the GPU busy while the host launches, so launch overhead stays out
+                torch.cuda._sleep(SLEEP_CYCLES)
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 a.record()
                 fn()
@@ -209,7 +213,7 @@ def time_case(timer, ceil, label, name, causal, params, T, D, H, flex_blocks, sa
 
     from attnbench.arrays import bind
     from attnbench.check import judge
-    from attnbench.fast_tc import IMPL, CONFIGS, tile_list
+    from attnbench.fast_tc import IMPL, choose_config, tile_list
     from attnbench.impls import Problem
     from attnbench.patterns import make_mask
 
@@ -235,7 +239,7 @@ def time_case(timer, ceil, label, name, causal, params, T, D, H, flex_blocks, sa
     t = timer.time({n: f for n, (f, _) in fns.items()}, samples=samples)
     flops, bytes_ = prob.flops, prob.bytes_floor
     floor_ms = max(flops / (ceil["bf16_tflops"] * 1e12), bytes_ / (ceil["copy_tbs"] * 1e12)) * 1e3
-    c = cfg or CONFIGS[D]
+    c = cfg or choose_config(mask, D)
     tiles = tile_list(mask, c.BM, c.BN)
     flex_best = min((t[n]["ms"] for n in t if n.startswith("flex")), default=None)
     sdpa = {n: t[n]["ms"] for n in t if n.startswith("sdpa")}
@@ -246,11 +250,87 @@ def time_case(timer, ceil, label, name, causal, params, T, D, H, flex_blocks, sa
                          setup_s=fns[n][1], vs_flex=(flex_best / x["ms"]) if flex_best else None,
                          vs_sdpa_flash=(sdpa["sdpa-flash"] / x["ms"]) if "sdpa-flash" in sdpa else None,
                          agree=agree if n == "fast-tc" else None,
-                         tiles=tiles.n_visited if n == "fast-tc" else None,
+                         tiles=tiles.n_visited if n == "fast-tc" else None, cfg=str(c) if n == "fast-tc" else None,
                          partial=tiles.n_partial if n == "fast-tc" else None))
     del q, k, v, cq, ck, cv, runner
     torch.cuda.empty_cache()
     return rows
+
+
+def parse_cfg(text: str):
+    """'NWARPS,BN,STAGES[,MT[,MINB]]' -> TileConfig."""
+    from attnbench.fast_tc import TileConfig
+
+    return TileConfig(*(int(x) for x in text.split(",")))
+
+
+def sweep(timer, ceil, variants, samples) -> list[dict]:
+    """Gate each tile configuration, then time them interleaved on a few cases (fast-tc only)."""
+    import torch
+
+    from attnbench.arrays import bind, random_inputs
+    from attnbench.check import judge
+    from attnbench.fast_tc import IMPL
+    from attnbench.impls import Problem
+    from attnbench.patterns import make_mask
+
+    rows = []
+    for D, cfgs in variants.items():
+        ok_cfgs = []
+        for c in cfgs:
+            good = True
+            for name, causal, params in (("dense", True, {}), ("streaming", True, {}), ("dilated", False, {}),
+                                         ("bigbird", True, dict(block=40))):
+                prob = Problem(make_mask(name, 1000, causal, **params), 2, 3, D, "bfloat16")
+                q, k, v = random_inputs(prob.shape, prob.dtype, seed=11)
+                r = judge(IMPL, prob, IMPL.prepare(prob, q, k, v, cfg=c), q, k, v)
+                good &= r.ok
+                if not r.ok:
+                    print(f"sweep gate FAIL D={D} {c} {name}: {r.reason}")
+            if good:
+                ok_cfgs.append(c)
+        cases = [(lab, n, c_, p, 32768 if n != "dense" else 16384) for lab, n, c_, p in LLM]
+        if D == 128:
+            cases = [x for x in cases if x[1] in ("dense", "streaming", "window")][:3] + cases[-1:]
+        for lab, n, causal, p, T in cases:
+            mask = make_mask(n, T, causal, **p)
+            prob = Problem(mask, 1, 16, D, "bfloat16")
+            g = torch.Generator(device="cuda").manual_seed(5)
+            q, k, v = (torch.randn(1, 16, T, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+            cq, ck, cv = (bind(x, nm).array for x, nm in ((q, "q"), (k, "k"), (v, "v")))
+            fns = {}
+            for c in ok_cfgs:
+                fns[c] = IMPL.prepare(prob, cq, ck, cv, cfg=c).run
+            t = timer.time(fns, samples=samples)
+            floor_ms = max(prob.flops / (ceil["bf16_tflops"] * 1e12), prob.bytes_floor / (ceil["copy_tbs"] * 1e12)) * 1e3
+            best = min(x["ms"] for x in t.values())
+            for c, x in t.items():
+                rows.append(dict(case=lab, D=D, T=T, cfg=str(c), ms=x["ms"], p20=x["p20"], p80=x["p80"],
+                                 tflops=prob.flops / x["ms"] / 1e9, roofline=floor_ms / x["ms"]))
+                print(f"sweep {lab:22s} D={D:3d} T={T} {c.NWARPS},{c.BN},{c.STAGES},{c.MT},{c.MINB}: "
+                      f"{x['ms']:8.4f} ms  {prob.flops / x['ms'] / 1e9:6.1f} TF/s  roof {floor_ms / x['ms']:6.1%}"
+                      f"{'  *' if x['ms'] == best else ''}")
+            del q, k, v, cq, ck, cv, fns
+            torch.cuda.empty_cache()
+    return rows
+
+
+def profile_once(label: str, D: int):
+    """Prepare fast-tc for one case and launch it twice (for ncu)."""
+    import cupy
+
+    from attnbench.arrays import random_inputs
+    from attnbench.fast_tc import IMPL
+    from attnbench.impls import Problem
+    from attnbench.patterns import make_mask
+
+    lab, n, causal, p = next(x for x in LLM if label in x[0])
+    prob = Problem(make_mask(n, 32768 if n != "dense" else 16384, causal, **p), 1, 16, D, "bfloat16")
+    q, k, v = random_inputs(prob.shape, prob.dtype, seed=1)
+    r = IMPL.prepare(prob, q, k, v)
+    r.run()
+    r.run()
+    cupy.cuda.get_current_stream().synchronize()
 
 
 def print_table(rows):
@@ -271,8 +351,19 @@ def main(argv=None):
     ap.add_argument("--flex-blocks", default="64,128")
     ap.add_argument("--samples", type=int, default=25)
     ap.add_argument("--only", default="", help="comma-separated case labels (substring match)")
+    ap.add_argument("--sweep", default="", help="D:NWARPS,BN,STAGES[,MT[,MINB]];... tile configurations to compare")
+    ap.add_argument("--profile", default="", help="run one case (label substring) twice and exit (for ncu)")
+    ap.add_argument("--profile-d", type=int, default=64)
     args = ap.parse_args(argv)
     import torch
+    import torch._dynamo
+
+    # one compiled flex kernel and one block-mask build per pattern: lift the recompile limits
+    torch._dynamo.config.recompile_limit = 256
+    torch._dynamo.config.accumulated_recompile_limit = 4096
+    if args.profile:
+        profile_once(args.profile, args.profile_d)
+        return 0
 
     dev = torch.cuda.get_device_name(0)
     print(f"device: {dev}, torch {torch.__version__}")
@@ -284,6 +375,12 @@ def main(argv=None):
     ceil = measure_ceilings(timer)
     print(f"ceilings: {ceil}")
     result["ceilings"] = ceil
+    if args.sweep:
+        variants = {}
+        for part in args.sweep.split(";"):
+            d, cfgs = part.split(":")
+            variants[int(d)] = [parse_cfg(c) for c in cfgs.split("/")]
+        result["sweep"] = sweep(timer, ceil, variants, args.samples)
     blocks = () if args.no_flex else tuple(int(b) for b in args.flex_blocks.split(",") if b)
     cases = [(lab, n, c, p, 32768, 64) for lab, n, c, p in LLM if n != "dense"]
     cases += [("dense causal", "dense", True, {}, 16384, D) for D in (64, 128)]

@@ -2,7 +2,8 @@
 import pytest
 
 from attnbench.compile import compile_only
-from attnbench.fast_tc import CONFIGS, IMPL, kernel_defines, tile_list
+from attnbench.fast_tc import (CONFIGS, IMPL, PARTIAL_CONFIGS, WIDE_CONFIGS, choose_config, kernel_defines,
+                                tile_list)
 from attnbench.impls import Problem, get_impl
 from attnbench.patterns import BadInput, PATTERNS, make_mask
 
@@ -12,6 +13,8 @@ DIMS = (64, 128)
 
 def _params_for(pattern: str, T: int) -> dict:
     """Pattern parameters valid at T (block sizes dividing T, not always a multiple of 16)."""
+    if pattern == "streaming":
+        return dict(sink=min(16, T))
     if pattern not in ("block_diagonal", "bigbird"):
         return {}
     block = {1: 1, 7: 7, 100: 20, 1000: 40}.get(T, 64 if pattern == "bigbird" else 16)
@@ -33,6 +36,15 @@ def test_compiles_without_spills(arch, D, dtype, pattern):
     assert r.arch == arch
     assert 0 < r.registers <= 255
     assert (r.spill_stores, r.spill_loads, r.stack) == (0, 0, 0), r
+
+
+@pytest.mark.parametrize("D", DIMS)
+def test_config_follows_the_tile_list(D):
+    # these three patterns reach the three shapes the compile test above covers
+    assert choose_config(make_mask("dense", 4096, True), D) == WIDE_CONFIGS[D]
+    assert choose_config(make_mask("dilated", 4096, True), D) == PARTIAL_CONFIGS[D]
+    assert choose_config(make_mask("bigbird", 4096, True), D) == CONFIGS[D]
+    assert choose_config(make_mask("block_diagonal", 4096, False, block=128), D) == CONFIGS[D]
 
 
 def test_registered_and_refuses_other_head_dims():
@@ -102,12 +114,13 @@ def test_gate_long_sequence():
 
 @pytest.mark.gpu
 def test_rows_without_allowed_keys_in_a_partial_tile_stay_finite():
-    """Causal window 64 with 64-key tiles: the first (partial) tile a query tile visits holds no
+    """Causal window 64 with 32- or 64-key tiles: the first (partial) tile a query tile visits holds no
     allowed key for its last rows, whose running max is still -inf there."""
     from attnbench.check import gate
 
     mask = make_mask("window", 777, True, window=64)
-    t = tile_list(mask, CONFIGS[64].BM, CONFIGS[64].BN)
+    cfg = choose_config(mask, 64)
+    t = tile_list(mask, cfg.BM, cfg.BN)
     assert t.n_partial >= t.ptr.size - 2  # several partial tiles, each query tile but the first has two
     res = gate(IMPL, Problem(mask, 1, 2, 64, "float16"))
     assert res.ok, res
