@@ -55,7 +55,7 @@ CONFIGS: dict[int, TileConfig] = {
 }
 WIDE_CONFIGS: dict[int, TileConfig] = {
     64: TileConfig(NWARPS=4, BN=64, STAGES=2, MT=2),
-    128: TileConfig(NWARPS=8, BN=64, STAGES=2),
+    128: TileConfig(NWARPS=8, BN=128, STAGES=2),
 }
 PARTIAL_CONFIGS: dict[int, TileConfig] = {
     64: TileConfig(NWARPS=4, BN=32, STAGES=3, MINB=4),
