@@ -48,7 +48,7 @@ class TileConfig:
 # Per head dimension: the default shape, the shape for wide patterns (many full tiles per query
 # tile: two m16 tiles per warp, or 8 warps, amortise each K/V fragment over more rows) and for
 # patterns whose every visited tile is partial (32-key tiles: less masked work, 4 blocks per SM).
-# Chosen from interleaved timings on an H200 (docs/PERF.md, v2 sweep).
+# Chosen from interleaved timings on an H200 (docs/PERF.md, v2 and v4 sweeps).
 CONFIGS: dict[int, TileConfig] = {
     64: TileConfig(NWARPS=4, BN=64, STAGES=3),
     128: TileConfig(NWARPS=4, BN=64, STAGES=2),
