@@ -1,0 +1,190 @@
+"""``fast-tc``: tensor-core attention for bfloat16 / float16 (kernels/fast_tc.cu).
+
+A FlashAttention-2-style forward pass that visits only the key tiles of ``Mask.tiles(BM, BN)``
+for each query tile, applying the pattern predicate only on tiles flagged partial. Tile shape,
+warps and pipeline depth are compile-time constants chosen per head dimension (``CONFIGS``); the
+pattern (id, causal flag, parameters) is compiled in too, so each pattern gets its own module.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .arrays import bind, poison
+from .compile import get_module
+from .impls import Impl, Problem, Runner, register
+from .patterns import BadInput, Mask, Tiles
+
+KERNEL = "fast_tc"
+ENTRY = "fast_tc_fwd"
+LOG2E = 1.4426950408889634
+DEFAULT_SMEM = 48 * 1024
+MAX_GRID_Y = 65535
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Compile-time shape of the kernel for one head dimension."""
+    NWARPS: int
+    BN: int
+    STAGES: int
+    MT: int = 1    # m16 row tiles per warp
+    MINB: int = 1  # blocks per multiprocessor asked of the register allocator
+
+    @property
+    def BM(self) -> int:
+        return 16 * self.MT * self.NWARPS
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.NWARPS
+
+    def smem_bytes(self, D: int) -> int:
+        return 2 * D * (self.BM + 2 * self.STAGES * self.BN)
+
+
+# Per head dimension: the default shape, the shape for wide patterns (many full tiles per query
+# tile: two m16 tiles per warp, or 8 warps, amortise each K/V fragment over more rows) and for
+# patterns whose every visited tile is partial (32-key tiles: less masked work, 4 blocks per SM).
+# Chosen from interleaved timings on an H200 (docs/PERF.md, v2 and v4 sweeps).
+CONFIGS: dict[int, TileConfig] = {
+    64: TileConfig(NWARPS=4, BN=64, STAGES=3),
+    128: TileConfig(NWARPS=4, BN=64, STAGES=2),
+}
+WIDE_CONFIGS: dict[int, TileConfig] = {
+    64: TileConfig(NWARPS=4, BN=64, STAGES=2, MT=2),
+    128: TileConfig(NWARPS=8, BN=128, STAGES=2),
+}
+PARTIAL_CONFIGS: dict[int, TileConfig] = {
+    64: TileConfig(NWARPS=4, BN=32, STAGES=3, MINB=4),
+    128: TileConfig(NWARPS=4, BN=32, STAGES=3),
+}
+WIDE_KEYS_PER_ROW = 2048
+
+
+def choose_config(mask: Mask, D: int) -> TileConfig:
+    """The tile shape for a pattern: wide when rows average >= WIDE_KEYS_PER_ROW allowed keys,
+    32-key tiles when every tile of the default list is partial, else the default."""
+    if mask.pairs >= WIDE_KEYS_PER_ROW * mask.T:
+        return WIDE_CONFIGS[D]
+    base = CONFIGS[D]
+    t = tile_list(mask, base.BM, base.BN)
+    if t.n_visited and t.n_partial == t.n_visited:
+        return PARTIAL_CONFIGS[D]
+    return base
+
+
+def pattern_defines(mask: Mask) -> dict:
+    pid, causal, p0, p1, p2, p3 = mask.device_params()
+    return dict(PID=pid, CAUSAL=causal, P0=p0, P1=p1, P2=p2, P3=p3)
+
+
+def kernel_defines(D: int, dtype: str, mask: Mask, cfg: TileConfig | None = None) -> dict:
+    """The -D constants of kernels/fast_tc.cu for a head dimension, dtype and pattern."""
+    cfg = cfg or choose_config(mask, D)
+    d = dict(HEAD_D=D, BN=cfg.BN, NWARPS=cfg.NWARPS, STAGES=cfg.STAGES, MT=cfg.MT, MINB=cfg.MINB,
+             AB_F16=int(dtype == "float16"))
+    d.update(pattern_defines(mask))
+    return d
+
+
+_TILES: dict = {}
+
+
+def tile_list(mask: Mask, BM: int, BN: int) -> Tiles:
+    """``mask.tiles(BM, BN)``, cached per (pattern, params, T, causal, BM, BN)."""
+    key = (mask.pattern.name, tuple(sorted(mask.params.items())), mask.T, mask.causal, BM, BN)
+    t = _TILES.get(key)
+    if t is None:
+        t = mask.tiles(BM, BN)
+        _TILES[key] = t
+    return t
+
+
+class FastTCRunner(Runner):
+    def __init__(self, kernel, grid, block, smem, args, out, setup):
+        self._kernel = kernel
+        self._grid = grid
+        self._block = block
+        self._smem = smem
+        self._args = args
+        self._out = out
+        self.setup = setup
+
+    def run(self) -> None:
+        self._kernel(self._grid, self._block, self._args, shared_mem=self._smem)
+
+    @property
+    def out(self):
+        return self._out
+
+    def poison(self) -> None:
+        poison(self._out)
+
+
+class FastTC(Impl):
+    def unsupported(self, prob: Problem) -> str | None:
+        why = super().unsupported(prob)
+        if why:
+            return why
+        if prob.D not in CONFIGS:
+            return (f"D={prob.D} is not supported by {self.name} "
+                    f"(supports D in {', '.join(map(str, sorted(CONFIGS)))})")
+        if prob.B * prob.H > MAX_GRID_Y:
+            return f"B*H={prob.B * prob.H} exceeds {MAX_GRID_Y} for {self.name}"
+        return None
+
+    def prepare(self, prob: Problem, q, k, v, cfg: TileConfig | None = None) -> Runner:
+        import cupy
+
+        self.require(prob)
+        arrays = [bind(x, name, prob.dtype).array for x, name in ((q, "q"), (k, "k"), (v, "v"))]
+        for a, name in zip(arrays, "qkv"):
+            if tuple(a.shape) != prob.shape:
+                raise BadInput(f"{name} has shape {tuple(a.shape)}, expected {prob.shape}")
+        setup = {}
+        t0 = time.perf_counter()
+        cfg = cfg or choose_config(prob.mask, prob.D)
+        tiles = tile_list(prob.mask, cfg.BM, cfg.BN)
+        setup["tiles_build_s"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        ptr = cupy.asarray(tiles.ptr, dtype=cupy.int32)
+        entries = cupy.asarray(tiles.entries if tiles.entries.size else np.zeros(1, np.int32),
+                               dtype=cupy.int32)
+        table = prob.mask.table
+        table = cupy.asarray(table if table is not None else np.zeros(1, np.int32), dtype=cupy.int32)
+        cupy.cuda.get_current_stream().synchronize()
+        setup["tiles_upload_s"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        mod = get_module(KERNEL, kernel_defines(prob.D, prob.dtype, prob.mask, cfg))
+        kernel = mod.get_function(ENTRY)
+        smem = cfg.smem_bytes(prob.D)
+        if smem > DEFAULT_SMEM:
+            kernel.max_dynamic_shared_size_bytes = smem
+        setup["compile_s"] = time.perf_counter() - t0
+
+        out = cupy.empty(prob.shape, dtype=arrays[0].dtype)
+        nq = -(-prob.T // cfg.BM)
+        scale_log2 = np.float32(prob.softmax_scale * LOG2E)
+        args = (arrays[0], arrays[1], arrays[2], out, ptr, entries, np.int32(prob.T), scale_log2, table)
+        return FastTCRunner(kernel, (nq, prob.B * prob.H), (cfg.threads,), smem, args, out, setup)
+
+
+def useful_tile_share(mask: Mask, BM: int, BN: int) -> float:
+    """Allowed pairs over the pairs of the visited tiles (1.0 = no wasted tile work)."""
+    t = tile_list(mask, BM, BN)
+    return mask.pairs / max(1.0, float(t.n_visited) * BM * BN)
+
+
+IMPL = register(FastTC(
+    name="fast-tc",
+    family="attnbench",
+    description="tensor-core (mma.sync) FlashAttention-2-style forward over the pattern's key-tile list",
+    dtypes=("bfloat16", "float16"),
+))
+
+__all__ = ["CONFIGS", "WIDE_CONFIGS", "PARTIAL_CONFIGS", "choose_config", "TileConfig", "FastTC", "IMPL", "kernel_defines", "tile_list", "useful_tile_share"]

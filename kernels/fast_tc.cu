@@ -1,0 +1,352 @@
+// Tensor-core attention forward for bfloat16 / float16 (float32 accumulation), FlashAttention-2
+// style, over a host-built list of key tiles per query tile.
+//
+// Grid: (query tiles, B * H); block: NWARPS warps, each owning MT m16 tiles of query rows
+// (BM = 16 * MT * NWARPS); every K/V fragment read from shared memory feeds MT mma.
+// For every key tile of the query tile's list (CSR tptr / tent, entry = key_tile << 1 | partial):
+//   S = Q K^T (mma.sync m16n8k16, Q held in registers, K through ldmatrix),
+//   on partial tiles only: keys failing ab_allowed(i, j) or j >= T are set to -inf,
+//   online softmax in float32 with exp2 and scale * log2(e) folded into one FMA,
+//   O += P V (P re-packed from the S accumulators, V through ldmatrix.trans).
+// K/V tiles stream through STAGES shared-memory buffers filled by cp.async (rows >= T
+// zero-filled); rows of 16-byte chunks are XOR-swizzled so ldmatrix and cp.async are free of
+// bank conflicts. The output is staged through the Q buffer and written with 16-byte stores.
+//
+// Compile-time constants (-D): HEAD_D (64 or 128), BN (keys per tile, multiple of 16),
+// NWARPS, MT, MINB (blocks per SM for __launch_bounds__), STAGES (>= 2), AB_F16 (1: float16, 0: bfloat16), and the pattern itself: PID (pattern
+// id of common.cuh), CAUSAL, P0..P3 (Mask.device_params()), so that the predicate's switch folds
+// away and its divisions become multiplications by constants.
+#include "common.cuh"
+
+#ifndef HEAD_D
+#define HEAD_D 64
+#endif
+#ifndef BN
+#define BN 64
+#endif
+#ifndef NWARPS
+#define NWARPS 4
+#endif
+#ifndef STAGES
+#define STAGES 3
+#endif
+#ifndef AB_F16
+#define AB_F16 0
+#endif
+#ifndef PID
+#define PID 0
+#endif
+#ifndef CAUSAL
+#define CAUSAL 1
+#endif
+#ifndef P0
+#define P0 0
+#endif
+#ifndef P1
+#define P1 0
+#endif
+#ifndef P2
+#define P2 0
+#endif
+#ifndef P3
+#define P3 0
+#endif
+
+#ifndef MT
+#define MT 1
+#endif
+#ifndef MINB
+#define MINB 1
+#endif
+
+#define THREADS (NWARPS * 32)
+#define RW (MT * 16)  // query rows per warp
+#define BM (NWARPS * RW)
+#define CH (HEAD_D / 8)  // 16-byte chunks per row
+#define TILE_BYTES (BN * HEAD_D * 2)
+
+static_assert(HEAD_D % 64 == 0, "HEAD_D must be a multiple of 64");
+static_assert(BN % 16 == 0, "BN must be a multiple of 16");
+static_assert(STAGES >= 2, "STAGES must be at least 2");
+
+#define TC_NEG_INF __int_as_float(0xff800000)
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+
+__device__ __forceinline__ u32 tc_smem_addr(const void* p) {
+    u32 r;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
+    return r;
+}
+
+// Byte offset of 16-byte chunk c of row r in a swizzled [rows][CH] tile.
+__device__ __forceinline__ u32 tc_swz(int r, int c) {
+    return (u32)((r * CH + (c ^ (r & 7))) * 16);
+}
+
+__device__ __forceinline__ void tc_cp_async16(u32 dst, const void* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(dst), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void tc_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void tc_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N)); }
+
+__device__ __forceinline__ void tc_ldsm_x4(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void tc_ldsm_x4_t(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+// d += a * b for one m16n8k16 tile (a: 4 regs, b: 2 regs, d: 4 floats).
+__device__ __forceinline__ void tc_mma(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+#if AB_F16
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+#endif
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ u32 tc_pack(float lo, float hi) {
+#if AB_F16
+    return ab_pack_f16(lo, hi);
+#else
+    return ab_pack_bf16(lo, hi);
+#endif
+}
+
+__device__ __forceinline__ float tc_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Copy rows [row0, row0 + ROWS) of a [T][HEAD_D] matrix into a swizzled tile; rows >= T read as zero.
+template <int ROWS>
+__device__ __forceinline__ void tc_load_tile(u32 dst, const u16* __restrict__ src, int row0, int T) {
+    static_assert((ROWS * CH) % THREADS == 0, "tile chunks must divide among the threads");
+#pragma unroll
+    for (int i = 0; i < (ROWS * CH) / THREADS; ++i) {
+        const int idx = threadIdx.x + i * THREADS;
+        const int r = idx / CH, c = idx % CH;
+        const int g = row0 + r;
+        const bool ok = g < T;
+        tc_cp_async16(dst + tc_swz(r, c), src + (size_t)(ok ? g : 0) * HEAD_D + c * 8, ok ? 16 : 0);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, MINB)
+fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* __restrict__ Vg,
+            u16* __restrict__ Og, const int* __restrict__ tptr, const int* __restrict__ tent,
+            int T, float scale_log2, const int* __restrict__ table) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int nq = gridDim.x;
+    const int qt = nq - 1 - (int)blockIdx.x;  // the longest lists (causal: last tiles) first
+    const size_t base = (size_t)blockIdx.y * (size_t)T * HEAD_D;
+    const u16* q = Qg + base;
+    const u16* k = Kg + base;
+    const u16* v = Vg + base;
+    u16* o = Og + base;
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const u32 sQ = tc_smem_addr(smem);
+    const u32 sK = sQ + BM * HEAD_D * 2;
+    const u32 sV = sK + STAGES * TILE_BYTES;
+
+    ABPattern pat;
+    pat.pid = PID;
+    pat.causal = CAUSAL;
+    pat.p0 = P0; pat.p1 = P1; pat.p2 = P2; pat.p3 = P3;
+    pat.table = table;
+
+    const int e0 = tptr[qt];
+    const int n = tptr[qt + 1] - e0;
+
+    tc_load_tile<BM>(sQ, q, qt * BM, T);
+    tc_commit();
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < n) {
+            const int kt = tent[e0 + s] >> 1;
+            tc_load_tile<BN>(sK + s * TILE_BYTES, k, kt * BN, T);
+            tc_load_tile<BN>(sV + s * TILE_BYTES, v, kt * BN, T);
+        }
+        tc_commit();
+    }
+    tc_wait<STAGES - 1>();  // the Q group is the oldest
+    __syncthreads();
+
+    u32 qf[MT][HEAD_D / 16][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int ks = 0; ks < HEAD_D / 16; ++ks)
+            tc_ldsm_x4(qf[m][ks], sQ + tc_swz(warp * RW + m * 16 + (lane & 15), ks * 2 + (lane >> 4)));
+
+    float acc[MT][HEAD_D / 8][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int d = 0; d < HEAD_D / 8; ++d)
+            acc[m][d][0] = acc[m][d][1] = acc[m][d][2] = acc[m][d][3] = 0.f;
+    float mrow[MT][2], lrow[MT][2];
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+        mrow[m][0] = mrow[m][1] = TC_NEG_INF;
+        lrow[m][0] = lrow[m][1] = 0.f;
+    }
+
+    const int g = lane >> 2, t4 = lane & 3;
+
+    for (int it = 0; it < n; ++it) {
+        tc_wait<STAGES - 2>();
+        __syncthreads();  // tile `it` is visible to all; the stage refilled below is free
+        {
+            const int nx = it + STAGES - 1;
+            if (nx < n) {
+                const int kt = tent[e0 + nx] >> 1;
+                const int st = nx % STAGES;
+                tc_load_tile<BN>(sK + st * TILE_BYTES, k, kt * BN, T);
+                tc_load_tile<BN>(sV + st * TILE_BYTES, v, kt * BN, T);
+            }
+            tc_commit();
+        }
+        const int ent = tent[e0 + it];
+        const int kt = ent >> 1;
+        const u32 cK = sK + (it % STAGES) * TILE_BYTES;
+        const u32 cV = sV + (it % STAGES) * TILE_BYTES;
+
+        float s[MT][BN / 8][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < HEAD_D / 16; ++ks) {
+#pragma unroll
+            for (int np = 0; np < BN / 16; ++np) {
+                u32 b[4];
+                tc_ldsm_x4(b, cK + tc_swz(np * 16 + ((lane >> 4) << 3) + (lane & 7), ks * 2 + ((lane >> 3) & 1)));
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+                    tc_mma(s[m][2 * np], qf[m][ks], b[0], b[1]);
+                    tc_mma(s[m][2 * np + 1], qf[m][ks], b[2], b[3]);
+                }
+            }
+        }
+
+        if (ent & 1) {
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                // rows clamped below T so the predicate's table reads stay in range
+                const int row_a = min(qt * BM + warp * RW + m * 16 + g, T - 1);
+                const int row_b = min(qt * BM + warp * RW + m * 16 + g + 8, T - 1);
+#pragma unroll
+                for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int key = kt * BN + j * 8 + t4 * 2 + (e & 1);
+                        const int row = (e < 2) ? row_a : row_b;
+                        if (!(key < T && ab_allowed(pat, row, key))) s[m][j][e] = TC_NEG_INF;
+                    }
+                }
+            }
+        }
+
+        // online softmax, two rows per thread and m-tile (g and g + 8), four lanes per row
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                float mx = mrow[m][r];
+#pragma unroll
+                for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[m][j][2 * r], s[m][j][2 * r + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                // no allowed key yet: subtract 0 instead of -inf so exp2 gives 0, never NaN
+                const float ms = (mx == TC_NEG_INF) ? 0.f : mx * scale_log2;
+                const float alpha = tc_exp2(mrow[m][r] * scale_log2 - ms);
+                mrow[m][r] = mx;
+                float rs = 0.f;
+#pragma unroll
+                for (int j = 0; j < BN / 8; ++j) {
+                    const float a = tc_exp2(fmaf(s[m][j][2 * r], scale_log2, -ms));
+                    const float b = tc_exp2(fmaf(s[m][j][2 * r + 1], scale_log2, -ms));
+                    s[m][j][2 * r] = a;
+                    s[m][j][2 * r + 1] = b;
+                    rs += a + b;
+                }
+                lrow[m][r] = lrow[m][r] * alpha + rs;
+#pragma unroll
+                for (int d = 0; d < HEAD_D / 8; ++d) {
+                    acc[m][d][2 * r] *= alpha;
+                    acc[m][d][2 * r + 1] *= alpha;
+                }
+            }
+        }
+
+        // O += P V
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            u32 a[MT][4];
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                a[m][0] = tc_pack(s[m][2 * kk][0], s[m][2 * kk][1]);
+                a[m][1] = tc_pack(s[m][2 * kk][2], s[m][2 * kk][3]);
+                a[m][2] = tc_pack(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
+                a[m][3] = tc_pack(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
+            }
+#pragma unroll
+            for (int dp = 0; dp < HEAD_D / 16; ++dp) {
+                u32 b[4];
+                tc_ldsm_x4_t(b, cV + tc_swz(kk * 16 + (((lane >> 3) & 1) << 3) + (lane & 7), dp * 2 + (lane >> 4)));
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+                    tc_mma(acc[m][2 * dp], a[m], b[0], b[1]);
+                    tc_mma(acc[m][2 * dp + 1], a[m], b[2], b[3]);
+                }
+            }
+        }
+    }
+    tc_wait<0>();
+
+    // normalise, stage this warp's rows in its own part of the Q buffer, store 16 bytes a lane
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+        float inv[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float l = lrow[m][r];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            inv[r] = l > 0.f ? 1.f / l : 0.f;
+        }
+        const int wrow = warp * RW + m * 16;
+#pragma unroll
+        for (int d = 0; d < HEAD_D / 8; ++d) {
+            const u32 lo = tc_pack(acc[m][d][0] * inv[0], acc[m][d][1] * inv[0]);
+            const u32 hi = tc_pack(acc[m][d][2] * inv[1], acc[m][d][3] * inv[1]);
+            asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(sQ + tc_swz(wrow + g, d) + t4 * 4), "r"(lo));
+            asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(sQ + tc_swz(wrow + g + 8, d) + t4 * 4), "r"(hi));
+        }
+    }
+    __syncwarp();
+#pragma unroll
+    for (int idx = lane; idx < RW * CH; idx += 32) {
+        const int r = idx / CH, c = idx % CH;
+        const int grow = qt * BM + warp * RW + r;
+        if (grow < T) {
+            u32 x0, x1, x2, x3;
+            asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                         : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3) : "r"(sQ + tc_swz(warp * RW + r, c)));
+            asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};\n"
+                         :: "l"(o + (size_t)grow * HEAD_D + c * 8), "r"(x0), "r"(x1), "r"(x2), "r"(x3));
+        }
+    }
+}

@@ -1,0 +1,147 @@
+"""fast-tc: compiles cleanly for sm_80 / sm_90 (CPU, NVRTC), and passes the gate on the GPU."""
+import pytest
+
+from attnbench.compile import compile_only
+from attnbench.fast_tc import (CONFIGS, IMPL, PARTIAL_CONFIGS, WIDE_CONFIGS, choose_config, kernel_defines,
+                                tile_list)
+from attnbench.impls import Problem, get_impl
+from attnbench.patterns import BadInput, PATTERNS, make_mask
+
+DTYPES = ("bfloat16", "float16")
+DIMS = (64, 128)
+
+
+def _params_for(pattern: str, T: int) -> dict:
+    """Pattern parameters valid at T (block sizes dividing T, not always a multiple of 16)."""
+    if pattern == "streaming":
+        return dict(sink=min(16, T))
+    if pattern not in ("block_diagonal", "bigbird"):
+        return {}
+    block = {1: 1, 7: 7, 100: 20, 1000: 40}.get(T, 64 if pattern == "bigbird" else 16)
+    if pattern == "block_diagonal":
+        return dict(block=block)
+    return dict(block=block, random_blocks=min(3, T // block))
+
+
+# ---- CPU: NVRTC ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("D", DIMS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("pattern", ["dense", "dilated", "bigbird"])
+def test_compiles_without_spills(arch, D, dtype, pattern):
+    mask = make_mask(pattern, 4096, True)
+    reports = compile_only("fast_tc", kernel_defines(D, dtype, mask), arch)
+    assert [r.kernel for r in reports] == ["fast_tc_fwd"]
+    r = reports[0]
+    assert r.arch == arch
+    assert 0 < r.registers <= 255
+    assert (r.spill_stores, r.spill_loads, r.stack) == (0, 0, 0), r
+
+
+@pytest.mark.parametrize("D", DIMS)
+def test_config_follows_the_tile_list(D):
+    # these three patterns reach the three shapes the compile test above covers
+    assert choose_config(make_mask("dense", 4096, True), D) == WIDE_CONFIGS[D]
+    assert choose_config(make_mask("dilated", 4096, True), D) == PARTIAL_CONFIGS[D]
+    assert choose_config(make_mask("bigbird", 4096, True), D) == CONFIGS[D]
+    assert choose_config(make_mask("block_diagonal", 4096, False, block=128), D) == CONFIGS[D]
+
+
+def test_registered_and_refuses_other_head_dims():
+    assert get_impl("fast-tc") is IMPL
+    assert IMPL.family == "attnbench" and set(IMPL.dtypes) == set(DTYPES)
+    mask = make_mask("window", 256, True)
+    for D in DIMS:
+        assert IMPL.unsupported(Problem(mask, 1, 1, D, "bfloat16")) is None
+    why = IMPL.unsupported(Problem(mask, 1, 1, 96, "bfloat16"))
+    assert why and "D=96" in why and "64" in why and "128" in why
+    assert "float32" in IMPL.unsupported(Problem(mask, 1, 1, 64, "float32"))
+    with pytest.raises(BadInput, match="D=32"):
+        IMPL.require(Problem(mask, 1, 1, 32, "float16"))
+
+
+def test_tile_list_is_cached_per_mask_and_shape():
+    a = make_mask("streaming", 1000, True)
+    b = make_mask("streaming", 1000, True)
+    cfg = CONFIGS[64]
+    t1 = tile_list(a, cfg.BM, cfg.BN)
+    assert tile_list(b, cfg.BM, cfg.BN) is t1
+    assert tile_list(make_mask("streaming", 1000, False), cfg.BM, cfg.BN) is not t1
+    assert tile_list(a, cfg.BM, 2 * cfg.BN) is not t1
+
+
+def test_defines_fix_the_pattern_and_dtype():
+    m = make_mask("dilated", 4096, True, window=512, dilation=2)
+    d = kernel_defines(128, "float16", m)
+    assert (d["HEAD_D"], d["AB_F16"], d["PID"], d["CAUSAL"], d["P0"], d["P1"]) == (128, 1, 4, 1, 512, 2)
+    assert kernel_defines(64, "bfloat16", m)["AB_F16"] == 0
+
+
+# ---- GPU: the gate -------------------------------------------------------------------------------
+TS = (1, 7, 100, 1000, 4096)
+
+
+def _cases():
+    for pattern in PATTERNS:
+        for D in DIMS:
+            for n, T in enumerate(TS):
+                for dtype in DTYPES:
+                    # both (B, H) shapes and both causal flags reach every pattern, D and dtype
+                    bh = (2, 3) if n % 2 else (1, 1)
+                    causal = (dtype == "bfloat16") != (n == 2)
+                    yield pytest.param(pattern, D, T, dtype, bh, causal,
+                                       id=f"{pattern}-D{D}-T{T}-{dtype}-B{bh[0]}H{bh[1]}-{'c' if causal else 'nc'}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pattern,D,T,dtype,bh,causal", list(_cases()))
+def test_gate(pattern, D, T, dtype, bh, causal):
+    from attnbench.check import gate
+
+    mask = make_mask(pattern, T, causal, **_params_for(pattern, T))
+    res = gate(IMPL, Problem(mask, bh[0], bh[1], D, dtype))
+    assert res.ok, res
+
+
+@pytest.mark.gpu
+def test_gate_long_sequence():
+    from attnbench.check import gate
+
+    mask = make_mask("streaming", 32768, True, sink=16, window=64)
+    res = gate(IMPL, Problem(mask, 1, 1, 64, "bfloat16"))
+    assert res.ok, res
+
+
+@pytest.mark.gpu
+def test_rows_without_allowed_keys_in_a_partial_tile_stay_finite():
+    """Causal window 64 with 32- or 64-key tiles: the first (partial) tile a query tile visits holds no
+    allowed key for its last rows, whose running max is still -inf there."""
+    from attnbench.check import gate
+
+    mask = make_mask("window", 777, True, window=64)
+    cfg = choose_config(mask, 64)
+    t = tile_list(mask, cfg.BM, cfg.BN)
+    assert t.n_partial >= t.ptr.size - 2  # several partial tiles, each query tile but the first has two
+    res = gate(IMPL, Problem(mask, 1, 2, 64, "float16"))
+    assert res.ok, res
+
+
+@pytest.mark.gpu
+def test_setup_is_recorded_and_launch_errors_surface():
+    import cupy
+
+    from attnbench.arrays import random_inputs
+
+    mask = make_mask("window", 300, True, window=64)
+    prob = Problem(mask, 1, 2, 64, "bfloat16")
+    q, k, v = random_inputs(prob.shape, prob.dtype, seed=3)
+    runner = IMPL.prepare(prob, q, k, v)
+    assert {"tiles_build_s", "compile_s"} <= set(runner.setup)
+    runner.run()
+    cupy.cuda.get_current_stream().synchronize()
+    with pytest.raises(BadInput, match="shape"):
+        IMPL.prepare(prob, q[:, :1], k, v)
+    # a grid the device refuses raises instead of failing silently
+    runner._grid = (1, 1 << 20)
+    with pytest.raises(cupy.cuda.driver.CUDADriverError):
+        runner.run()
