@@ -15,7 +15,7 @@ import numpy as np
 from .arrays import bind, poison
 from .compile import get_module
 from .impls import Impl, Problem, Runner, register
-from .patterns import BadInput, Mask, Tiles
+from .patterns import BadInput, Mask, Tiles, make_mask
 
 KERNEL = "fast_tc"
 ENTRY = "fast_tc_fwd"
@@ -65,10 +65,14 @@ WIDE_KEYS_PER_ROW = 2048
 
 
 def choose_config(mask: Mask, D: int) -> TileConfig:
-    """The tile shape for a pattern: wide when rows average >= WIDE_KEYS_PER_ROW allowed keys,
-    32-key tiles when every tile of the default list is partial, else the default."""
+    """The tile shape for a pattern: wide when rows average >= WIDE_KEYS_PER_ROW allowed keys
+    (at D=128 for dense only), 32-key tiles when every tile of the default list is partial, else
+    the default."""
     if mask.pairs >= WIDE_KEYS_PER_ROW * mask.T:
-        return WIDE_CONFIGS[D]
+        # at D=128 the 8-warp 128-key shape sits at 255 registers and spills once a predicate is
+        # compiled in (window 4096): it serves dense only there
+        if D != 128 or mask.pattern.name == "dense":
+            return WIDE_CONFIGS[D]
     base = CONFIGS[D]
     t = tile_list(mask, base.BM, base.BN)
     if t.n_visited and t.n_partial == t.n_visited:
@@ -188,3 +192,19 @@ IMPL = register(FastTC(
 ))
 
 __all__ = ["CONFIGS", "WIDE_CONFIGS", "PARTIAL_CONFIGS", "choose_config", "TileConfig", "FastTC", "IMPL", "kernel_defines", "tile_list", "useful_tile_share"]
+
+
+def standard_builds() -> list[tuple[str, dict]]:
+    """The llm configuration (SPEC section 5) at T=32768: every pattern, D = 64 and 128, bfloat16;
+    float16 for dense causal."""
+    from .sweep import _llm_instances
+
+    builds = []
+    for D in (64, 128):
+        for inst in _llm_instances():
+            mask = make_mask(inst.pattern, 32768, inst.causal, **inst.param_dict)
+            for dtype in ("bfloat16", "float16") if inst.pattern == "dense" else ("bfloat16",):
+                b = (KERNEL, kernel_defines(D, dtype, mask))
+                if b not in builds:
+                    builds.append(b)
+    return builds

@@ -6,7 +6,8 @@
 #   steps: tests check compare seed llm (default: tests check seed)
 #   compare: the seeds' comparison, naive dense vs naive streaming (16+64) for T = 128..4096
 #
-# GPU_TESTS (optional) narrows the tests step to given files or -k expressions.
+# GPU_TESTS (optional) narrows the tests step to given files or -k expressions; LLM_FROM and
+# LLM_ARGS (optional) resume and narrow the llm sweep, so it can be spread over several runs.
 # OUT_DIR defaults to $OUT, else ./out. Everything is also packed into OUT_DIR/gpu_check.tar.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -58,7 +59,9 @@ for s in $steps; do
     compare) for T in 128 256 512 1024 2048 4096; do step compare_$T attnbench run --pattern streaming --T $T; done ;;
     seed)  step seed attnbench sweep --T-min 128 --T-max 4096 --out "$work/seed.csv"
            step seed_plot attnbench plot "$work/seed.csv" --out-dir "$work/plots" ;;
-    llm)   step llm attnbench sweep --config llm --out "$work/llm.csv"
+    llm)   # LLM_FROM: a CSV of an earlier run to resume; LLM_ARGS: options that narrow the sweep
+           if [ -n "${LLM_FROM:-}" ] && [ -f "$LLM_FROM" ]; then cp "$LLM_FROM" "$work/llm.csv"; fi
+           step llm attnbench sweep --config llm ${LLM_ARGS:-} --resume --out "$work/llm.csv"
            step llm_plot attnbench plot "$work/llm.csv" --out-dir "$work/plots" ;;
     *) say "unknown step $s"; status=1 ;;
     esac
