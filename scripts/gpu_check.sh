@@ -60,9 +60,10 @@ for s in $steps; do
     seed)  step seed attnbench sweep --T-min 128 --T-max 4096 --out "$work/seed.csv"
            step seed_plot attnbench plot "$work/seed.csv" --out-dir "$work/plots" ;;
     llm)   # LLM_FROM: a CSV of an earlier run to resume; LLM_ARGS: options that narrow the sweep
-           if [ -n "${LLM_FROM:-}" ] && [ -f "$LLM_FROM" ]; then cp "$LLM_FROM" "$work/llm.csv"; fi
-           step llm attnbench sweep --config llm ${LLM_ARGS:-} --resume --out "$work/llm.csv"
-           step llm_plot attnbench plot "$work/llm.csv" --out-dir "$work/plots" ;;
+           # (written straight into OUT_DIR, so the rows of a run cut short come back)
+           if [ -n "${LLM_FROM:-}" ] && [ -f "$LLM_FROM" ]; then cp "$LLM_FROM" "$out/llm.csv"; fi
+           step llm attnbench sweep --config llm ${LLM_ARGS:-} --resume --out "$out/llm.csv"
+           step llm_plot attnbench plot "$out/llm.csv" --out-dir "$work/plots" ;;
     *) say "unknown step $s"; status=1 ;;
     esac
 done
