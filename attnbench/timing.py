@@ -1,6 +1,7 @@
 """Timing protocol (SPEC section 4) and the machine's peaks (SPEC section 3).
 
-* ``EventTimer``: CUDA events around one launch, the L2 flushed before every sample.
+* ``EventTimer``: CUDA events around one launch, the L2 flushed before every sample, the
+  host's launch path hidden behind a short blocking kernel.
 * ``time_interleaved``: warm-up, then round-robin samples over several runners until each
   one's relative spread (p80 - p20) / median is small or the time budget is spent.
 * ``measure_peaks``: tensor-core matmul, float32 matmul without TF32, device copy.
@@ -114,20 +115,39 @@ class L2Flusher:
         self.buf.fill(self._value)
 
 
-class EventTimer:
-    """``sample(fn)``: flush the L2, then CUDA events around one launch on the current stream."""
+_HOLD = r"""
+extern "C" __global__ void attnbench_hold(unsigned long long ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
+}
+"""
+HOLD_US = 500.0
 
-    def __init__(self, flush: bool = True):
+
+class EventTimer:
+    """``sample(fn)``: flush the L2, then CUDA events around one launch on the current stream.
+
+    Before the start event a one-thread kernel holds the stream for ``hold_us`` microseconds
+    (a blocking kernel, as NVBench does): the host issues the launch while the GPU waits, so
+    the time between the events is the GPU's and not the host's launch path (a torch.compile
+    dispatch, a Python wrapper). The hold touches no memory, so the L2 stays flushed."""
+
+    def __init__(self, flush: bool = True, hold_us: float = HOLD_US):
         import cupy
 
         self._cupy = cupy
         self.flusher = L2Flusher() if flush else None
+        self.hold = cupy.RawKernel(_HOLD, "attnbench_hold") if hold_us > 0 else None
+        self.hold_ns = np.uint64(int(hold_us * 1e3))
         self.start = cupy.cuda.Event()
         self.end = cupy.cuda.Event()
 
     def sample(self, fn: Callable[[], None]) -> float:
         if self.flusher is not None:
             self.flusher.flush()
+        if self.hold is not None:
+            self.hold((1,), (1,), (self.hold_ns,))
         stream = self._cupy.cuda.get_current_stream()
         self.start.record(stream)
         fn()

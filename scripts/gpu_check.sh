@@ -3,7 +3,9 @@
 # and leave logs, CSVs and plots under an output folder.
 #
 #   scripts/gpu_check.sh [OUT_DIR] [STEP ...]
-#   steps: tests check compare seed llm (default: tests check seed)
+#   steps: tests check example compare seed llm (default: tests check seed)
+#   check: the gate for our own families (CHECK_ARGS overrides; the peers' gate is in the tests)
+#   example: the README's `attnbench run` example
 #   compare: the seeds' comparison, naive dense vs naive streaming (16+64) for T = 128..4096
 #
 # GPU_TESTS (optional) narrows the tests step to given files or -k expressions; LLM_FROM and
@@ -55,14 +57,17 @@ python3 -c "import cupy, sys; print('cupy', cupy.__version__, 'cuda runtime', cu
 for s in $steps; do
     case "$s" in
     tests) step tests python3 -m pytest -q -m gpu -rs --junitxml="$work/pytest_gpu.xml" ${GPU_TESTS:-} ;;
-    check) step check attnbench check ;;
+    check) step check attnbench check ${CHECK_ARGS:---impl naive --impl fast-f32 --impl fast-tc} ;;
+    example) step example attnbench run --pattern streaming --T 2048 --window 128 --sink 32 ;;
     compare) for T in 128 256 512 1024 2048 4096; do step compare_$T attnbench run --pattern streaming --T $T; done ;;
     seed)  step seed attnbench sweep --T-min 128 --T-max 4096 --out "$work/seed.csv"
            step seed_plot attnbench plot "$work/seed.csv" --out-dir "$work/plots" ;;
     llm)   # LLM_FROM: a CSV of an earlier run to resume; LLM_ARGS: options that narrow the sweep
            # (written straight into OUT_DIR, so the rows of a run cut short come back)
            if [ -n "${LLM_FROM:-}" ] && [ -f "$LLM_FROM" ]; then cp "$LLM_FROM" "$out/llm.csv"; fi
-           step llm attnbench sweep --config llm ${LLM_ARGS:-} --resume --out "$out/llm.csv"
+           # LLM_ARGS: ';' separates sweeps that go into the same CSV
+           IFS=';' read -ra groups <<< "${LLM_ARGS:- }"
+           for g in "${groups[@]}"; do step llm attnbench sweep --config llm $g --resume --out "$out/llm.csv"; done
            step llm_plot attnbench plot "$out/llm.csv" --out-dir "$work/plots" ;;
     *) say "unknown step $s"; status=1 ;;
     esac

@@ -43,6 +43,25 @@ def test_event_timer_agrees_with_a_host_clock_on_a_spin_kernel():
     assert 0.5 < events < 8.0  # the kernel's length at any clock between a quarter and the rated one
 
 
+def test_host_launch_overhead_stays_out_of_the_time():
+    import cupy
+
+    from attnbench.timing import EventTimer
+
+    kernel = cupy.RawModule(code=SPIN).get_function("spin")
+    khz = cupy.cuda.Device().attributes.get("ClockRate") or 1_500_000
+    cycles = np.int64(int(khz * 0.05))  # about 50 us
+
+    def slow_host_then_launch():
+        time.sleep(0.0003)  # a 300 us host path (Python wrapper, compiled dispatch) before the launch
+        kernel((1,), (1,), (cycles,))
+
+    held = sorted(EventTimer().sample(slow_host_then_launch) for _ in range(9))[4]
+    bare = sorted(EventTimer(hold_us=0).sample(slow_host_then_launch) for _ in range(9))[4]
+    assert bare > 0.25  # without the hold the host's 300 us land between the events
+    assert held < 0.2   # with it only the kernel's ~50 us do
+
+
 def test_flush_buffer_is_at_least_twice_the_l2():
     import cupy
 
