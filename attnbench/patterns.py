@@ -308,6 +308,13 @@ PATTERNS: dict[str, Pattern] = {pat.name: pat for pat in
                                 (Dense(), Window(), Streaming(), BlockDiagonal(), Dilated(), BigBird())}
 
 
+def pattern_label(name: str, params: dict) -> str:
+    """``window(window=64)``: the parameters in the pattern's own order, the seed left out."""
+    ps = ",".join(f"{q.name}={params[q.name]}" for q in get_pattern(name).params
+                  if q.name != "seed" and q.name in params)
+    return f"{name}({ps})" if ps else name
+
+
 def get_pattern(name: str) -> Pattern:
     try:
         return PATTERNS[name]
@@ -397,8 +404,7 @@ class Mask:
         return self.pairs / float(self.T) ** 2
 
     def label(self) -> str:
-        ps = ",".join(f"{k}={v}" for k, v in self.params.items() if k != "seed")
-        return f"{self.pattern.name}({ps})" if ps else self.pattern.name
+        return pattern_label(self.pattern.name, self.params)
 
     def device_params(self) -> tuple[int, ...]:
         return (self.pattern.pid, int(self.causal)) + tuple(int(x) for x in self.pattern.device_params(self.params))

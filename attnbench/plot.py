@@ -1,9 +1,11 @@
 """Figures from a results CSV (matplotlib's Agg backend: no display, no GPU needed).
 
-For every (dtype, D, B, H) group of ``ok`` rows, three PNGs:
-  * runtime vs T, log-log, one line per pattern instance x implementation;
+For every (dtype, D, B, H) group of ``ok`` rows, four PNGs of small multiples (a panel per
+pattern instance, a line per implementation, peers dashed, one colour per implementation):
+  * runtime vs T, log-log;
   * speedup over dense (same implementation, T, B, H, D, dtype and causal flag) vs T;
-  * useful TFLOP/s and share of the roofline vs T.
+  * share of the roofline vs T;
+  * useful TFLOP/s vs T.
 """
 from __future__ import annotations
 
@@ -24,12 +26,6 @@ SAME_CONFIG = ["impl", "T", "B", "H", "D", "dtype", "causal"]
 
 def series_name(label: str, causal: bool, impl: str) -> str:
     return f"{label}{'' if causal else ' non-causal'} / {impl}"
-
-
-def _add_series(df):
-    df = df.copy()
-    df["series"] = [series_name(l, c, i) for l, c, i in zip(df["label"], df["causal"], df["impl"])]
-    return df
 
 
 def with_speedup(df):
@@ -58,73 +54,75 @@ def _style(ax, xlabel: str, ylabel: str, logy: bool = True):
     ax.grid(True, which="both", alpha=0.3)
 
 
-LINESTYLES = ("-", "--", ":", "-.")
-MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 
-def _lines(ax, df, y: str):
-    """One line per series: the colour names the pattern instance, the line style and
-    marker name the implementation."""
-    insts = sorted({series_name(l, c, "") for l, c in zip(df["label"], df["causal"])})
-    impls = sorted(set(df["impl"]))
-    colours = plt.get_cmap("tab10" if len(insts) <= 10 else "tab20")
-    for name, s in sorted(df.groupby("series"), key=lambda kv: kv[0]):
-        s = s.sort_values("T")
-        ci = insts.index(series_name(s["label"].iloc[0], s["causal"].iloc[0], ""))
-        ii = impls.index(s["impl"].iloc[0])
-        ax.plot(s["T"], s[y], color=colours(ci % colours.N), linestyle=LINESTYLES[ii % len(LINESTYLES)],
-                marker=MARKERS[ii % len(MARKERS)], markersize=4, label=name)
+def _instances(df) -> list[str]:
+    """Pattern instances (label and causal flag), dense first."""
+    names = {series_name(l, c, "")[:-3]: p for l, c, p in zip(df["label"], df["causal"], df["pattern"])}
+    return sorted(names, key=lambda n: (names[n] != "dense", n))
+
+
+def _impl_styles(df) -> dict:
+    """A colour and marker per implementation, the same in every panel; peers dashed."""
+    impls = sorted(set(df["impl"]), key=lambda i: (i.startswith(("cublas", "sdpa", "flex")), i))
+    fam = dict(zip(df["impl"], df["family"])) if "family" in df else {}
+    cmap = plt.get_cmap("tab10")
+    return {i: dict(color=cmap(n % 10), marker=MARKERS[n % len(MARKERS)],
+                    linestyle="--" if fam.get(i) == "peer" else "-")
+            for n, i in enumerate(impls)}
+
+
+def _panels(df, y: str, ylabel: str, what: str, logy: bool = True, ref: float | None = None):
+    """Small multiples: a panel per pattern instance, a line per implementation."""
+    insts = _instances(df)
+    styles = _impl_styles(df)
+    ncols = min(3, max(1, len(insts)))
+    nrows = -(-len(insts) // ncols) if insts else 1
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.8 * ncols, 3.6 * nrows), squeeze=False)
+    named = df.assign(_inst=[series_name(l, c, "")[:-3] for l, c in zip(df["label"], df["causal"])])
     Ts = sorted(set(df["T"]))
-    if Ts:
-        ax.set_xticks(Ts)
-        ax.set_xticklabels([str(t) for t in Ts], rotation=45 if len(Ts) > 6 else 0)
-        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-
-
-def _legend(fig, ax):
-    handles, labels = ax.get_legend_handles_labels()
-    if handles:
-        fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
-
-
-def _save(fig, path: Path) -> Path:
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    for ax, inst in zip(axes.flat, insts):
+        _style(ax, "T (tokens)", ylabel, logy)
+        sub = named[named["_inst"] == inst]
+        for impl, st in styles.items():
+            s = sub[sub["impl"] == impl].sort_values("T")
+            if len(s):
+                ax.plot(s["T"], s[y], markersize=4, label=impl, **st)
+        if ref is not None:
+            ax.axhline(ref, color="grey", linewidth=0.8)
+        ax.set_title(inst, fontsize="small")
+        if Ts:
+            ax.set_xticks(Ts)
+            ax.set_xticklabels([str(t) for t in Ts], rotation=45 if len(Ts) > 4 else 0, fontsize="small")
+            ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    for ax in list(axes.flat)[len(insts):]:
+        ax.set_visible(False)
+    handles = [plt.Line2D([], [], markersize=5, **st) for st in styles.values()]
+    fig.legend(handles, list(styles), loc="upper center", bbox_to_anchor=(0.5, 0.0),
+               ncol=min(len(styles), 8), fontsize="small")
+    fig.suptitle(_title(df, what))
+    fig.tight_layout()
+    return fig
 
 
 def group_figures(df) -> dict[str, "plt.Figure"]:
     """The figures of one (dtype, D, B, H) group, by kind; the caller saves and closes them."""
-    ok = _add_series(df[df["status"] == "ok"])
-    figs = {}
-
-    fig, ax = plt.subplots(figsize=(8, 5.5))
-    _style(ax, "sequence length T (tokens)", "runtime (ms, median)")
-    _lines(ax, ok, "median_ms")
-    ax.set_title(_title(df, "Runtime vs T"))
-    _legend(fig, ax)
-    figs["runtime"] = fig
-
-    fig, ax = plt.subplots(figsize=(8, 5.5))
-    _style(ax, "sequence length T (tokens)", "speedup over dense (x, same implementation)")
+    ok = df[df["status"] == "ok"]
+    figs = {"runtime": _panels(ok, "median_ms", "runtime (ms, median)", "Runtime vs T")}
     sp = with_speedup(df)
-    if len(sp):
-        _lines(ax, _add_series(sp), "speedup")
-    ax.axhline(1.0, color="grey", linewidth=0.8)
-    ax.set_title(_title(df, "Speedup over dense vs T"))
-    _legend(fig, ax)
-    figs["speedup"] = fig
-
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 5.5))
-    _style(a1, "sequence length T (tokens)", "useful TFLOP/s (4*D*pairs*B*H / median)")
-    _lines(a1, ok, "tflops")
-    _style(a2, "sequence length T (tokens)", "roofline share (%, floor time / measured)")
-    if "roofline" in ok:
-        _lines(a2, ok.assign(roofline_pct=100 * ok["roofline"]), "roofline_pct")
-    fig.suptitle(_title(df, "Throughput and roofline share vs T"))
-    _legend(fig, a1)
-    figs["throughput"] = fig
+    figs["speedup"] = _panels(sp, "speedup", "speedup over dense (x)",
+                              "Speedup over dense (same implementation) vs T", ref=1.0)
+    figs["throughput"] = _panels(ok.assign(roofline_pct=100 * ok["roofline"]), "roofline_pct",
+                                 "roofline share (%)", "Share of the roofline (floor time / measured) vs T")
+    figs["tflops"] = _panels(ok, "tflops", "useful TFLOP/s", "Useful TFLOP/s (4*D*pairs*B*H / median) vs T")
     return figs
+
+
+def _save(fig, path: Path) -> Path:
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
 
 
 def group_slug(key) -> str:
@@ -132,7 +130,7 @@ def group_slug(key) -> str:
     return f"{dtype}_D{D}_B{B}_H{H}"
 
 
-def plot_frame(df, out_dir) -> list[Path]:
+def plot_frame(df, out_dir, prefix: str = "") -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -142,10 +140,11 @@ def plot_frame(df, out_dir) -> list[Path]:
     for key, g in sorted(df[df.set_index(GROUP).index.isin(ok.set_index(GROUP).index)].groupby(GROUP),
                          key=lambda kv: tuple(map(str, kv[0]))):
         for kind, fig in group_figures(g).items():
-            paths.append(_save(fig, out / f"{group_slug(key)}_{kind}.png"))
+            paths.append(_save(fig, out / f"{prefix}{group_slug(key)}_{kind}.png"))
     return paths
 
 
 def plot_csv(csv_path, out_dir) -> list[Path]:
-    """Write the PNGs of a results CSV into ``out_dir``; returns their paths."""
-    return plot_frame(read_results(csv_path), out_dir)
+    """Write the PNGs of a results CSV into ``out_dir``, named after the CSV (``seed-h200.csv``
+    gives ``seed-h200_float32_D384_B1_H1_runtime.png``, ...); returns their paths."""
+    return plot_frame(read_results(csv_path), out_dir, prefix=f"{Path(csv_path).stem}_")

@@ -209,4 +209,15 @@ def read_results(path: str | os.PathLike):
     if missing:
         raise BadInput(f"{p} is not a results CSV: missing columns {', '.join(missing)}")
     df["causal"] = df["causal"].map(lambda v: str(v).strip().lower() in ("true", "1"))
+    if "params" in df.columns:  # one spelling of each pattern instance, whoever wrote the row
+        df["label"] = [_label(pat, ps, lab) for pat, ps, lab in zip(df["pattern"], df["params"], df["label"])]
     return df
+
+
+def _label(pattern, params, fallback):
+    from .patterns import PATTERNS, pattern_label
+
+    try:
+        return pattern_label(pattern, json.loads(params)) if pattern in PATTERNS else fallback
+    except (TypeError, ValueError):
+        return fallback

@@ -22,7 +22,7 @@ from typing import Callable
 
 from .check import judge, reference_of
 from .impls import Impl, Problem, all_impls, get_impl
-from .patterns import PATTERNS, BadInput, get_pattern, make_mask
+from .patterns import PATTERNS, BadInput, get_pattern, make_mask, pattern_label
 from .results import COLUMNS, ResultWriter, now, params_json, row_key
 from .timing import DEFAULT_BUDGET_S, Peaks, Timing, floor_ms
 
@@ -61,8 +61,7 @@ class Case:
     dtype: str
 
     def describe(self) -> str:
-        ps = ",".join(f"{k}={v}" for k, v in self.inst.params if k != "seed")
-        lab = f"{self.inst.pattern}({ps})" if ps else self.inst.pattern
+        lab = pattern_label(self.inst.pattern, self.inst.param_dict)
         return (f"{lab} {'causal' if self.inst.causal else 'non-causal'} T={self.T} B={self.B} H={self.H} "
                 f"D={self.D} {self.dtype}")
 
@@ -240,8 +239,7 @@ def _base_row(case: Case, impl: Impl, ctx: Context, prob: Problem | None) -> dic
                    bytes_floor=prob.bytes_floor,
                    floor_ms=floor_ms(prob.flops, prob.bytes_floor, row["peak_tflops"], row["peak_tbps"]))
     else:
-        ps = ",".join(f"{k}={v}" for k, v in case.inst.params if k != "seed")
-        row["label"] = f"{case.inst.pattern}({ps})" if ps else case.inst.pattern
+        row["label"] = pattern_label(case.inst.pattern, p)
     return row
 
 

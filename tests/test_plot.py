@@ -19,31 +19,39 @@ def test_one_set_of_pngs_per_group(tmp_path):
     df = read_results(SMALL)
     groups = df[df["status"] == "ok"].groupby(GROUP).ngroups
     assert groups == 2
-    assert len(paths) == 3 * groups
-    assert {p.name for p in paths} >= {"float32_D16_B1_H2_runtime.png", "float16_D32_B1_H2_speedup.png"}
+    assert len(paths) == 4 * groups
+    assert {p.name for p in paths} >= {"small_float32_D16_B1_H2_runtime.png", "small_float16_D32_B1_H2_speedup.png"}
     for p in paths:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 10_000
 
 
-def test_figures_have_labelled_log_axes_a_title_and_a_line_per_series():
+def test_figures_have_labelled_log_axes_a_title_and_a_line_per_implementation():
     df = read_results(SMALL)
     g = df[(df["dtype"] == "float32")]
     figs = group_figures(g)
     try:
         ok = g[g["status"] == "ok"]
-        n_series = ok.groupby(["label", "causal", "impl"]).ngroups
-        ax = figs["runtime"].axes[0]
-        assert "ms" in ax.get_ylabel() and "T" in ax.get_xlabel()
-        assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
-        assert "test-fixture" in ax.get_title() and "float32" in ax.get_title() and "D=16" in ax.get_title()
-        assert len(ax.get_lines()) == n_series
-        a1, a2 = figs["throughput"].axes[:2]
-        assert "TFLOP/s" in a1.get_ylabel() and "roofline" in a2.get_ylabel()
-        assert len(a1.get_lines()) == len(a2.get_lines()) == n_series
-        sp = figs["speedup"].axes[0]
-        assert "dense" in sp.get_ylabel()
-        # one line per non-dense series (plus the 1x reference line)
-        assert len(sp.get_lines()) == ok[ok["pattern"] != "dense"].groupby(["label", "causal", "impl"]).ngroups + 1
+        insts = ok.groupby(["label", "causal"])
+        fig = figs["runtime"]
+        assert "test-fixture" in fig._suptitle.get_text() and "float32" in fig._suptitle.get_text()
+        assert "D=16" in fig._suptitle.get_text()
+        panels = [ax for ax in fig.axes if ax.get_visible()]
+        assert len(panels) == insts.ngroups  # a panel per pattern instance
+        for ax in panels:
+            assert "ms" in ax.get_ylabel() and "T" in ax.get_xlabel()
+            assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+            (label, causal), rows = next((k, r) for k, r in insts
+                                         if ax.get_title() == (k[0] if k[1] else f"{k[0]} non-causal"))
+            assert len(ax.get_lines()) == rows["impl"].nunique()  # a line per implementation
+        # one legend naming every implementation once
+        (legend,) = fig.legends
+        assert sorted(t.get_text() for t in legend.get_texts()) == sorted(ok["impl"].unique())
+        for kind, word in (("throughput", "roofline"), ("tflops", "TFLOP/s"), ("speedup", "dense")):
+            ax = next(a for a in figs[kind].axes if a.get_visible())
+            assert word in ax.get_ylabel()
+        # speedup: a panel per non-dense instance that has a dense match
+        sp = [a for a in figs["speedup"].axes if a.get_visible()]
+        assert len(sp) == with_speedup(g).groupby(["label", "causal"]).ngroups
     finally:
         for f in figs.values():
             plt.close(f)
