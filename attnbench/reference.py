@@ -39,7 +39,10 @@ def reference(q, k, v, mask: Mask, dtype: str = "float32", scale: float | None =
         kts = (tiles.entries[tiles.ptr[qt]:tiles.ptr[qt + 1]] >> 1).astype(np.int64)
         keys = (kts[:, None] * tile + np.arange(tile)[None, :]).ravel()
         keys = np.sort(keys[keys < T])
-        kg, vg = (a[:, :, xp.asarray(keys)] for a in (k64, v64))
+        if keys.size and keys[-1] - keys[0] + 1 == keys.size:  # one range (dense, windows): no copy
+            kg, vg = (a[:, :, int(keys[0]):int(keys[-1]) + 1] for a in (k64, v64))
+        else:
+            kg, vg = (a[:, :, xp.asarray(keys)] for a in (k64, v64))
         r_end = min(T, (qt + 1) * tile)
         rows = max(1, chunk_bytes // max(1, 8 * B * H * keys.size * 2))
         for r0 in range(qt * tile, r_end, rows):
