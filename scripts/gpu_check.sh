@@ -6,6 +6,7 @@
 #   steps: tests check example compare seed llm (default: tests check seed)
 #   check: the gate for our own families (CHECK_ARGS overrides; the peers' gate is in the tests)
 #   example: the README's `attnbench run` example
+#   seedwarm: the seed sweep once more, after `seed`, for its wall time with warm kernel caches
 #   compare: the seeds' comparison, naive dense vs naive streaming (16+64) for T = 128..4096
 #
 # GPU_TESTS (optional) narrows the tests step to given files or -k expressions; LLM_FROM and
@@ -62,6 +63,8 @@ for s in $steps; do
     compare) for T in 128 256 512 1024 2048 4096; do step compare_$T attnbench run --pattern streaming --T $T; done ;;
     seed)  step seed attnbench sweep --T-min 128 --T-max 4096 --out "$work/seed.csv"
            step seed_plot attnbench plot "$work/seed.csv" --out-dir "$work/plots" ;;
+    seedwarm) # the same sweep again: its wall time with the kernel caches warm
+           step seedwarm attnbench sweep --T-min 128 --T-max 4096 --out "$work/seed-warm.csv" ;;
     llm)   # LLM_FROM: a CSV of an earlier run to resume; LLM_ARGS: options that narrow the sweep
            # (written straight into OUT_DIR, so the rows of a run cut short come back)
            if [ -n "${LLM_FROM:-}" ] && [ -f "$LLM_FROM" ]; then cp "$LLM_FROM" "$out/llm.csv"; fi
