@@ -6,7 +6,7 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from .arrays import poison, random_inputs, to_float32
+from .arrays import random_inputs, to_float32
 from .impls import Impl, Problem, Runner
 from .reference import reference, rel_error
 

@@ -8,7 +8,6 @@ longest block is a fraction of one SM's share of the work; S = 1 writes the outp
 """
 from __future__ import annotations
 
-import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass

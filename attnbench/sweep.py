@@ -17,7 +17,7 @@ import itertools
 import json
 import sys
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from .check import judge, reference_of
