@@ -53,9 +53,6 @@ class Pattern:
     pid: int = -1
     params: tuple[Param, ...] = ()
     summary: str = ""
-    # lo and hi of every family never decrease with the row: a tile's hull and
-    # intersection then follow from its first and last row alone.
-    monotone: bool = True
 
     # -- per-pattern definition -------------------------------------------------
     def validate(self, T: int, p: dict) -> None:
@@ -76,6 +73,11 @@ class Pattern:
 
     def device_params(self, p: dict) -> tuple[int, int, int, int]:
         return (0, 0, 0, 0)
+
+    def monotone_run(self, p: dict) -> int | None:
+        """Rows in runs of this length (None: all rows) over which lo and hi of every family
+        never decrease: the tile builder then needs only each run's first and last row."""
+        return None
 
     def make_table(self, T: int, p: dict):
         return None
@@ -215,7 +217,6 @@ class Dilated(Pattern):
 
 class BigBird(Pattern):
     name, pid = "bigbird", 5
-    monotone = False
     params = (Param("block", 64, 1, "block size Bk; T must be a multiple"),
               Param("window_blocks", 3, 1, "w: blocks with |qb - kb| <= w // 2"),
               Param("global_blocks", 1, 0, "g: first g blocks attend and are attended everywhere"),
@@ -287,6 +288,9 @@ class BigBird(Pattern):
 
     def device_params(self, p):
         return (p["block"], p["window_blocks"], p["global_blocks"], p["random_blocks"])
+
+    def monotone_run(self, p):
+        return p["block"]  # every family is fixed within a block of rows, but for the causal clip
 
 
 def _freeze(p: dict):
@@ -428,37 +432,27 @@ def _build_tiles(mask: Mask, BM: int, BN: int) -> Tiles:
     T = mask.T
     nq = -(-T // BM)
     big = np.int64(1) << 40
-    if mask.pattern.monotone:
-        # first and last valid row of each tile bound every row in between
-        first = np.arange(nq, dtype=np.int64) * BM
-        last = np.minimum(first + BM, T) - 1
-        lo, hi, exact = mask.intervals(np.concatenate([first, last]))
-        lo_f, lo_l = lo[:, :nq], lo[:, nq:]
-        hi_f, hi_l = hi[:, :nq], hi[:, nq:]
-        # the hull [lo(first), hi(last)) holds every row's interval; the intersection
-        # is [lo(last), hi(first)) and, when not empty, every row in between holds it
-        has = hi_l > lo_f
-        u_lo, u_hi = lo_f, hi_l
-        i_lo, i_hi = lo_l, np.where(hi_f > lo_f, hi_f, -big)
-        F = lo.shape[0]
-    else:
-        split = max(1, BM // mask.params["block"]) if "block" in mask.params else 1
-        i = np.arange(nq * BM, dtype=np.int64)
-        valid = (i < T)
-        lo, hi, exact = mask.intervals(np.minimum(i, T - 1), split)
-        F = lo.shape[0]
-        nonempty = (hi > lo) & valid[None]
-        lo3 = lo.reshape(F, nq, BM)
-        hi3 = hi.reshape(F, nq, BM)
-        ne3 = nonempty.reshape(F, nq, BM)
-        v3 = valid.reshape(1, nq, BM)
-        # union hull of each family over the tile's rows
-        u_lo = np.where(ne3, lo3, big).min(axis=2)
-        u_hi = np.where(ne3, hi3, -big).max(axis=2)
-        has = ne3.any(axis=2)
-        # intersection over every valid row (a row with an empty interval empties it)
-        i_lo = np.where(v3, lo3, -big).max(axis=2)
-        i_hi = np.where(v3, np.where(ne3, hi3, -big), big).min(axis=2)
+    # segments: the rows of a tile cut where the pattern's monotone runs start; within a segment
+    # the hull of a family is [lo(first), hi(last)) and its intersection [lo(last), hi(first))
+    # (when not empty every row in between holds it), so two rows per segment tell all
+    run = mask.pattern.monotone_run(mask.params)
+    starts = np.arange(nq, dtype=np.int64) * BM
+    if run:
+        starts = np.union1d(starts, np.arange(0, T, run, dtype=np.int64))
+    ends = np.append(starts[1:], T) - 1
+    split = max(1, -(-BM // run)) if run else 1  # runs sharing a tile get families of their own
+    S = starts.size
+    lo, hi, exact = mask.intervals(np.concatenate([starts, ends]), split)
+    lo_f, lo_l, hi_f, hi_l = lo[:, :S], lo[:, S:], hi[:, :S], hi[:, S:]
+    seg_has = hi_l > lo_f
+    # per tile: the union of its segments' hulls, the intersection of their intersections
+    first_seg = np.searchsorted(starts, np.arange(nq, dtype=np.int64) * BM)
+    has = np.logical_or.reduceat(seg_has, first_seg, axis=1)
+    u_lo = np.minimum.reduceat(np.where(seg_has, lo_f, big), first_seg, axis=1)
+    u_hi = np.maximum.reduceat(np.where(seg_has, hi_l, -big), first_seg, axis=1)
+    i_lo = np.maximum.reduceat(lo_l, first_seg, axis=1)
+    i_hi = np.minimum.reduceat(np.where(hi_f > lo_f, hi_f, -big), first_seg, axis=1)
+    F = lo.shape[0]
     ks = np.where(has, u_lo // BN, 0)
     ke = np.where(has, (u_hi + BN - 1) // BN, 0)
     fs = (i_lo + BN - 1) // BN
