@@ -176,12 +176,8 @@ class FastF32Runner(Runner):
         if self.splits > 1:
             self._merge_k(self._merge_grid, (MERGE_THREADS,), self._merge_args)
 
-    @property
-    def out(self):
-        return self._out
-
     def poison(self) -> None:
-        poison(self._out)
+        super().poison()
         if self.splits > 1:
             poison(self._ws_o)
             poison(self._ws_ml)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .arrays import bind, poison
+from .arrays import bind
 from .compile import get_module
 from .impls import Impl, Problem, Runner, register
 from .patterns import BadInput, Mask, Tiles, make_mask
@@ -119,13 +119,6 @@ class FastTCRunner(Runner):
 
     def run(self) -> None:
         self._kernel(self._grid, self._block, self._args, shared_mem=self._smem)
-
-    @property
-    def out(self):
-        return self._out
-
-    def poison(self) -> None:
-        poison(self._out)
 
 
 class FastTC(Impl):

@@ -87,19 +87,25 @@ def device_problem() -> str | None:
 
 class Runner:
     """A prepared implementation bound to inputs. ``run`` launches once on the current
-    stream; ``out`` is the output of the last run ([B, H, T, D], storage dtype)."""
+    stream; ``out`` is the output of the last run ([B, H, T, D], storage dtype). A runner that
+    writes into one buffer of its own keeps it in ``_out``."""
 
     setup: dict
+    _out = None
 
     def run(self) -> None:
         raise NotImplementedError
 
     @property
     def out(self):
-        raise NotImplementedError
+        return self._out
 
     def poison(self) -> None:
         """Fill the output buffer with NaN so an element the kernel never writes fails the check."""
+        from .arrays import poison
+
+        if self._out is not None:
+            poison(self._out)
 
 
 @dataclass

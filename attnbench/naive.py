@@ -6,7 +6,6 @@ import time
 import numpy as np
 
 from . import compile as kc
-from .arrays import poison
 from .impls import Impl, Problem, Runner, register
 from .patterns import BadInput
 
@@ -54,13 +53,6 @@ class NaiveRunner(Runner):
 
     def run(self) -> None:
         self.fn(self.grid, (THREADS,), self.args)
-
-    @property
-    def out(self):
-        return self._out
-
-    def poison(self) -> None:
-        poison(self._out)
 
 
 class NaiveImpl(Impl):
