@@ -202,16 +202,6 @@ class FastF32(Impl):
     """``splits`` fixes S (None: planned from the tile list and the SM count)."""
     splits: int | None = None
 
-    def availability(self) -> str | None:
-        try:
-            import cupy
-
-            if cupy.cuda.runtime.getDeviceCount() < 1:
-                return "no CUDA device"
-        except Exception as e:  # no CuPy or no driver
-            return f"no CUDA device ({e})"
-        return None
-
     def unsupported(self, prob: Problem) -> str | None:
         why = super().unsupported(prob)
         if why:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .arrays import STORAGE, Bound, poison, unbind
-from .impls import ITEMSIZE, Impl, Problem, Runner, register
+from .impls import ITEMSIZE, Impl, Problem, Runner, device_problem, register
 from .patterns import BadInput, Mask
 
 SCRATCH_BYTES = 256 << 20     # cublas: scores and probabilities of one chunk of query rows
@@ -39,22 +39,12 @@ ALL_DTYPES = ("float32", "float16", "bfloat16")
 
 
 # -- shared helpers ---------------------------------------------------------------------------
-def _cuda_reason() -> str | None:
-    try:
-        import cupy
-
-        n = cupy.cuda.runtime.getDeviceCount()
-    except Exception as e:  # no driver, no device
-        return f"no CUDA device ({str(e).splitlines()[0]})"
-    return None if n > 0 else "no CUDA device"
-
-
 def _torch_reason(flex: bool = False) -> str | None:
     try:
         import torch
     except ImportError:
         return TORCH_MISSING
-    why = _cuda_reason()
+    why = device_problem()
     if why:
         return why
     if not torch.cuda.is_available():
@@ -228,7 +218,7 @@ class _CublasRunner(Runner):
 @dataclass(eq=False)
 class CublasImpl(Impl):
     def availability(self) -> str | None:
-        why = _cuda_reason()
+        why = device_problem()
         if why:
             return why
         try:
