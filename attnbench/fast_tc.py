@@ -4,6 +4,8 @@ A FlashAttention-2-style forward pass that visits only the key tiles of ``Mask.t
 for each query tile, applying the pattern predicate only on tiles flagged partial. Tile shape,
 warps and pipeline depth are compile-time constants chosen per head dimension (``CONFIGS``); the
 pattern (id, causal flag, parameters) is compiled in too, so each pattern gets its own module.
+A strided pattern (``Mask.strided``: dilated) runs as its inner pattern on every residue class,
+one grid layer per class, rows gathered at the stride: no tile of it is partial for the stride.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ ENTRY = "fast_tc_fwd"
 LOG2E = 1.4426950408889634
 DEFAULT_SMEM = 48 * 1024
 MAX_GRID_Y = 65535
+MAX_GRID_Z = 65535
 
 
 @dataclass(frozen=True)
@@ -65,9 +68,10 @@ WIDE_KEYS_PER_ROW = 2048
 
 
 def choose_config(mask: Mask, D: int) -> TileConfig:
-    """The tile shape for a pattern: wide when rows average >= WIDE_KEYS_PER_ROW allowed keys
-    (at D=128 for dense only), 32-key tiles when every tile of the default list is partial, else
-    the default."""
+    """The tile shape for a pattern (its inner pattern when strided): wide when rows average >=
+    WIDE_KEYS_PER_ROW allowed keys (at D=128 for dense only), 32-key tiles when every tile of the
+    default list is partial, else the default."""
+    mask = mask.strided()[1]
     if mask.pairs >= WIDE_KEYS_PER_ROW * mask.T:
         # at D=128 the 8-warp 128-key shape sits at 255 registers and spills once a predicate is
         # compiled in (window 4096): it serves dense only there
@@ -86,11 +90,13 @@ def pattern_defines(mask: Mask) -> dict:
 
 
 def kernel_defines(D: int, dtype: str, mask: Mask, cfg: TileConfig | None = None) -> dict:
-    """The -D constants of kernels/fast_tc.cu for a head dimension, dtype and pattern."""
+    """The -D constants of kernels/fast_tc.cu for a head dimension, dtype and pattern (the
+    inner pattern and its stride when the pattern is strided)."""
     cfg = cfg or choose_config(mask, D)
+    stride, inner = mask.strided()
     d = dict(HEAD_D=D, BN=cfg.BN, NWARPS=cfg.NWARPS, STAGES=cfg.STAGES, MT=cfg.MT, MINB=cfg.MINB,
-             AB_F16=int(dtype == "float16"))
-    d.update(pattern_defines(mask))
+             AB_F16=int(dtype == "float16"), STRIDE=stride)
+    d.update(pattern_defines(inner))
     return d
 
 
@@ -131,6 +137,9 @@ class FastTC(Impl):
                     f"(supports D in {', '.join(map(str, sorted(CONFIGS)))})")
         if prob.B * prob.H > MAX_GRID_Y:
             return f"B*H={prob.B * prob.H} exceeds {MAX_GRID_Y} for {self.name}"
+        stride = prob.mask.strided()[0]
+        if min(stride, prob.T) > MAX_GRID_Z:
+            return f"dilation={stride} exceeds {MAX_GRID_Z} for {self.name} (one grid layer per residue class)"
         return None
 
     def prepare(self, prob: Problem, q, k, v, cfg: TileConfig | None = None) -> Runner:
@@ -144,14 +153,15 @@ class FastTC(Impl):
         setup = {}
         t0 = time.perf_counter()
         cfg = cfg or choose_config(prob.mask, prob.D)
-        tiles = tile_list(prob.mask, cfg.BM, cfg.BN)
+        stride, inner = prob.mask.strided()
+        tiles = tile_list(inner, cfg.BM, cfg.BN)
         setup["tiles_build_s"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
         ptr = cupy.asarray(tiles.ptr, dtype=cupy.int32)
         entries = cupy.asarray(tiles.entries if tiles.entries.size else np.zeros(1, np.int32),
                                dtype=cupy.int32)
-        table = prob.mask.table
+        table = inner.table
         table = cupy.asarray(table if table is not None else np.zeros(1, np.int32), dtype=cupy.int32)
         cupy.cuda.get_current_stream().synchronize()
         setup["tiles_upload_s"] = time.perf_counter() - t0
@@ -165,16 +175,18 @@ class FastTC(Impl):
         setup["compile_s"] = time.perf_counter() - t0
 
         out = cupy.empty(prob.shape, dtype=arrays[0].dtype)
-        nq = -(-prob.T // cfg.BM)
+        nq = -(-inner.T // cfg.BM)
         scale_log2 = np.float32(prob.softmax_scale * LOG2E)
         args = (arrays[0], arrays[1], arrays[2], out, ptr, entries, np.int32(prob.T), scale_log2, table)
-        return FastTCRunner(kernel, (nq, prob.B * prob.H), (cfg.threads,), smem, args, out, setup)
+        grid = (nq, prob.B * prob.H, min(stride, prob.T))  # one layer per non-empty residue class
+        return FastTCRunner(kernel, grid, (cfg.threads,), smem, args, out, setup)
 
 
 def useful_tile_share(mask: Mask, BM: int, BN: int) -> float:
     """Allowed pairs over the pairs of the visited tiles (1.0 = no wasted tile work)."""
-    t = tile_list(mask, BM, BN)
-    return mask.pairs / max(1.0, float(t.n_visited) * BM * BN)
+    stride, inner = mask.strided()
+    t = tile_list(inner, BM, BN)
+    return mask.pairs / max(1.0, float(t.n_visited) * BM * BN * min(stride, mask.T))
 
 
 IMPL = register(FastTC(

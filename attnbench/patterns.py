@@ -82,6 +82,12 @@ class Pattern:
     def make_table(self, T: int, p: dict):
         return None
 
+    def strided(self, p: dict) -> tuple[int, str, dict] | None:
+        """(r, inner pattern, its parameters) when allowed(i, j) holds only for i = j (mod r) and,
+        on each residue class taken as a sequence of its own, equals the inner pattern; kernels
+        then gather rows at stride r and work on dense tiles of the inner pattern."""
+        return None
+
     def torch_table(self, T: int, p: dict, table, device):
         """What ``allowed`` reads in place of ``table`` when the indices are torch tensors."""
         return None
@@ -213,6 +219,10 @@ class Dilated(Pattern):
 
     def device_params(self, p):
         return (p["window"], p["dilation"], 0, 0)
+
+    def strided(self, p):
+        # i - j = r * (a - b) on one residue class: |a - b| < W, i.e. a window of W
+        return (p["dilation"], "window", {"window": p["window"]}) if p["dilation"] > 1 else None
 
 
 class BigBird(Pattern):
@@ -409,6 +419,17 @@ class Mask:
 
     def label(self) -> str:
         return pattern_label(self.pattern.name, self.params)
+
+    def strided(self) -> tuple[int, "Mask"]:
+        """(r, inner): position i belongs to residue class i % r and is row or key i // r of
+        that class, a sequence of ceil((T - i % r) / r) positions; ``inner`` is the mask of
+        every class, built at the longest, ceil(T / r). (1, self) for a pattern with no
+        stride."""
+        s = self.pattern.strided(self.params)
+        if s is None:
+            return 1, self
+        r, name, params = s
+        return r, make_mask(name, -(-self.T // r), self.causal, **params)
 
     def device_params(self) -> tuple[int, ...]:
         return (self.pattern.pid, int(self.causal)) + tuple(int(x) for x in self.pattern.device_params(self.params))

@@ -12,7 +12,12 @@
 // zero-filled); rows of 16-byte chunks are XOR-swizzled so ldmatrix and cp.async are free of
 // bank conflicts. The output is staged through the Q buffer and written with 16-byte stores.
 //
-// Compile-time constants (-D): HEAD_D (64 or 128), BN (keys per tile, multiple of 16),
+// Strided patterns (Mask.strided: dilated with r > 1): blockIdx.z is the residue class c, and row
+// or key a of the kernel is position c + STRIDE * a of the sequence; the tile list and the
+// predicate are those of the inner pattern on a class, which holds Tc = ceil((T - c) / STRIDE)
+// positions.
+//
+// Compile-time constants (-D): HEAD_D (64 or 128), BN (keys per tile, multiple of 16), STRIDE,
 // NWARPS, MT, MINB (blocks per SM for __launch_bounds__), STAGES (>= 2), AB_F16 (1: float16, 0: bfloat16), and the pattern itself: PID (pattern
 // id of common.cuh), CAUSAL, P0..P3 (Mask.device_params()), so that the predicate's switch folds
 // away and its divisions become multiplications by constants.
@@ -54,6 +59,9 @@
 
 #ifndef MT
 #define MT 1
+#endif
+#ifndef STRIDE
+#define STRIDE 1
 #endif
 #ifndef MINB
 #define MINB 1
@@ -127,7 +135,8 @@ __device__ __forceinline__ float tc_exp2(float x) {
     return y;
 }
 
-// Copy rows [row0, row0 + ROWS) of a [T][HEAD_D] matrix into a swizzled tile; rows >= T read as zero.
+// Copy rows [row0, row0 + ROWS) of a [T][HEAD_D] matrix whose rows lie STRIDE rows apart into a
+// swizzled tile; rows >= T read as zero.
 template <int ROWS>
 __device__ __forceinline__ void tc_load_tile(u32 dst, const u16* __restrict__ src, int row0, int T) {
     static_assert((ROWS * CH) % THREADS == 0, "tile chunks must divide among the threads");
@@ -137,18 +146,20 @@ __device__ __forceinline__ void tc_load_tile(u32 dst, const u16* __restrict__ sr
         const int r = idx / CH, c = idx % CH;
         const int g = row0 + r;
         const bool ok = g < T;
-        tc_cp_async16(dst + tc_swz(r, c), src + (size_t)(ok ? g : 0) * HEAD_D + c * 8, ok ? 16 : 0);
+        tc_cp_async16(dst + tc_swz(r, c), src + (size_t)(ok ? g : 0) * (STRIDE * HEAD_D) + c * 8, ok ? 16 : 0);
     }
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, MINB)
 fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* __restrict__ Vg,
             u16* __restrict__ Og, const int* __restrict__ tptr, const int* __restrict__ tent,
-            int T, float scale_log2, const int* __restrict__ table) {
+            int T_all, float scale_log2, const int* __restrict__ table) {
     extern __shared__ __align__(128) unsigned char smem[];
     const int nq = gridDim.x;
     const int qt = nq - 1 - (int)blockIdx.x;  // the longest lists (causal: last tiles) first
-    const size_t base = (size_t)blockIdx.y * (size_t)T * HEAD_D;
+    // this block's residue class and its length (STRIDE 1: the whole sequence)
+    const int T = (T_all - (int)blockIdx.z + STRIDE - 1) / STRIDE;
+    const size_t base = (size_t)blockIdx.y * (size_t)T_all * HEAD_D + (size_t)blockIdx.z * HEAD_D;
     const u16* q = Qg + base;
     const u16* k = Kg + base;
     const u16* v = Vg + base;
@@ -241,7 +252,8 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
             }
         }
 
-        if (ent & 1) {
+        // a tile reaching past this class's end is partial too (the list is built for the longest)
+        if ((ent & 1) || (STRIDE > 1 && kt * BN + BN > T)) {
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
                 // rows clamped below T so the predicate's table reads stay in range
@@ -346,7 +358,7 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
             asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
                          : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3) : "r"(sQ + tc_swz(warp * RW + r, c)));
             asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};\n"
-                         :: "l"(o + (size_t)grow * HEAD_D + c * 8), "r"(x0), "r"(x1), "r"(x2), "r"(x3));
+                         :: "l"(o + (size_t)grow * (STRIDE * HEAD_D) + c * 8), "r"(x0), "r"(x1), "r"(x2), "r"(x3));
         }
     }
 }

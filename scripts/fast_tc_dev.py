@@ -43,47 +43,6 @@ LLM = [
 ]
 
 
-# ---- torch versions of the predicates (SPEC section 2) ------------------------------------------
-def torch_mask_mod(mask):
-    """A FlexAttention mask_mod with the same predicate as ``mask``."""
-    import torch
-
-    name, p, causal = mask.pattern.name, mask.params, mask.causal
-
-    def clause(q, kv):
-        if name == "dense":
-            return kv >= 0
-        if name == "window":
-            d = q - kv
-            return (d < p["window"]) & (d > -p["window"])
-        if name == "streaming":
-            d = q - kv
-            return (kv < p["sink"]) | ((d < p["window"]) & (d > -p["window"]))
-        if name == "block_diagonal":
-            return (q // p["block"]) == (kv // p["block"])
-        if name == "dilated":
-            d = (q - kv).abs()
-            return (d < p["window"] * p["dilation"]) & (d % p["dilation"] == 0)
-        if name == "bigbird":
-            Bk, w, g, r = p["block"], p["window_blocks"], p["global_blocks"], p["random_blocks"]
-            qb, kb = q // Bk, kv // Bk
-            ok = ((qb - kb).abs() <= w // 2) | (qb < g) | (kb < g)
-            for c in range(r):
-                ok = ok | (table[qb, c] == kb)
-            return ok
-        raise ValueError(name)
-
-    table = None
-    if mask.table is not None:
-        table = torch.as_tensor(mask.table, device="cuda")
-
-    def mask_mod(b, h, q, kv):
-        ok = clause(q, kv)
-        return (ok & (kv <= q)) if causal else ok
-
-    return mask_mod
-
-
 # ---- timing --------------------------------------------------------------------------------------
 class Timer:
     """Interleaved CUDA-event timing with an L2 flush before every sample."""
@@ -148,7 +107,7 @@ def flex_runners(mask, q, k, v, blocks=(64, 128)) -> dict:
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     flex = torch.compile(flex_attention, dynamic=False)
-    mm = torch_mask_mod(mask)
+    mm = mask.mask_mod("cuda")  # the pattern's own predicate
     T = mask.T
     out = {}
     for bs in blocks:

@@ -8,6 +8,10 @@
 #   example: the README's `attnbench run` example
 #   seedwarm: the seed sweep once more, after `seed`, for its wall time with warm kernel caches
 #   compare: the seeds' comparison, naive dense vs naive streaming (16+64) for T = 128..4096
+#   profile: Nsight Compute (--set full) on one launch per case of PROFILE_CASES (';'-separated
+#            argument lists of scripts/profile_case.py), plus the SASS of fast-tc's module
+#   shapes: fast-tc tile shapes against each other (SHAPES, scripts/fast_tc_dev.py --sweep)
+#   dev: scripts/fast_tc_dev.py with DEV_ARGS (fast-tc against Flex and SDPA, interleaved)
 #
 # GPU_TESTS (optional) narrows the tests step to given files or -k expressions; LLM_FROM and
 # LLM_ARGS (optional) resume and narrow the llm sweep, so it can be spread over several runs.
@@ -72,6 +76,18 @@ for s in $steps; do
            IFS=';' read -ra groups <<< "${LLM_ARGS:- }"
            for g in "${groups[@]}"; do step llm attnbench sweep --config llm $g --resume --out "$out/llm.csv"; done
            step llm_plot attnbench plot "$out/llm.csv" --out-dir "$work/plots" ;;
+    profile) IFS=';' read -ra cases <<< "${PROFILE_CASES:---impl fast-tc --pattern streaming --param sink=16 --param window=64}"
+           n=0
+           for c in "${cases[@]}"; do
+               n=$((n + 1))
+               step profile_$n ncu --nvtx --nvtx-include "profile/" --launch-skip 1 --launch-count 1 --set full \
+                   --page details python3 scripts/profile_case.py $c --cubin "$work/profile_$n.cubin"
+               if [ -f "$work/profile_$n.cubin" ]; then
+                   cuobjdump -sass "$work/profile_$n.cubin" > "$work/profile_$n.sass" 2>&1; rm -f "$work/profile_$n.cubin"
+               fi
+           done ;;
+    shapes) step shapes python3 scripts/fast_tc_dev.py --no-gate --no-flex --only NONE --samples 20 --sweep "${SHAPES:?SHAPES names the tile shapes}" ;;
+    dev) step dev python3 scripts/fast_tc_dev.py ${DEV_ARGS:-} ;;
     *) say "unknown step $s"; status=1 ;;
     esac
 done

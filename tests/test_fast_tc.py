@@ -73,10 +73,20 @@ def test_tile_list_is_cached_per_mask_and_shape():
 
 
 def test_defines_fix_the_pattern_and_dtype():
-    m = make_mask("dilated", 4096, True, window=512, dilation=2)
+    m = make_mask("streaming", 4096, False, sink=4, window=512)
     d = kernel_defines(128, "float16", m)
-    assert (d["HEAD_D"], d["AB_F16"], d["PID"], d["CAUSAL"], d["P0"], d["P1"]) == (128, 1, 4, 1, 512, 2)
+    assert (d["HEAD_D"], d["AB_F16"], d["PID"], d["CAUSAL"], d["P0"], d["P1"], d["STRIDE"]) == (128, 1, 2, 0, 4, 512, 1)
     assert kernel_defines(64, "bfloat16", m)["AB_F16"] == 0
+
+
+def test_dilated_runs_as_a_window_on_each_residue_class():
+    m = make_mask("dilated", 4096, True, window=512, dilation=3)
+    d = kernel_defines(64, "bfloat16", m)
+    assert (d["PID"], d["CAUSAL"], d["P0"], d["STRIDE"]) == (1, 1, 512, 3)
+    # the inner window's list: no tile is partial for the stride, only along the diagonal band
+    cfg = choose_config(m, 64)
+    t = tile_list(m.strided()[1], cfg.BM, cfg.BN)
+    assert t.n_partial < t.n_visited
 
 
 # ---- GPU: the gate -------------------------------------------------------------------------------
@@ -147,3 +157,18 @@ def test_setup_is_recorded_and_launch_errors_surface():
     runner._grid = (1, 1 << 20)
     with pytest.raises(cupy.cuda.driver.CUDADriverError):
         runner.run()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,window,dilation,causal", [
+    (1000, 64, 3, True), (1000, 100, 3, False), (4097, 512, 2, True), (777, 33, 5, False), (7, 4, 9, True),
+])
+def test_gate_strided(T, window, dilation, causal):
+    """Dilated runs one grid layer per residue class; classes of unequal length (T % r != 0) and
+    more classes than positions (r > T) included."""
+    from attnbench.check import gate
+
+    mask = make_mask("dilated", T, causal, window=window, dilation=dilation)
+    for D in DIMS:
+        res = gate(IMPL, Problem(mask, 1, 2, D, "bfloat16"))
+        assert res.ok, res

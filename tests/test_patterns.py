@@ -72,6 +72,34 @@ def test_tile_list_covers_exactly(m, tile):
         assert pad[q * BM:r1, k * BN:(k + 1) * BN].all(), "a full tile holds a masked pair"
 
 
+@settings(max_examples=120, deadline=None)
+@given(masks())
+def test_strided_view_is_the_mask(m):
+    """Each residue class of a strided pattern, as a sequence of its own, is the inner mask cut
+    to the class's length; no pair crosses classes."""
+    r, inner = m.strided()
+    d = m.dense()
+    if r == 1:
+        assert inner is m
+        return
+    assert inner.T == -(-m.T // r) and inner.causal == m.causal
+    i = np.arange(m.T)
+    assert not (d & ((i[:, None] % r) != (i[None, :] % r))).any(), "a pair crosses residue classes"
+    inner_d = inner.dense()
+    for c in range(min(r, m.T)):
+        pos = i[c::r]
+        n = pos.size
+        assert n == -(-(m.T - c) // r)
+        assert (d[np.ix_(pos, pos)] == inner_d[:n, :n]).all()
+
+
+def test_only_dilated_is_strided():
+    assert make_mask("dilated", 1000, True, window=512, dilation=3).strided()[0] == 3
+    assert make_mask("dilated", 1000, True, window=512, dilation=1).strided()[0] == 1
+    for name in ("dense", "window", "streaming", "block_diagonal", "bigbird"):
+        assert make_mask(name, 1024, True).strided()[0] == 1
+
+
 def test_tile_list_is_tight_for_sparse_patterns():
     # a 64-key window plus 16 sinks at BN=32: the diagonal band and the sink tile, nothing more
     m = make_mask("streaming", 32768, True, sink=16, window=64)
