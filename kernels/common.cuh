@@ -24,23 +24,32 @@ struct ABPattern {
 
 __device__ __forceinline__ int ab_abs(int x) { return x < 0 ? -x : x; }
 
-// allowed(i, j) for 0 <= i, j < T.
+// |d| < W (causal: 0 <= d < W) in one unsigned comparison, for any W >= 1 and |d| < 2^31 - W.
+__device__ __forceinline__ bool ab_in_window(int d, int W, int causal) {
+    return causal ? (unsigned)d < (unsigned)W
+                  : (unsigned)d + (unsigned)(W - 1) < 2u * (unsigned)W - 1u;
+}
+
+// allowed(i, j) for 0 <= i, j < T. Written without branches (bitwise & and |) so that, with the
+// pattern compiled in, a tile of predicates becomes a few integer instructions per element.
 __device__ __forceinline__ bool ab_allowed(const ABPattern& p, int i, int j) {
-    if (p.causal && j > i) return false;
+    const int d = i - j;
+    const bool before = !p.causal | (d >= 0);  // the causal clause
     switch (p.pid) {
     case AB_DENSE:
-        return true;
+        return before;
     case AB_WINDOW:  // p0 = W
-        return ab_abs(i - j) < p.p0;
+        return ab_in_window(d, p.p0, p.causal);
     case AB_STREAMING:  // p0 = S, p1 = W
-        return j < p.p0 || ab_abs(i - j) < p.p1;
+        return ((j < p.p0) & before) | ab_in_window(d, p.p1, p.causal);
     case AB_BLOCK_DIAGONAL:  // p0 = Bk
-        return (i / p.p0) == (j / p.p0);
+        return ((i / p.p0) == (j / p.p0)) & before;
     case AB_DILATED: {  // p0 = W, p1 = r
-        int d = ab_abs(i - j);
-        return d < p.p0 * p.p1 && (d % p.p1) == 0;
+        const int a = ab_abs(d);
+        return (a < p.p0 * p.p1) & ((a % p.p1) == 0) & before;
     }
     case AB_BIGBIRD: {  // p0 = Bk, p1 = w, p2 = g, p3 = r
+        if (!before) return false;
         int qb = i / p.p0, kb = j / p.p0;
         if (ab_abs(qb - kb) <= p.p1 / 2 || qb < p.p2 || kb < p.p2) return true;
         const int stride = p.p3 > 0 ? p.p3 : 1;

@@ -137,16 +137,20 @@ __device__ __forceinline__ float tc_exp2(float x) {
 
 // Copy rows [row0, row0 + ROWS) of a [T][HEAD_D] matrix whose rows lie STRIDE rows apart into a
 // swizzled tile; rows >= T read as zero.
+// A thread copies chunk c = tid % CH of rows r0 + i * RSTEP (RSTEP = THREADS / CH, a multiple of 8,
+// so every one of its rows has the same swizzle and the addresses differ by constants).
 template <int ROWS>
 __device__ __forceinline__ void tc_load_tile(u32 dst, const u16* __restrict__ src, int row0, int T) {
-    static_assert((ROWS * CH) % THREADS == 0, "tile chunks must divide among the threads");
+    constexpr int RSTEP = THREADS / CH;
+    static_assert(THREADS % CH == 0 && RSTEP % 8 == 0 && ROWS % RSTEP == 0,
+                  "a tile's chunks must divide evenly among the threads, 8 rows apart");
+    const int r0 = threadIdx.x / CH, c = threadIdx.x % CH;
+    const u32 d0 = dst + tc_swz(r0, c);
+    const u16* g0 = src + (size_t)(row0 + r0) * (STRIDE * HEAD_D) + c * 8;
 #pragma unroll
-    for (int i = 0; i < (ROWS * CH) / THREADS; ++i) {
-        const int idx = threadIdx.x + i * THREADS;
-        const int r = idx / CH, c = idx % CH;
-        const int g = row0 + r;
-        const bool ok = g < T;
-        tc_cp_async16(dst + tc_swz(r, c), src + (size_t)(ok ? g : 0) * (STRIDE * HEAD_D) + c * 8, ok ? 16 : 0);
+    for (int i = 0; i < ROWS / RSTEP; ++i) {
+        const bool ok = row0 + r0 + i * RSTEP < T;
+        tc_cp_async16(d0 + i * RSTEP * CH * 16, ok ? g0 + (size_t)i * RSTEP * STRIDE * HEAD_D : src, ok ? 16 : 0);
     }
 }
 
@@ -154,7 +158,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB)
 fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* __restrict__ Vg,
             u16* __restrict__ Og, const int* __restrict__ tptr, const int* __restrict__ tent,
             int T_all, float scale_log2, const int* __restrict__ table) {
-    extern __shared__ __align__(128) unsigned char smem[];
+    // 1024-byte alignment: every tile starts at a multiple of its row pitch (CH * 16 bytes), which
+    // the XOR addressing of the ldmatrix reads below relies on
+    extern __shared__ __align__(1024) unsigned char smem[];
     const int nq = gridDim.x;
     const int qt = nq - 1 - (int)blockIdx.x;  // the longest lists (causal: last tiles) first
     // this block's residue class and its length (STRIDE 1: the whole sequence)
@@ -215,23 +221,32 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
 
     const int g = lane >> 2, t4 = lane & 3;
 
+    // ldmatrix addresses: a lane's row within a 16-row step has row & 7 == lane & 7, so the
+    // swizzled chunk (c ^ (lane & 7)) of k-step ks is (base ^ (ks << 5)) with base holding the
+    // lane's own bits; the 16-row steps are constant offsets
+    const int l7 = lane & 7;
+    const u32 kthr = (u32)((((lane >> 4) << 3) + l7) * CH * 16 + ((((lane >> 3) & 1) ^ l7) << 4));
+    const u32 vthr = (u32)(((((lane >> 3) & 1) << 3) + l7) * CH * 16 + (((lane >> 4) ^ l7) << 4));
+
+    int st = 0;                 // the stage tile `it` sits in
+    int st_fill = STAGES - 1;   // the stage tile `it + STAGES - 1` goes to
     for (int it = 0; it < n; ++it) {
+        const int nx = it + STAGES - 1;
+        const int ent = tent[e0 + it];
+        const int ent_nx = nx < n ? tent[e0 + nx] : 0;
         tc_wait<STAGES - 2>();
         __syncthreads();  // tile `it` is visible to all; the stage refilled below is free
-        {
-            const int nx = it + STAGES - 1;
-            if (nx < n) {
-                const int kt = tent[e0 + nx] >> 1;
-                const int st = nx % STAGES;
-                tc_load_tile<BN>(sK + st * TILE_BYTES, k, kt * BN, T);
-                tc_load_tile<BN>(sV + st * TILE_BYTES, v, kt * BN, T);
-            }
-            tc_commit();
+        if (nx < n) {
+            const int ktn = ent_nx >> 1;
+            tc_load_tile<BN>(sK + st_fill * TILE_BYTES, k, ktn * BN, T);
+            tc_load_tile<BN>(sV + st_fill * TILE_BYTES, v, ktn * BN, T);
         }
-        const int ent = tent[e0 + it];
+        tc_commit();
+        st_fill = st_fill == STAGES - 1 ? 0 : st_fill + 1;
         const int kt = ent >> 1;
-        const u32 cK = sK + (it % STAGES) * TILE_BYTES;
-        const u32 cV = sV + (it % STAGES) * TILE_BYTES;
+        const u32 cK = sK + st * TILE_BYTES + kthr;
+        const u32 cV = sV + st * TILE_BYTES + vthr;
+        st = st == STAGES - 1 ? 0 : st + 1;
 
         float s[MT][BN / 8][4];
 #pragma unroll
@@ -243,7 +258,7 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
 #pragma unroll
             for (int np = 0; np < BN / 16; ++np) {
                 u32 b[4];
-                tc_ldsm_x4(b, cK + tc_swz(np * 16 + ((lane >> 4) << 3) + (lane & 7), ks * 2 + ((lane >> 3) & 1)));
+                tc_ldsm_x4(b, (cK ^ (u32)(ks << 5)) + np * 16 * CH * 16);
 #pragma unroll
                 for (int m = 0; m < MT; ++m) {
                     tc_mma(s[m][2 * np], qf[m][ks], b[0], b[1]);
@@ -254,18 +269,21 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
 
         // a tile reaching past this class's end is partial too (the list is built for the longest)
         if ((ent & 1) || (STRIDE > 1 && kt * BN + BN > T)) {
+            const int key0 = kt * BN + t4 * 2;
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
-                // rows clamped below T so the predicate's table reads stay in range
+                // rows clamped below T so the predicate's table reads stay in range; with the
+                // causal clause a key allowed to a row < T is < T too, so only non-causal
+                // patterns test the key against T
                 const int row_a = min(qt * BM + warp * RW + m * 16 + g, T - 1);
                 const int row_b = min(qt * BM + warp * RW + m * 16 + g + 8, T - 1);
 #pragma unroll
                 for (int j = 0; j < BN / 8; ++j) {
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
-                        const int key = kt * BN + j * 8 + t4 * 2 + (e & 1);
-                        const int row = (e < 2) ? row_a : row_b;
-                        if (!(key < T && ab_allowed(pat, row, key))) s[m][j][e] = TC_NEG_INF;
+                        const int key = key0 + j * 8 + (e & 1);
+                        const bool ok = ab_allowed(pat, (e < 2) ? row_a : row_b, key) & (CAUSAL || key < T);
+                        s[m][j][e] = ok ? s[m][j][e] : TC_NEG_INF;
                     }
                 }
             }
@@ -317,7 +335,7 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
 #pragma unroll
             for (int dp = 0; dp < HEAD_D / 16; ++dp) {
                 u32 b[4];
-                tc_ldsm_x4_t(b, cV + tc_swz(kk * 16 + (((lane >> 3) & 1) << 3) + (lane & 7), dp * 2 + (lane >> 4)));
+                tc_ldsm_x4_t(b, (cV ^ (u32)(dp << 5)) + kk * 16 * CH * 16);
 #pragma unroll
                 for (int m = 0; m < MT; ++m) {
                     tc_mma(acc[m][2 * dp], a[m], b[0], b[1]);

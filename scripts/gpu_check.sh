@@ -9,7 +9,7 @@
 #   seedwarm: the seed sweep once more, after `seed`, for its wall time with warm kernel caches
 #   compare: the seeds' comparison, naive dense vs naive streaming (16+64) for T = 128..4096
 #   profile: Nsight Compute (--set full) on one launch per case of PROFILE_CASES (';'-separated
-#            argument lists of scripts/profile_case.py), plus the SASS of fast-tc's module
+#            argument lists of scripts/profile_case.py): every section, and the SASS with counters
 #   shapes: fast-tc tile shapes against each other (SHAPES, scripts/fast_tc_dev.py --sweep)
 #   dev: scripts/fast_tc_dev.py with DEV_ARGS (fast-tc against Flex and SDPA, interleaved)
 #
@@ -42,9 +42,11 @@ pack() {  # after every step, so a run cut short still leaves what it finished
     for f in "$work"/*.csv; do [ -e "$f" ] && cp "$f" "$out/"; done
 }
 
-# provenance: the commit from git, or, where the tree arrives as a copy without its git
-# metadata, from a file .provenance written beside it before the copy (one line: the commit)
-if git rev-parse --short=12 HEAD >/dev/null 2>&1; then
+# provenance: ATTNBENCH_GIT_COMMIT when set, else the commit from git, else (a copy of the tree
+# without its git metadata) a file .provenance written beside it before the copy (one line)
+if [ -n "${ATTNBENCH_GIT_COMMIT:-}" ]; then
+    commit="$ATTNBENCH_GIT_COMMIT"
+elif git rev-parse --short=12 HEAD >/dev/null 2>&1; then
     commit="$(git rev-parse --short=12 HEAD)"
     [ -n "$(git status --porcelain --untracked-files=no)" ] && commit="$commit-dirty"
 elif [ -f .provenance ]; then
@@ -81,10 +83,12 @@ for s in $steps; do
            for c in "${cases[@]}"; do
                n=$((n + 1))
                step profile_$n ncu --nvtx --nvtx-include "profile/" --launch-skip 1 --launch-count 1 --set full \
-                   --page details python3 scripts/profile_case.py $c --cubin "$work/profile_$n.cubin"
-               if [ -f "$work/profile_$n.cubin" ]; then
-                   cuobjdump -sass "$work/profile_$n.cubin" > "$work/profile_$n.sass" 2>&1; rm -f "$work/profile_$n.cubin"
-               fi
+                   --import-source no -f -o "$work/profile_$n" python3 scripts/profile_case.py $c
+               # the report as text: every section, then the SASS with per-instruction counters
+               ncu -i "$work/profile_$n.ncu-rep" --page details > "$work/profile_$n.txt" 2>&1
+               ncu -i "$work/profile_$n.ncu-rep" --page source --print-source sass --csv > "$work/profile_$n.sass.csv" 2>&1
+               rm -f "$work/profile_$n.ncu-rep"
+               pack
            done ;;
     shapes) step shapes python3 scripts/fast_tc_dev.py --no-gate --no-flex --only NONE --samples 20 --sweep "${SHAPES:?SHAPES names the tile shapes}" ;;
     dev) step dev python3 scripts/fast_tc_dev.py ${DEV_ARGS:-} ;;

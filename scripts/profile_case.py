@@ -26,7 +26,6 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--no-causal", action="store_true")
     ap.add_argument("--launches", type=int, default=4)
-    ap.add_argument("--cubin", default="", help="write the fast-tc module's cubin here (for cuobjdump)")
     ap.add_argument("--param", action="append", default=[], help="NAME=INT pattern parameter (repeatable)")
     args = ap.parse_args(argv)
 
@@ -52,18 +51,6 @@ def main(argv=None) -> int:
         runner.run()
     cupy.cuda.runtime.deviceSynchronize()
     cupy.cuda.nvtx.RangePop()
-    if args.cubin and args.impl == "fast-tc":
-        from cupy.cuda import nvrtc
-
-        from attnbench.compile import options, source
-        from attnbench.fast_tc import kernel_defines
-
-        arch = "sm_" + cupy.cuda.Device().compute_capability
-        prog = nvrtc.createProgram(source("fast_tc"), "fast_tc.cu", [], [])
-        nvrtc.compileProgram(prog, list(options(kernel_defines(prob.D, prob.dtype, mask))) + [f"-arch={arch}"])
-        with open(args.cubin, "wb") as f:
-            f.write(nvrtc.getCUBIN(prog))
-        nvrtc.destroyProgram(prog)
     print(f"{args.impl} {mask.label()} T={args.T} D={args.D}: {args.launches} launches")
     return 0
 
