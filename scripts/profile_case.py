@@ -4,7 +4,7 @@
         python3 scripts/profile_case.py --impl fast-tc --pattern streaming --param sink=16 --param window=64
 
 Inputs are random (B=1, H=16 unless told, bfloat16); nothing is timed or checked here: the
-sweep does that. With --sass PATH (fast-tc only) the module's cubin is written there too.
+sweep does that.
 """
 from __future__ import annotations
 
