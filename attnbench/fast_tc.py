@@ -103,6 +103,20 @@ def kernel_defines(D: int, dtype: str, mask: Mask, cfg: TileConfig | None = None
 _TILES: dict = {}
 
 
+def list_heads(tiles: Tiles) -> np.ndarray:
+    """int32 [n_qtiles, 4]: per query tile the index of its first entry, its entry count and its
+    first two entries (0 past the end), the kernel's one read before its first loads."""
+    start = tiles.ptr[:-1].astype(np.int64)
+    count = np.diff(tiles.ptr).astype(np.int64)
+    ent = np.append(tiles.entries, np.zeros(2, np.int32)).astype(np.int64)
+    head = np.zeros((start.size, 4), np.int32)
+    head[:, 0] = start
+    head[:, 1] = count
+    head[:, 2] = np.where(count > 0, ent[start], 0)
+    head[:, 3] = np.where(count > 1, ent[start + 1], 0)
+    return head
+
+
 def tile_list(mask: Mask, BM: int, BN: int) -> Tiles:
     """``mask.tiles(BM, BN)``, cached per (pattern, params, T, causal, BM, BN)."""
     key = (mask.pattern.name, tuple(sorted(mask.params.items())), mask.T, mask.causal, BM, BN)
@@ -158,7 +172,7 @@ class FastTC(Impl):
         setup["tiles_build_s"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        ptr = cupy.asarray(tiles.ptr, dtype=cupy.int32)
+        head = cupy.asarray(list_heads(tiles))
         entries = cupy.asarray(tiles.entries if tiles.entries.size else np.zeros(1, np.int32),
                                dtype=cupy.int32)
         table = inner.table
@@ -177,7 +191,7 @@ class FastTC(Impl):
         out = cupy.empty(prob.shape, dtype=arrays[0].dtype)
         nq = -(-inner.T // cfg.BM)
         scale_log2 = np.float32(prob.softmax_scale * LOG2E)
-        args = (arrays[0], arrays[1], arrays[2], out, ptr, entries, np.int32(prob.T), scale_log2, table)
+        args = (arrays[0], arrays[1], arrays[2], out, head, entries, np.int32(prob.T), scale_log2, table)
         grid = (nq, prob.B * prob.H, min(stride, prob.T))  # one layer per non-empty residue class
         return FastTCRunner(kernel, grid, (cfg.threads,), smem, args, out, setup)
 
@@ -196,7 +210,7 @@ IMPL = register(FastTC(
     dtypes=("bfloat16", "float16"),
 ))
 
-__all__ = ["CONFIGS", "WIDE_CONFIGS", "PARTIAL_CONFIGS", "choose_config", "TileConfig", "FastTC", "IMPL", "kernel_defines", "tile_list", "useful_tile_share"]
+__all__ = ["CONFIGS", "WIDE_CONFIGS", "PARTIAL_CONFIGS", "choose_config", "TileConfig", "FastTC", "IMPL", "kernel_defines", "list_heads", "tile_list", "useful_tile_share"]
 
 
 def standard_builds() -> list[tuple[str, dict]]:

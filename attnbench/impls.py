@@ -35,6 +35,9 @@ class Problem:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise BadInput(f"{name}={v!r} must be a positive integer")
+        if self.scale is not None and not (isinstance(self.scale, (int, float)) and math.isfinite(self.scale)
+                                           and self.scale > 0):
+            raise BadInput(f"scale={self.scale!r} must be a positive finite number")
         if self.dtype not in ITEMSIZE:
             raise BadInput(f"dtype={self.dtype!r} is not supported: choose one of {', '.join(ITEMSIZE)}")
         if self.max_t is not None and self.T > self.max_t:

@@ -3,10 +3,15 @@
 //
 // Grid: (query tiles, B * H); block: NWARPS warps, each owning MT m16 tiles of query rows
 // (BM = 16 * MT * NWARPS); every K/V fragment read from shared memory feeds MT mma.
-// For every key tile of the query tile's list (CSR tptr / tent, entry = key_tile << 1 | partial):
+// For every key tile of the query tile's list (entry = key_tile << 1 | partial; tent holds the
+// lists one after another, thead[qt] = {first entry's index, count, first entry, second entry}
+// so that a block starts its first loads after one 16-byte read):
 //   S = Q K^T (mma.sync m16n8k16, Q held in registers, K through ldmatrix),
 //   on partial tiles only: keys failing ab_allowed(i, j) or j >= T are set to -inf,
-//   online softmax in float32 with exp2 and scale * log2(e) folded into one FMA,
+//   online softmax in float32 with exp2 and scale * log2(e) folded into one FMA; the running
+//   max a row's exponentials are taken against moves only when a tile's max exceeds it by more
+//   than 2^RESCALE_LOG2 (any row of the warp: then all rescale), so most tiles skip the rescale
+//   of the output accumulators (exponentials stay <= 2^RESCALE_LOG2, exact after normalising),
 //   O += P V (P re-packed from the S accumulators, V through ldmatrix.trans).
 // K/V tiles stream through STAGES shared-memory buffers filled by cp.async (rows >= T
 // zero-filled); rows of 16-byte chunks are XOR-swizzled so ldmatrix and cp.async are free of
@@ -68,6 +73,7 @@
 #endif
 
 #define THREADS (NWARPS * 32)
+#define RESCALE_LOG2 8.f
 #define RW (MT * 16)  // query rows per warp
 #define BM (NWARPS * RW)
 #define CH (HEAD_D / 8)  // 16-byte chunks per row
@@ -156,7 +162,7 @@ __device__ __forceinline__ void tc_load_tile(u32 dst, const u16* __restrict__ sr
 
 extern "C" __global__ void __launch_bounds__(THREADS, MINB)
 fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* __restrict__ Vg,
-            u16* __restrict__ Og, const int* __restrict__ tptr, const int* __restrict__ tent,
+            u16* __restrict__ Og, const int4* __restrict__ thead, const int* __restrict__ tent,
             int T_all, float scale_log2, const int* __restrict__ table) {
     // 1024-byte alignment: every tile starts at a multiple of its row pitch (CH * 16 bytes), which
     // the XOR addressing of the ldmatrix reads below relies on
@@ -182,15 +188,20 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
     pat.p0 = P0; pat.p1 = P1; pat.p2 = P2; pat.p3 = P3;
     pat.table = table;
 
-    const int e0 = tptr[qt];
-    const int n = tptr[qt + 1] - e0;
-
     tc_load_tile<BM>(sQ, q, qt * BM, T);
     tc_commit();
+    const int4 head = thead[qt];
+    const int e0 = head.x, n = head.y;
+    // ring[s]: the entry of tile it + s (0 past the list), shifted down once per tile
+    int ring[STAGES];
+    ring[0] = head.z;
+    ring[1] = head.w;
+#pragma unroll
+    for (int s = 2; s < STAGES; ++s) ring[s] = s < n ? tent[e0 + s] : 0;
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < n) {
-            const int kt = tent[e0 + s] >> 1;
+            const int kt = ring[s] >> 1;
             tc_load_tile<BN>(sK + s * TILE_BYTES, k, kt * BN, T);
             tc_load_tile<BN>(sV + s * TILE_BYTES, v, kt * BN, T);
         }
@@ -232,8 +243,11 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
     int st_fill = STAGES - 1;   // the stage tile `it + STAGES - 1` goes to
     for (int it = 0; it < n; ++it) {
         const int nx = it + STAGES - 1;
-        const int ent = tent[e0 + it];
-        const int ent_nx = nx < n ? tent[e0 + nx] : 0;
+        const int ent = ring[0];
+        const int ent_nx = ring[STAGES - 1];
+#pragma unroll
+        for (int s = 0; s < STAGES - 1; ++s) ring[s] = ring[s + 1];
+        ring[STAGES - 1] = nx + 1 < n ? tent[e0 + nx + 1] : 0;  // read a tile ahead of its use
         tc_wait<STAGES - 2>();
         __syncthreads();  // tile `it` is visible to all; the stage refilled below is free
         if (nx < n) {
@@ -289,20 +303,48 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
             }
         }
 
-        // online softmax, two rows per thread and m-tile (g and g + 8), four lanes per row
+        // online softmax, two rows per thread and m-tile (g and g + 8), four lanes per row:
+        // the tile's row max, a rescale only if some row's max grew by more than 2^RESCALE_LOG2
+        float tmax[MT][2];
+        bool grow = false;
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-                float mx = mrow[m][r];
+                float mx = TC_NEG_INF;
 #pragma unroll
                 for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[m][j][2 * r], s[m][j][2 * r + 1]));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                tmax[m][r] = mx;
+                // true on a row's first allowed key too (mrow = -inf)
+                grow |= (mx - mrow[m][r]) * scale_log2 > RESCALE_LOG2;
+            }
+        }
+        if (__any_sync(0xffffffffu, grow)) {
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const float mx = fmaxf(mrow[m][r], tmax[m][r]);
+                    // no allowed key yet: alpha stays 1 (l and acc are 0 anyway), never NaN
+                    const float alpha = mx == TC_NEG_INF ? 1.f : tc_exp2((mrow[m][r] - mx) * scale_log2);
+                    mrow[m][r] = mx;
+                    lrow[m][r] *= alpha;
+#pragma unroll
+                    for (int d = 0; d < HEAD_D / 8; ++d) {
+                        acc[m][d][2 * r] *= alpha;
+                        acc[m][d][2 * r + 1] *= alpha;
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
                 // no allowed key yet: subtract 0 instead of -inf so exp2 gives 0, never NaN
-                const float ms = (mx == TC_NEG_INF) ? 0.f : mx * scale_log2;
-                const float alpha = tc_exp2(mrow[m][r] * scale_log2 - ms);
-                mrow[m][r] = mx;
+                const float ms = (mrow[m][r] == TC_NEG_INF) ? 0.f : mrow[m][r] * scale_log2;
                 float rs = 0.f;
 #pragma unroll
                 for (int j = 0; j < BN / 8; ++j) {
@@ -312,12 +354,7 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
                     s[m][j][2 * r + 1] = b;
                     rs += a + b;
                 }
-                lrow[m][r] = lrow[m][r] * alpha + rs;
-#pragma unroll
-                for (int d = 0; d < HEAD_D / 8; ++d) {
-                    acc[m][d][2 * r] *= alpha;
-                    acc[m][d][2 * r + 1] *= alpha;
-                }
+                lrow[m][r] += rs;
             }
         }
 

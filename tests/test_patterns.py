@@ -138,3 +138,12 @@ def test_bad_sizes_are_refused_with_the_parameter_and_the_limit(name, T, params,
         make_mask(name, T, True, **params)
     for w in words:
         assert w in str(e.value)
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.125, float("nan"), float("inf"), "0.1"])
+def test_a_scale_that_is_not_positive_and_finite_is_refused(scale):
+    from attnbench.impls import Problem
+
+    with pytest.raises(BadInput, match="scale="):
+        Problem(make_mask("window", 64, True), 1, 1, 64, "bfloat16", scale)
+    assert Problem(make_mask("window", 64, True), 1, 1, 64, "bfloat16", 0.5).softmax_scale == 0.5
