@@ -35,6 +35,7 @@ class TileConfig:
     STAGES: int
     MT: int = 1    # m16 row tiles per warp
     MINB: int = 1  # blocks per multiprocessor asked of the register allocator
+    QREG: int = 1  # 1: Q fragments held in registers; 0: read from shared memory per key tile
 
     @property
     def BM(self) -> int:
@@ -50,10 +51,10 @@ class TileConfig:
 
 # Per head dimension: the default shape, the shape for wide patterns (many full tiles per query
 # tile: two m16 tiles per warp, or 8 warps, amortise each K/V fragment over more rows) and for
-# patterns whose every visited tile is partial (32-key tiles: less masked work, 4 blocks per SM).
-# Chosen from interleaved timings on an H200 (docs/PERF.md, v2 and v4 sweeps).
+# patterns whose every visited tile is partial (32-key tiles: less masked work; at D=64 2-warp
+# blocks, 8 per SM). Chosen from interleaved timings on an H200 (docs/PERF.md, v2, v4, v6 sweeps).
 CONFIGS: dict[int, TileConfig] = {
-    64: TileConfig(NWARPS=4, BN=64, STAGES=3),
+    64: TileConfig(NWARPS=4, BN=64, STAGES=2, MINB=4, QREG=0),
     128: TileConfig(NWARPS=4, BN=64, STAGES=2),
 }
 WIDE_CONFIGS: dict[int, TileConfig] = {
@@ -61,7 +62,7 @@ WIDE_CONFIGS: dict[int, TileConfig] = {
     128: TileConfig(NWARPS=8, BN=128, STAGES=2),
 }
 PARTIAL_CONFIGS: dict[int, TileConfig] = {
-    64: TileConfig(NWARPS=4, BN=32, STAGES=3, MINB=4),
+    64: TileConfig(NWARPS=2, BN=32, STAGES=3, MINB=8),
     128: TileConfig(NWARPS=4, BN=32, STAGES=3),
 }
 WIDE_KEYS_PER_ROW = 2048
@@ -94,7 +95,7 @@ def kernel_defines(D: int, dtype: str, mask: Mask, cfg: TileConfig | None = None
     inner pattern and its stride when the pattern is strided)."""
     cfg = cfg or choose_config(mask, D)
     stride, inner = mask.strided()
-    d = dict(HEAD_D=D, BN=cfg.BN, NWARPS=cfg.NWARPS, STAGES=cfg.STAGES, MT=cfg.MT, MINB=cfg.MINB,
+    d = dict(HEAD_D=D, BN=cfg.BN, NWARPS=cfg.NWARPS, STAGES=cfg.STAGES, MT=cfg.MT, MINB=cfg.MINB, QREG=cfg.QREG,
              AB_F16=int(dtype == "float16"), STRIDE=stride)
     d.update(pattern_defines(inner))
     return d

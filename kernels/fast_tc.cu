@@ -15,14 +15,14 @@
 //   O += P V (P re-packed from the S accumulators, V through ldmatrix.trans).
 // K/V tiles stream through STAGES shared-memory buffers filled by cp.async (rows >= T
 // zero-filled); rows of 16-byte chunks are XOR-swizzled so ldmatrix and cp.async are free of
-// bank conflicts. The output is staged through the Q buffer and written with 16-byte stores.
+// bank conflicts. The output goes from the accumulators straight to global memory.
 //
 // Strided patterns (Mask.strided: dilated with r > 1): blockIdx.z is the residue class c, and row
 // or key a of the kernel is position c + STRIDE * a of the sequence; the tile list and the
 // predicate are those of the inner pattern on a class, which holds Tc = ceil((T - c) / STRIDE)
 // positions.
 //
-// Compile-time constants (-D): HEAD_D (64 or 128), BN (keys per tile, multiple of 16), STRIDE,
+// Compile-time constants (-D): HEAD_D (64 or 128), BN (keys per tile, multiple of 16), STRIDE, QREG,
 // NWARPS, MT, MINB (blocks per SM for __launch_bounds__), STAGES (>= 2), AB_F16 (1: float16, 0: bfloat16), and the pattern itself: PID (pattern
 // id of common.cuh), CAUSAL, P0..P3 (Mask.device_params()), so that the predicate's switch folds
 // away and its divisions become multiplications by constants.
@@ -67,6 +67,9 @@
 #endif
 #ifndef STRIDE
 #define STRIDE 1
+#endif
+#ifndef QREG
+#define QREG 1
 #endif
 #ifndef MINB
 #define MINB 1
@@ -210,12 +213,17 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
     tc_wait<STAGES - 1>();  // the Q group is the oldest
     __syncthreads();
 
+    // Q fragments: held in registers (QREG 1) or read from the resident Q tile for every key
+    // tile (QREG 0: 4 * HEAD_D / 16 registers fewer, for shapes that run more blocks per SM)
+    const u32 qthr = sQ + (u32)((warp * RW + (lane & 15)) * CH * 16 + (((lane >> 4) ^ (lane & 7)) << 4));
+#if QREG
     u32 qf[MT][HEAD_D / 16][4];
 #pragma unroll
     for (int m = 0; m < MT; ++m)
 #pragma unroll
         for (int ks = 0; ks < HEAD_D / 16; ++ks)
-            tc_ldsm_x4(qf[m][ks], sQ + tc_swz(warp * RW + m * 16 + (lane & 15), ks * 2 + (lane >> 4)));
+            tc_ldsm_x4(qf[m][ks], (qthr ^ (u32)(ks << 5)) + m * 16 * CH * 16);
+#endif
 
     float acc[MT][HEAD_D / 8][4];
 #pragma unroll
@@ -269,14 +277,24 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
             for (int j = 0; j < BN / 8; ++j) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.f;
 #pragma unroll
         for (int ks = 0; ks < HEAD_D / 16; ++ks) {
+#if !QREG
+            u32 qk[MT][4];
+#pragma unroll
+            for (int m = 0; m < MT; ++m) tc_ldsm_x4(qk[m], (qthr ^ (u32)(ks << 5)) + m * 16 * CH * 16);
+#endif
 #pragma unroll
             for (int np = 0; np < BN / 16; ++np) {
                 u32 b[4];
                 tc_ldsm_x4(b, (cK ^ (u32)(ks << 5)) + np * 16 * CH * 16);
 #pragma unroll
                 for (int m = 0; m < MT; ++m) {
+#if QREG
                     tc_mma(s[m][2 * np], qf[m][ks], b[0], b[1]);
                     tc_mma(s[m][2 * np + 1], qf[m][ks], b[2], b[3]);
+#else
+                    tc_mma(s[m][2 * np], qk[m], b[0], b[1]);
+                    tc_mma(s[m][2 * np + 1], qk[m], b[2], b[3]);
+#endif
                 }
             }
         }
@@ -383,7 +401,8 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
     }
     tc_wait<0>();
 
-    // normalise, stage this warp's rows in its own part of the Q buffer, store 16 bytes a lane
+    // normalise and store straight from the accumulators: a lane holds two 16-bit values of
+    // rows g and g + 8 in each 8-column chunk (4 bytes; the four lanes of a row fill 16 bytes)
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
         float inv[2];
@@ -394,26 +413,13 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
             l += __shfl_xor_sync(0xffffffffu, l, 2);
             inv[r] = l > 0.f ? 1.f / l : 0.f;
         }
-        const int wrow = warp * RW + m * 16;
+        const int row_a = qt * BM + warp * RW + m * 16 + g;
+        u32* oa = (u32*)(o + (size_t)row_a * (STRIDE * HEAD_D) + t4 * 2);
+        u32* ob = (u32*)(o + (size_t)(row_a + 8) * (STRIDE * HEAD_D) + t4 * 2);
 #pragma unroll
         for (int d = 0; d < HEAD_D / 8; ++d) {
-            const u32 lo = tc_pack(acc[m][d][0] * inv[0], acc[m][d][1] * inv[0]);
-            const u32 hi = tc_pack(acc[m][d][2] * inv[1], acc[m][d][3] * inv[1]);
-            asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(sQ + tc_swz(wrow + g, d) + t4 * 4), "r"(lo));
-            asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(sQ + tc_swz(wrow + g + 8, d) + t4 * 4), "r"(hi));
-        }
-    }
-    __syncwarp();
-#pragma unroll
-    for (int idx = lane; idx < RW * CH; idx += 32) {
-        const int r = idx / CH, c = idx % CH;
-        const int grow = qt * BM + warp * RW + r;
-        if (grow < T) {
-            u32 x0, x1, x2, x3;
-            asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                         : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3) : "r"(sQ + tc_swz(warp * RW + r, c)));
-            asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};\n"
-                         :: "l"(o + (size_t)grow * (STRIDE * HEAD_D) + c * 8), "r"(x0), "r"(x1), "r"(x2), "r"(x3));
+            if (row_a < T) oa[d * 4] = tc_pack(acc[m][d][0] * inv[0], acc[m][d][1] * inv[0]);
+            if (row_a + 8 < T) ob[d * 4] = tc_pack(acc[m][d][2] * inv[1], acc[m][d][3] * inv[1]);
         }
     }
 }
