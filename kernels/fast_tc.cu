@@ -15,7 +15,8 @@
 //   O += P V (P re-packed from the S accumulators, V through ldmatrix.trans).
 // K/V tiles stream through STAGES shared-memory buffers filled by cp.async (rows >= T
 // zero-filled); rows of 16-byte chunks are XOR-swizzled so ldmatrix and cp.async are free of
-// bank conflicts. The output goes from the accumulators straight to global memory.
+// bank conflicts. The output is staged through the Q buffer and written with 16-byte stores
+// (4-byte stores straight from the accumulators measured 5-9% slower).
 //
 // Strided patterns (Mask.strided: dilated with r > 1): blockIdx.z is the residue class c, and row
 // or key a of the kernel is position c + STRIDE * a of the sequence; the tile list and the
@@ -401,8 +402,7 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
     }
     tc_wait<0>();
 
-    // normalise and store straight from the accumulators: a lane holds two 16-bit values of
-    // rows g and g + 8 in each 8-column chunk (4 bytes; the four lanes of a row fill 16 bytes)
+    // normalise, stage this warp's rows in its own part of the Q buffer, store 16 bytes a lane
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
         float inv[2];
@@ -413,13 +413,26 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
             l += __shfl_xor_sync(0xffffffffu, l, 2);
             inv[r] = l > 0.f ? 1.f / l : 0.f;
         }
-        const int row_a = qt * BM + warp * RW + m * 16 + g;
-        u32* oa = (u32*)(o + (size_t)row_a * (STRIDE * HEAD_D) + t4 * 2);
-        u32* ob = (u32*)(o + (size_t)(row_a + 8) * (STRIDE * HEAD_D) + t4 * 2);
+        const int wrow = warp * RW + m * 16;
 #pragma unroll
         for (int d = 0; d < HEAD_D / 8; ++d) {
-            if (row_a < T) oa[d * 4] = tc_pack(acc[m][d][0] * inv[0], acc[m][d][1] * inv[0]);
-            if (row_a + 8 < T) ob[d * 4] = tc_pack(acc[m][d][2] * inv[1], acc[m][d][3] * inv[1]);
+            const u32 lo = tc_pack(acc[m][d][0] * inv[0], acc[m][d][1] * inv[0]);
+            const u32 hi = tc_pack(acc[m][d][2] * inv[1], acc[m][d][3] * inv[1]);
+            asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(sQ + tc_swz(wrow + g, d) + t4 * 4), "r"(lo));
+            asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(sQ + tc_swz(wrow + g + 8, d) + t4 * 4), "r"(hi));
+        }
+    }
+    __syncwarp();
+#pragma unroll
+    for (int idx = lane; idx < RW * CH; idx += 32) {
+        const int r = idx / CH, c = idx % CH;
+        const int grow = qt * BM + warp * RW + r;
+        if (grow < T) {
+            u32 x0, x1, x2, x3;
+            asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                         : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3) : "r"(sQ + tc_swz(warp * RW + r, c)));
+            asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};\n"
+                         :: "l"(o + (size_t)grow * (STRIDE * HEAD_D) + c * 8), "r"(x0), "r"(x1), "r"(x2), "r"(x3));
         }
     }
 }
