@@ -197,13 +197,6 @@ class FastTC(Impl):
         return FastTCRunner(kernel, grid, (cfg.threads,), smem, args, out, setup)
 
 
-def useful_tile_share(mask: Mask, BM: int, BN: int) -> float:
-    """Allowed pairs over the pairs of the visited tiles (1.0 = no wasted tile work)."""
-    stride, inner = mask.strided()
-    t = tile_list(inner, BM, BN)
-    return mask.pairs / max(1.0, float(t.n_visited) * BM * BN * min(stride, mask.T))
-
-
 IMPL = register(FastTC(
     name="fast-tc",
     family="attnbench",
@@ -211,7 +204,7 @@ IMPL = register(FastTC(
     dtypes=("bfloat16", "float16"),
 ))
 
-__all__ = ["CONFIGS", "WIDE_CONFIGS", "PARTIAL_CONFIGS", "choose_config", "TileConfig", "FastTC", "IMPL", "kernel_defines", "list_heads", "tile_list", "useful_tile_share"]
+__all__ = ["CONFIGS", "WIDE_CONFIGS", "PARTIAL_CONFIGS", "choose_config", "TileConfig", "FastTC", "IMPL", "kernel_defines", "list_heads", "tile_list"]
 
 
 def standard_builds() -> list[tuple[str, dict]]:

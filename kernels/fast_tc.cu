@@ -278,24 +278,24 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
             for (int j = 0; j < BN / 8; ++j) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.f;
 #pragma unroll
         for (int ks = 0; ks < HEAD_D / 16; ++ks) {
-#if !QREG
-            u32 qk[MT][4];
+            u32 qk[MT][4];  // this k-step's Q fragments (QREG: copies the compiler folds away)
 #pragma unroll
-            for (int m = 0; m < MT; ++m) tc_ldsm_x4(qk[m], (qthr ^ (u32)(ks << 5)) + m * 16 * CH * 16);
+            for (int m = 0; m < MT; ++m) {
+#if QREG
+#pragma unroll
+                for (int x = 0; x < 4; ++x) qk[m][x] = qf[m][ks][x];
+#else
+                tc_ldsm_x4(qk[m], (qthr ^ (u32)(ks << 5)) + m * 16 * CH * 16);
 #endif
+            }
 #pragma unroll
             for (int np = 0; np < BN / 16; ++np) {
                 u32 b[4];
                 tc_ldsm_x4(b, (cK ^ (u32)(ks << 5)) + np * 16 * CH * 16);
 #pragma unroll
                 for (int m = 0; m < MT; ++m) {
-#if QREG
-                    tc_mma(s[m][2 * np], qf[m][ks], b[0], b[1]);
-                    tc_mma(s[m][2 * np + 1], qf[m][ks], b[2], b[3]);
-#else
                     tc_mma(s[m][2 * np], qk[m], b[0], b[1]);
                     tc_mma(s[m][2 * np + 1], qk[m], b[2], b[3]);
-#endif
                 }
             }
         }
