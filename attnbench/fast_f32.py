@@ -1,7 +1,7 @@
 """fast-f32: tiled float32 attention on CUDA cores (kernels/fast_f32.cu).
 
 A block computes one query tile of BM rows against a share of the key tiles its tile list
-(``Mask.tiles(BM, BN)``) names. With few query tiles (B = H = 1) every list is split across S
+(``attnbench.tiles``) names. With few query tiles (B = H = 1) every list is split across S
 blocks (split-K); each writes its un-normalised output and its row max and row sum to a float32
 workspace, and a second kernel merges the splits. S is chosen here, on the host, so that the
 longest block is a fraction of one SM's share of the work; S = 1 writes the output directly.
@@ -9,7 +9,6 @@ longest block is a fraction of one SM's share of the work; S = 1 writes the outp
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,7 +16,8 @@ import numpy as np
 from .arrays import poison
 from .compile import get_module
 from .impls import Impl, Problem, Runner, register
-from .patterns import BadInput, Mask, Tiles
+from .patterns import BadInput, Mask
+from .tiles import setup_times, tile_list
 
 BM = 64    # query rows per tile
 BN = 64    # keys per tile
@@ -87,31 +87,6 @@ def workspace_splits_limit(bh: int, nq: int, D: int) -> int:
     return max(1, WORKSPACE_LIMIT // per_split)
 
 
-# ---- tile lists, cached ---------------------------------------------------------------------
-_TILES: OrderedDict = OrderedDict()
-_TILES_KEEP = 32
-
-
-def _mask_key(mask: Mask) -> tuple:
-    return (mask.pattern.name, mask.T, mask.causal, tuple(sorted(mask.params.items())))
-
-
-def cached_tiles(mask: Mask) -> tuple[Tiles, float]:
-    """The mask's (BM, BN) tile list and the seconds spent building it (0 when cached)."""
-    key = _mask_key(mask) + (BM, BN)
-    tiles = _TILES.get(key)
-    if tiles is not None:
-        _TILES.move_to_end(key)
-        return tiles, 0.0
-    t0 = time.perf_counter()
-    tiles = mask.tiles(BM, BN)
-    dt = time.perf_counter() - t0
-    _TILES[key] = tiles
-    while len(_TILES) > _TILES_KEEP:
-        _TILES.popitem(last=False)
-    return tiles, dt
-
-
 # ---- runner ---------------------------------------------------------------------------------
 def _resident_blocks(kernel, smem: int) -> int:
     """Blocks of the split kernel one SM holds at once (1 when the driver cannot say)."""
@@ -128,7 +103,8 @@ class FastF32Runner(Runner):
         import cupy
 
         self.setup = {}
-        tiles, self.setup["tiles_build_s"] = cached_tiles(prob.mask)
+        tiles = tile_list(prob.mask, BM, BN)
+        self.setup.update(setup_times(tiles))
         t0 = time.perf_counter()
         mod = get_module("fast_f32", defines(prob.D))
         self._split_k = mod.get_function("fast_f32_split")
@@ -156,9 +132,8 @@ class FastF32Runner(Runner):
         else:  # the split kernel writes the output directly and never touches the workspace
             self._ws_o = cupy.empty((1, 4), dtype=cupy.float32)
             self._ws_ml = cupy.empty((1, 2), dtype=cupy.float32)
-        self._ptr = cupy.asarray(tiles.ptr, dtype=cupy.int32)
-        self._entries = cupy.asarray(tiles.entries if tiles.entries.size else np.zeros(1, np.int32),
-                                     dtype=cupy.int32)
+        self._ptr = tiles.device().ptr
+        self._entries = tiles.device().entries
         table = prob.mask.table
         self._table = cupy.asarray(table if table is not None else np.full(1, -1, np.int32), dtype=cupy.int32)
         pid, causal, p0, p1, p2, p3 = prob.mask.device_params()
@@ -228,7 +203,7 @@ IMPL = register(FastF32(
     dtypes=("float32",)))
 
 __all__ = ["FastF32", "FastF32Runner", "IMPL", "plan_splits", "split_ranges", "smem_bytes", "defines",
-           "supported_d", "cached_tiles", "workspace_splits_limit"]
+           "supported_d", "workspace_splits_limit"]
 
 
 def standard_builds() -> list[tuple[str, dict]]:

@@ -17,7 +17,8 @@ import numpy as np
 from .arrays import bind
 from .compile import get_module
 from .impls import Impl, Problem, Runner, register
-from .patterns import BadInput, Mask, Tiles, make_mask
+from .patterns import BadInput, Mask, make_mask
+from .tiles import Tiles, setup_times, tile_list
 
 KERNEL = "fast_tc"
 ENTRY = "fast_tc_fwd"
@@ -101,31 +102,15 @@ def kernel_defines(D: int, dtype: str, mask: Mask, cfg: TileConfig | None = None
     return d
 
 
-_TILES: dict = {}
-
-
-def list_heads(tiles: Tiles) -> np.ndarray:
+def list_heads(ptr, entries, xp=np):
     """int32 [n_qtiles, 4]: per query tile the index of its first entry, its entry count and its
-    first two entries (0 past the end), the kernel's one read before its first loads."""
-    start = tiles.ptr[:-1].astype(np.int64)
-    count = np.diff(tiles.ptr).astype(np.int64)
-    ent = np.append(tiles.entries, np.zeros(2, np.int32)).astype(np.int64)
-    head = np.zeros((start.size, 4), np.int32)
-    head[:, 0] = start
-    head[:, 1] = count
-    head[:, 2] = np.where(count > 0, ent[start], 0)
-    head[:, 3] = np.where(count > 1, ent[start + 1], 0)
-    return head
-
-
-def tile_list(mask: Mask, BM: int, BN: int) -> Tiles:
-    """``mask.tiles(BM, BN)``, cached per (pattern, params, T, causal, BM, BN)."""
-    key = (mask.pattern.name, tuple(sorted(mask.params.items())), mask.T, mask.causal, BM, BN)
-    t = _TILES.get(key)
-    if t is None:
-        t = mask.tiles(BM, BN)
-        _TILES[key] = t
-    return t
+    first two entries (0 past the end), the kernel's one read before its first loads; numpy or
+    cupy arrays alike (``xp``)."""
+    start = ptr[:-1]
+    count = ptr[1:] - start
+    ent = xp.concatenate([entries[:int(ptr[-1])], xp.zeros(2, entries.dtype)])
+    return xp.stack([start, count, xp.where(count > 0, ent[start], 0),
+                     xp.where(count > 1, ent[start + 1], 0)], axis=1).astype(xp.int32)
 
 
 class FastTCRunner(Runner):
@@ -165,21 +150,17 @@ class FastTC(Impl):
         for a, name in zip(arrays, "qkv"):
             if tuple(a.shape) != prob.shape:
                 raise BadInput(f"{name} has shape {tuple(a.shape)}, expected {prob.shape}")
-        setup = {}
         t0 = time.perf_counter()
         cfg = cfg or choose_config(prob.mask, prob.D)
+        setup = {"config_s": time.perf_counter() - t0}  # the lists it looked at included
         stride, inner = prob.mask.strided()
         tiles = tile_list(inner, cfg.BM, cfg.BN)
-        setup["tiles_build_s"] = time.perf_counter() - t0
-
-        t0 = time.perf_counter()
-        head = cupy.asarray(list_heads(tiles))
-        entries = cupy.asarray(tiles.entries if tiles.entries.size else np.zeros(1, np.int32),
-                               dtype=cupy.int32)
+        setup.update(setup_times(tiles))
+        dev = tiles.device()
+        head = list_heads(dev.ptr, dev.entries, cupy)
+        entries = dev.entries
         table = inner.table
         table = cupy.asarray(table if table is not None else np.zeros(1, np.int32), dtype=cupy.int32)
-        cupy.cuda.get_current_stream().synchronize()
-        setup["tiles_upload_s"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
         mod = get_module(KERNEL, kernel_defines(prob.D, prob.dtype, prob.mask, cfg))

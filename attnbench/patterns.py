@@ -8,7 +8,7 @@ Each pattern is defined once, here, by:
     (``pairs`` is their sum, ``max_keys`` their maximum; tests check both against the mask);
   * ``intervals(i)``: for each row, a few key intervals ("families") that cover every
     allowed key; a family marked exact allows every key inside it. The tile builder
-    (``Mask.tiles``) turns these into the list of key tiles each query tile visits;
+    (``attnbench.tiles``) turns these into the list of key tiles each query tile visits;
   * ``device_params``: the integers the kernels' device predicate (kernels/common.cuh,
     ``ab_allowed``) reads, with the same pattern id.
 
@@ -284,17 +284,22 @@ class BigBird(Pattern):
     def intervals(self, i, T, causal, p, table, split):
         Bk, w, g, r = p["block"], p["window_blocks"], p["global_blocks"], p["random_blocks"]
         qb = i // Bk
-        lo = [np.maximum(qb - w // 2, 0) * Bk, np.zeros_like(i), np.zeros_like(i)]
-        hi = [np.minimum(qb + w // 2 + 1, T // Bk) * Bk,
-              np.full_like(i, g * Bk),
-              np.where(qb < g, T, 0)]
+        lo = np.zeros((3 + r * split, i.size), np.int64)
+        hi = np.zeros_like(lo)
+        np.maximum(qb - w // 2, 0, out=lo[0])
+        lo[0] *= Bk
+        np.minimum(qb + w // 2 + 1, T // Bk, out=hi[0])
+        hi[0] *= Bk
+        hi[1] = g * Bk
+        hi[2, qb < g] = T
         for k in range(r):
-            start = table[qb, k].astype(np.int64) * Bk
+            start = table[qb, k] * Bk
             for s in range(split):
                 mine = (qb % split) == s
-                lo.append(np.where(mine, start, 0))
-                hi.append(np.where(mine, start + Bk, 0))
-        return np.stack(lo), np.stack(hi), [True] * len(lo)
+                f = 3 + k * split + s
+                lo[f] = np.where(mine, start, 0)
+                hi[f] = np.where(mine, start + Bk, 0)
+        return lo, hi, [True] * lo.shape[0]
 
     def device_params(self, p):
         return (p["block"], p["window_blocks"], p["global_blocks"], p["random_blocks"])
@@ -334,23 +339,6 @@ def get_pattern(name: str) -> Pattern:
         return PATTERNS[name]
     except KeyError:
         raise BadInput(f"pattern={name!r} is unknown: choose one of {', '.join(PATTERNS)}") from None
-
-
-@dataclass(frozen=True)
-class Tiles:
-    """Key tiles each query tile visits (CSR): entries ``kt << 1 | partial``."""
-    BM: int
-    BN: int
-    ptr: np.ndarray      # int32 [n_qtiles + 1]
-    entries: np.ndarray  # int32 [n_entries]
-
-    @property
-    def n_visited(self) -> int:
-        return int(self.entries.size)
-
-    @property
-    def n_partial(self) -> int:
-        return int((self.entries & 1).sum())
 
 
 @dataclass(frozen=True, eq=False)
@@ -437,70 +425,17 @@ class Mask:
     # -- intervals and tiles -------------------------------------------------------
     def intervals(self, i, split: int = 1):
         lo, hi, exact = self.pattern.intervals(i, self.T, self.causal, self.params, self.table, split)
-        lo = np.clip(lo, 0, self.T)
+        lo = np.clip(lo, 0, self.T)  # new arrays: a pattern may hand out views of its own
         hi = np.clip(hi, 0, self.T)
         if self.causal:
-            hi = np.minimum(hi, i[None] + 1)
-        return lo, np.maximum(hi, lo), np.asarray(exact, dtype=bool)
+            np.minimum(hi, i[None] + 1, out=hi)
+        return lo, np.maximum(hi, lo, out=hi), np.asarray(exact, dtype=bool)
 
-    def tiles(self, BM: int, BN: int) -> Tiles:
-        return _build_tiles(self, BM, BN)
+    def tiles(self, BM: int, BN: int):
+        """The list of key tiles each BM-row query tile visits (``attnbench.tiles``), built now."""
+        from .tiles import build
 
-
-def _build_tiles(mask: Mask, BM: int, BN: int) -> Tiles:
-    """Vectorised tile list: for every query tile, the key tiles any of its rows may see,
-    each flagged partial unless one exact family allows the whole tile for every row."""
-    T = mask.T
-    nq = -(-T // BM)
-    big = np.int64(1) << 40
-    # segments: the rows of a tile cut where the pattern's monotone runs start; within a segment
-    # the hull of a family is [lo(first), hi(last)) and its intersection [lo(last), hi(first))
-    # (when not empty every row in between holds it), so two rows per segment tell all
-    run = mask.pattern.monotone_run(mask.params)
-    starts = np.arange(nq, dtype=np.int64) * BM
-    if run:
-        starts = np.union1d(starts, np.arange(0, T, run, dtype=np.int64))
-    ends = np.append(starts[1:], T) - 1
-    split = max(1, -(-BM // run)) if run else 1  # runs sharing a tile get families of their own
-    S = starts.size
-    lo, hi, exact = mask.intervals(np.concatenate([starts, ends]), split)
-    lo_f, lo_l, hi_f, hi_l = lo[:, :S], lo[:, S:], hi[:, :S], hi[:, S:]
-    seg_has = hi_l > lo_f
-    # per tile: the union of its segments' hulls, the intersection of their intersections
-    first_seg = np.searchsorted(starts, np.arange(nq, dtype=np.int64) * BM)
-    has = np.logical_or.reduceat(seg_has, first_seg, axis=1)
-    u_lo = np.minimum.reduceat(np.where(seg_has, lo_f, big), first_seg, axis=1)
-    u_hi = np.maximum.reduceat(np.where(seg_has, hi_l, -big), first_seg, axis=1)
-    i_lo = np.maximum.reduceat(lo_l, first_seg, axis=1)
-    i_hi = np.minimum.reduceat(np.where(hi_f > lo_f, hi_f, -big), first_seg, axis=1)
-    F = lo.shape[0]
-    ks = np.where(has, u_lo // BN, 0)
-    ke = np.where(has, (u_hi + BN - 1) // BN, 0)
-    fs = (i_lo + BN - 1) // BN
-    fe = np.minimum(i_hi, T) // BN  # a tile reaching past T is never full
-    fe = np.where(exact[:, None] & (i_hi > i_lo), fe, fs)
-    # merge the families' ranges per query tile: sort by start, drop overlaps
-    ks, ke, fs, fe = ks.T, ke.T, fs.T, fe.T  # [nq, F]
-    order = np.argsort(ks, axis=1, kind="stable")
-    ks = np.take_along_axis(ks, order, 1)
-    ke = np.take_along_axis(ke, order, 1)
-    prev_end = np.maximum.accumulate(np.concatenate([np.zeros((nq, 1), np.int64), ke[:, :-1]], axis=1), axis=1)
-    start = np.maximum(ks, prev_end)
-    count = np.maximum(ke - start, 0)
-    per_q = count.sum(axis=1)
-    ptr = np.zeros(nq + 1, np.int64)
-    np.cumsum(per_q, out=ptr[1:])
-    total = int(ptr[-1])
-    flat_count = count.ravel()
-    seg_start = np.repeat(start.ravel(), flat_count)
-    seg_first = np.repeat(np.cumsum(flat_count) - flat_count, flat_count)
-    kt = seg_start + (np.arange(total) - seg_first)
-    q_of = np.repeat(np.arange(nq), per_q)
-    full = np.zeros(total, dtype=bool)
-    for f in range(F):
-        full |= (kt >= fs[q_of, f]) & (kt < fe[q_of, f])
-    entries = (kt << 1) | (~full).astype(np.int64)
-    return Tiles(BM, BN, ptr.astype(np.int32), entries.astype(np.int32))
+        return build(self, BM, BN)
 
 
 def make_mask(pattern: str, T: int, causal: bool = True, **params) -> Mask:
@@ -532,5 +467,5 @@ def replace_T(mask: Mask, T: int) -> Mask:
     return make_mask(mask.pattern.name, T, mask.causal, **mask.params)
 
 
-__all__ = ["BadInput", "Param", "Pattern", "PATTERNS", "get_pattern", "Mask", "Tiles", "make_mask",
+__all__ = ["BadInput", "Param", "Pattern", "PATTERNS", "get_pattern", "Mask", "make_mask",
            "replace_T"]

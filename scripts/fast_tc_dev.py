@@ -217,13 +217,13 @@ def time_case(timer, ceil, label, name, causal, params, T, D, H, flex_blocks, sa
 
 
 def parse_cfg(text: str):
-    """'NWARPS,BN,STAGES[,MT[,MINB]]' -> TileConfig."""
+    """'NWARPS,BN,STAGES[,MT[,MINB[,QREG]]]' -> TileConfig."""
     from attnbench.fast_tc import TileConfig
 
     return TileConfig(*(int(x) for x in text.split(",")))
 
 
-def sweep(timer, ceil, variants, samples) -> list[dict]:
+def sweep(timer, ceil, variants, samples, only="", dense_T=16384) -> list[dict]:
     """Gate each tile configuration, then time them interleaved on a few cases (fast-tc only)."""
     import torch
 
@@ -248,8 +248,10 @@ def sweep(timer, ceil, variants, samples) -> list[dict]:
                     print(f"sweep gate FAIL D={D} {c} {name}: {r.reason}")
             if good:
                 ok_cfgs.append(c)
-        cases = [(lab, n, c_, p, 32768 if n != "dense" else 16384) for lab, n, c_, p in LLM]
-        if D == 128:
+        cases = [(lab, n, c_, p, 32768 if n != "dense" else dense_T) for lab, n, c_, p in LLM]
+        if only:
+            cases = [x for x in cases if any(o in x[0] for o in only.split(","))]
+        elif D == 128:
             cases = [x for x in cases if x[1] in ("dense", "streaming", "window")][:3] + cases[-1:]
         for lab, n, causal, p, T in cases:
             mask = make_mask(n, T, causal, **p)
@@ -260,13 +262,16 @@ def sweep(timer, ceil, variants, samples) -> list[dict]:
             fns = {}
             for c in ok_cfgs:
                 fns[c] = IMPL.prepare(prob, cq, ck, cv, cfg=c).run
+            if n == "dense" and causal:  # SDPA's backends in the same interleaved timing
+                fns.update({nm: f for nm, (f, _) in sdpa_runners(q, k, v).items()})
             t = timer.time(fns, samples=samples)
             floor_ms = max(prob.flops / (ceil["bf16_tflops"] * 1e12), prob.bytes_floor / (ceil["copy_tbs"] * 1e12)) * 1e3
             best = min(x["ms"] for x in t.values())
             for c, x in t.items():
                 rows.append(dict(case=lab, D=D, T=T, cfg=str(c), ms=x["ms"], p20=x["p20"], p80=x["p80"],
                                  tflops=prob.flops / x["ms"] / 1e9, roofline=floor_ms / x["ms"]))
-                print(f"sweep {lab:22s} D={D:3d} T={T} {c.NWARPS},{c.BN},{c.STAGES},{c.MT},{c.MINB}: "
+                name = c if isinstance(c, str) else f"{c.NWARPS},{c.BN},{c.STAGES},{c.MT},{c.MINB},{c.QREG}"
+                print(f"sweep {lab:22s} D={D:3d} T={T} {name}: "
                       f"{x['ms']:8.4f} ms  {prob.flops / x['ms'] / 1e9:6.1f} TF/s  roof {floor_ms / x['ms']:6.1%}"
                       f"{'  *' if x['ms'] == best else ''}")
             del q, k, v, cq, ck, cv, fns
@@ -310,7 +315,9 @@ def main(argv=None):
     ap.add_argument("--flex-blocks", default="64,128")
     ap.add_argument("--samples", type=int, default=25)
     ap.add_argument("--only", default="", help="comma-separated case labels (substring match)")
-    ap.add_argument("--sweep", default="", help="D:NWARPS,BN,STAGES[,MT[,MINB]];... tile configurations to compare")
+    ap.add_argument("--sweep", default="", help="D:NWARPS,BN,STAGES[,MT[,MINB[,QREG]]];... tile configurations to compare")
+    ap.add_argument("--sweep-cases", default="", help="comma-separated case labels the --sweep times (substring match)")
+    ap.add_argument("--dense-T", type=int, default=16384, help="T of the dense cases (--sweep and the comparison)")
     ap.add_argument("--profile", default="", help="run one case (label substring) twice and exit (for ncu)")
     ap.add_argument("--profile-d", type=int, default=64)
     args = ap.parse_args(argv)
@@ -339,10 +346,10 @@ def main(argv=None):
         for part in args.sweep.split(";"):
             d, cfgs = part.split(":")
             variants[int(d)] = [parse_cfg(c) for c in cfgs.split("/")]
-        result["sweep"] = sweep(timer, ceil, variants, args.samples)
+        result["sweep"] = sweep(timer, ceil, variants, args.samples, args.sweep_cases, args.dense_T)
     blocks = () if args.no_flex else tuple(int(b) for b in args.flex_blocks.split(",") if b)
     cases = [(lab, n, c, p, 32768, 64) for lab, n, c, p in LLM if n != "dense"]
-    cases += [("dense causal", "dense", True, {}, 16384, D) for D in (64, 128)]
+    cases += [("dense causal", "dense", True, {}, args.dense_T, D) for D in (64, 128)]
     if args.only:
         keys = [s.strip() for s in args.only.split(",")]
         cases = [c for c in cases if any(kk in c[0] for kk in keys)]

@@ -10,8 +10,10 @@
 #   compare: the seeds' comparison, naive dense vs naive streaming (16+64) for T = 128..4096
 #   profile: Nsight Compute (--set full) on one launch per case of PROFILE_CASES (';'-separated
 #            argument lists of scripts/profile_case.py): every section, and the SASS with counters
-#   shapes: fast-tc tile shapes against each other (SHAPES, scripts/fast_tc_dev.py --sweep)
+#   shapes: fast-tc tile shapes against each other (SHAPES, scripts/fast_tc_dev.py --sweep;
+#           SHAPES_ARGS adds options, e.g. --sweep-cases dense --dense-T 32768)
 #   dev: scripts/fast_tc_dev.py with DEV_ARGS (fast-tc against Flex and SDPA, interleaved)
+#   tilebuild: tile-list build times at T=131072, host and device (scripts/tile_build_times.py)
 #
 # GPU_TESTS (optional) narrows the tests step to given files or -k expressions; LLM_FROM and
 # LLM_ARGS (optional) resume and narrow the llm sweep, so it can be spread over several runs.
@@ -90,8 +92,9 @@ for s in $steps; do
                rm -f "$work/profile_$n.ncu-rep"
                pack
            done ;;
-    shapes) step shapes python3 scripts/fast_tc_dev.py --no-gate --no-flex --only NONE --samples 20 --sweep "${SHAPES:?SHAPES names the tile shapes}" ;;
+    shapes) step shapes python3 scripts/fast_tc_dev.py --no-gate --no-flex --only NONE --samples 20 --sweep "${SHAPES:?SHAPES names the tile shapes}" ${SHAPES_ARGS:-} ;;
     dev) step dev python3 scripts/fast_tc_dev.py ${DEV_ARGS:-} ;;
+    tilebuild) step tilebuild python3 scripts/tile_build_times.py --out "$work/tile_build.csv" ;;
     *) say "unknown step $s"; status=1 ;;
     esac
 done

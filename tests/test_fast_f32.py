@@ -257,7 +257,7 @@ def test_model_notices_a_missing_tile():
         def tiles(self, BM, BN):
             ptr = tiles.ptr.copy()
             ptr[-1] -= 1
-            return type(tiles)(BM, BN, ptr, tiles.entries[:-1])
+            return type(tiles).from_entries(BM, BN, ptr, tiles.entries[:-1])
 
     ref = reference(q, k, v, mask, "float32", 0.125)
     assert rel_error(emulate(q, k, v, Dropped(), 2, 0.125), ref) > 1e-3

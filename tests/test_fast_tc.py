@@ -76,7 +76,7 @@ def test_tile_list_is_cached_per_mask_and_shape():
 def test_list_heads_point_at_each_list(pattern, T):
     mask = make_mask(pattern, T, True, **_params_for(pattern, T))
     t = tile_list(mask, 64, 32)
-    h = list_heads(t)
+    h = list_heads(t.ptr, t.entries)
     assert h.shape == (t.ptr.size - 1, 4) and h.dtype.name == "int32"
     for q in range(h.shape[0]):
         lst = list(t.entries[t.ptr[q]:t.ptr[q + 1]])

@@ -1,4 +1,4 @@
-"""Every pattern against its own mask: causality, coverage, pair counts, key bounds, tile lists."""
+"""Every pattern against its own mask: causality, coverage, pair counts, key bounds, strides."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -46,32 +46,6 @@ def test_mask_properties(m):
     assert (m.dense(rows) == d[rows]).all()
 
 
-def _visited(tiles, nq, nk):
-    vis = np.zeros((nq, nk), dtype=int)  # 0 skipped, 1 partial, 2 full
-    for q in range(nq):
-        for e in tiles.entries[tiles.ptr[q]:tiles.ptr[q + 1]]:
-            assert vis[q, e >> 1] == 0, "a key tile listed twice"
-            vis[q, e >> 1] = 1 if e & 1 else 2
-    return vis
-
-
-@settings(max_examples=120, deadline=None)
-@given(masks(), st.sampled_from([(16, 16), (64, 32), (128, 64), (64, 16), (32, 64)]))
-def test_tile_list_covers_exactly(m, tile):
-    BM, BN = tile
-    T = m.T
-    nq, nk = -(-T // BM), -(-T // BN)
-    vis = _visited(m.tiles(BM, BN), nq, nk)
-    pad = np.zeros((nq * BM, nk * BN), dtype=bool)
-    pad[:T, :T] = m.dense()
-    blocks = pad.reshape(nq, BM, nk, BN)
-    assert not (blocks.any(axis=(1, 3)) & (vis == 0)).any(), "an allowed pair lies in a skipped tile"
-    for q, k in zip(*np.nonzero(vis == 2)):
-        r1 = min(T, (q + 1) * BM)
-        assert (k + 1) * BN <= T, "a full tile reaches past T"
-        assert pad[q * BM:r1, k * BN:(k + 1) * BN].all(), "a full tile holds a masked pair"
-
-
 @settings(max_examples=120, deadline=None)
 @given(masks())
 def test_strided_view_is_the_mask(m):
@@ -98,15 +72,6 @@ def test_only_dilated_is_strided():
     assert make_mask("dilated", 1000, True, window=512, dilation=1).strided()[0] == 1
     for name in ("dense", "window", "streaming", "block_diagonal", "bigbird"):
         assert make_mask(name, 1024, True).strided()[0] == 1
-
-
-def test_tile_list_is_tight_for_sparse_patterns():
-    # a 64-key window plus 16 sinks at BN=32: the diagonal band and the sink tile, nothing more
-    m = make_mask("streaming", 32768, True, sink=16, window=64)
-    t = m.tiles(64, 32)
-    per_q = np.diff(t.ptr)
-    assert per_q.max() <= 5
-    assert t.n_visited < 5 * (32768 // 64)
 
 
 def test_device_params_follow_the_pattern_ids():

@@ -55,16 +55,16 @@ def test_16bit_storage_round_trip(dtype, tol):
 
 
 def test_reference_notices_a_tile_list_that_misses_pairs(monkeypatch):
-    from attnbench import patterns
+    from attnbench import tiles
 
     m = make_mask("window", 64, True, window=8)
-    good = patterns._build_tiles
+    good = tiles.build
 
     def drop_last(mask, BM, BN):
         t = good(mask, BM, BN)
-        return patterns.Tiles(t.BM, t.BN, np.minimum(t.ptr, t.ptr[-1] - 1), t.entries[:-1])
+        return tiles.Tiles.from_entries(t.BM, t.BN, np.minimum(t.ptr, t.ptr[-1] - 1), t.entries[:-1])
 
-    monkeypatch.setattr(patterns, "_build_tiles", drop_last)
+    monkeypatch.setattr(tiles, "build", drop_last)
     q = np.ones((1, 1, 64, 4), np.float32)
     with pytest.raises(AssertionError, match="misses"):
         reference(q, q, q, m, tile=16)

@@ -1,0 +1,222 @@
+"""Key-tile lists: which key tiles each query tile visits, each flagged full or partial.
+
+A list is built from a pattern's intervals (``Pattern.intervals``) in two steps:
+
+1. per query tile, on the host, a few key-tile ranges per family: the hull of the family over the
+   tile's rows (visited) and the part every row of the tile allows (full, exact families only).
+   A sweep over the range ends cuts them into *runs*: consecutive key tiles with one flag. This
+   step costs O(query tiles x families), whatever the number of entries;
+2. the runs are expanded into entries ``kt << 1 | partial`` (CSR: ``ptr`` per query tile), on the
+   host with numpy (``Tiles.entries``) or on the GPU (``Tiles.device``), where a dense list of a
+   million entries takes microseconds.
+
+``tile_list`` caches lists per (pattern, parameters, T, causal, BM, BN) and each list keeps the
+seconds its build took, so a benchmark row reports the build even when the list was cached.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+_BIG = np.int32(1 << 30)
+
+
+@dataclass(frozen=True, eq=False)
+class Tiles:
+    """Key tiles each query tile visits: entries ``kt << 1 | partial``, CSR over query tiles,
+    stored as runs (``run_off``: index of a run's first entry, ``run_val``: that entry; entry
+    ``run_off + t`` of a run is ``run_val + 2 t``)."""
+    BM: int
+    BN: int
+    ptr: np.ndarray      # int32 [n_qtiles + 1]
+    run_off: np.ndarray  # int64 [n_runs], increasing
+    run_val: np.ndarray  # int64 [n_runs]
+    build_s: float = 0.0
+    _device: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_entries(cls, BM: int, BN: int, ptr, entries) -> "Tiles":
+        """A list given entry by entry (one run per entry)."""
+        entries = np.asarray(entries, np.int64)
+        return cls(BM, BN, np.asarray(ptr, np.int32), np.arange(entries.size, dtype=np.int64), entries)
+
+    @property
+    def n_visited(self) -> int:
+        return int(self.ptr[-1])
+
+    @functools.cached_property
+    def run_len(self) -> np.ndarray:
+        return np.diff(np.append(self.run_off, self.n_visited))
+
+    @property
+    def n_partial(self) -> int:
+        return int(self.run_len[(self.run_val & 1) == 1].sum())
+
+    @functools.cached_property
+    def entries(self) -> np.ndarray:
+        """int32 [n_visited], expanded on the host."""
+        n = self.n_visited
+        base = np.repeat(self.run_val - 2 * self.run_off, self.run_len)
+        return (base + np.arange(0, 2 * n, 2, dtype=np.int64)).astype(np.int32)
+
+    def device(self) -> "DeviceTiles":
+        """The list on the current CUDA device, expanded there; built once per device."""
+        import cupy
+
+        dev = cupy.cuda.Device().id
+        d = self._device.get(dev)
+        if d is None:
+            d = self._device[dev] = DeviceTiles.expand(self)
+        return d
+
+
+@dataclass(frozen=True)
+class DeviceTiles:
+    """A tile list on a device: ``ptr`` and ``entries`` (int32; ``entries`` holds one 0 when the
+    list is empty) and ``build_s``, the seconds from upload of the runs to the synchronised
+    expansion."""
+    ptr: object
+    entries: object
+    build_s: float
+
+    @classmethod
+    def expand(cls, tiles: Tiles) -> "DeviceTiles":
+        import cupy
+
+        stream = cupy.cuda.get_current_stream()
+        stream.synchronize()
+        t0 = time.perf_counter()
+        n = tiles.n_visited
+        ptr = cupy.asarray(tiles.ptr, dtype=cupy.int32)
+        if n == 0:
+            entries = cupy.zeros(1, cupy.int32)
+        else:
+            if n >= 2 ** 30:
+                raise ValueError(f"a tile list of {n} entries exceeds the int32 entry index")
+            off = cupy.asarray(tiles.run_off.astype(np.int32))
+            base = cupy.asarray((tiles.run_val - 2 * tiles.run_off).astype(np.int32))
+            e = cupy.arange(n, dtype=cupy.int32)
+            run = cupy.searchsorted(off, e, side="right") - 1
+            entries = base[run] + 2 * e
+        stream.synchronize()
+        return cls(ptr, entries, time.perf_counter() - t0)
+
+
+# ---- building ---------------------------------------------------------------------------------
+def _segment_starts(T: int, BM: int, run: int | None) -> np.ndarray:
+    """Rows where a segment starts: every query tile's first row and, for a pattern constant over
+    runs of rows, every run's first row (the union of two progressions, one period tiled)."""
+    if not run or run % BM == 0:
+        return np.arange(0, T, BM, dtype=np.int64)
+    if BM % run == 0:
+        return np.arange(0, T, run, dtype=np.int64)
+    period = BM * run // math.gcd(BM, run)
+    base = np.union1d(np.arange(0, period, BM), np.arange(0, period, run)).astype(np.int64)
+    starts = (np.arange(0, T, period, dtype=np.int64)[:, None] + base[None]).ravel()
+    return starts[starts < T]
+
+
+def _tile_ranges(mask, BM: int, BN: int):
+    """Per query tile and family: the visited key-tile range [ks, ke) and the full one [fs, fe),
+    int32 arrays [families, query tiles]."""
+    T = mask.T
+    nq = -(-T // BM)
+    # segments: the rows of a tile cut where the pattern's monotone runs start; within a segment
+    # the hull of a family is [lo(first), hi(last)) and its intersection [lo(last), hi(first))
+    # (when not empty every row in between holds it), so two rows per segment tell all
+    run = mask.pattern.monotone_run(mask.params)
+    starts = _segment_starts(T, BM, run)
+    ends = np.append(starts[1:], T) - 1
+    split = max(1, -(-BM // run)) if run else 1  # runs sharing a tile get families of their own
+    S = starts.size
+    lo, hi, exact = mask.intervals(np.concatenate([starts, ends]), split)
+    lo, hi = lo.astype(np.int32), hi.astype(np.int32)  # half the bytes of every step below
+    lo_f, lo_l, hi_f, hi_l = lo[:, :S], lo[:, S:], hi[:, :S], hi[:, S:]
+    seg_has = hi_l > lo_f
+    u_lo = np.where(seg_has, lo_f, _BIG)
+    u_hi = np.where(seg_has, hi_l, -_BIG)
+    i_lo = lo_l
+    i_hi = np.where(hi_f > lo_f, hi_f, -_BIG)
+    if S != nq:  # per tile: the union of its segments' hulls, the intersection of their intersections
+        first = np.searchsorted(starts, np.arange(nq, dtype=np.int64) * BM)
+        seg_has = np.logical_or.reduceat(seg_has, first, axis=1)
+        u_lo = np.minimum.reduceat(u_lo, first, axis=1)
+        u_hi = np.maximum.reduceat(u_hi, first, axis=1)
+        i_lo = np.maximum.reduceat(i_lo, first, axis=1)
+        i_hi = np.minimum.reduceat(i_hi, first, axis=1)
+    ks = np.where(seg_has, u_lo // BN, 0)
+    ke = np.where(seg_has, -(-u_hi // BN), 0)
+    fs = -(-i_lo // BN)
+    fe = np.minimum(i_hi, T) // BN  # a tile reaching past T is never full
+    fe = np.where(exact[:, None] & (fe > fs), fe, fs)
+    return ks, ke, fs, fe
+
+
+def build(mask, BM: int, BN: int) -> Tiles:
+    """The tile list of ``mask`` for BM-row query tiles and BN-key tiles: every key tile any row
+    of a query tile may see, flagged partial unless one exact family allows the whole tile for
+    every row."""
+    t0 = time.perf_counter()
+    if mask.T >= 2 ** 29:
+        raise ValueError(f"T={mask.T} is too long for the tile-list build (int32 keys): T < 2^29")
+    ks, ke, fs, fe = _tile_ranges(mask, BM, BN)
+    F, nq = ks.shape
+    # sweep the 4F range ends of each query tile in order: the coverage after an end holds up to
+    # the next end; a piece covered by a visited range is a run, partial unless a full one covers it.
+    # Each end is sorted as one int32 key, key tile << 2 | kind (a row-wise argsort costs 5x more).
+    # Both coverages come from one running sum, visited + M x full (each at most F < M), taken
+    # over all rows at once: every row closes what it opens, so the sum is 0 at each row's end
+    M = 1 << F.bit_length()
+    if F * M >= 2 ** 30:
+        raise ValueError(f"{F} interval families are too many for the tile-list build")
+    kind = np.repeat(np.arange(4, dtype=np.int32), F)[:, None]
+    keys = (np.concatenate([ks, ke, fs, fe]) << 2) | kind
+    keys = np.sort(np.ascontiguousarray(keys.T), axis=1).ravel()  # [nq x 4F], row by row
+    cov = np.bitwise_and(keys, 3)  # fresh arrays cost page faults: steps below work in place
+    np.take(np.array([1, -1, M, -M], np.int32), cov, out=cov)
+    np.cumsum(cov, out=cov)
+    pts = np.right_shift(keys, 2, out=keys)
+    length = np.zeros_like(pts)
+    np.subtract(pts[1:], pts[:-1], out=length[:-1], where=(cov[:-1] & (M - 1)) > 0)
+    keep = np.flatnonzero(length)
+    run_len = length[keep].astype(np.int64)
+    run_val = (pts[keep].astype(np.int64) << 1) | (cov[keep] < M)
+    ends = np.cumsum(length, out=length)  # int32: the total is checked below
+    ptr = np.zeros(nq + 1, np.int64)
+    ptr[1:] = ends[4 * F - 1::4 * F]
+    run_off = ends[keep] - run_len
+    if ptr[-1] >= 2 ** 31:
+        raise ValueError(f"a tile list of {ptr[-1]} entries exceeds int32")
+    return Tiles(BM, BN, ptr.astype(np.int32), run_off, run_val, time.perf_counter() - t0)
+
+
+# ---- cache ------------------------------------------------------------------------------------
+_CACHE: OrderedDict = OrderedDict()
+_KEEP = 32
+
+
+def tile_list(mask, BM: int, BN: int) -> Tiles:
+    """``build(mask, BM, BN)``, cached per (pattern, parameters, T, causal, BM, BN)."""
+    key = (mask.pattern.name, tuple(sorted(mask.params.items())), mask.T, mask.causal, BM, BN)
+    t = _CACHE.get(key)
+    if t is None:
+        t = _CACHE[key] = mask.tiles(BM, BN)
+        while len(_CACHE) > _KEEP:
+            _CACHE.popitem(last=False)
+    else:
+        _CACHE.move_to_end(key)
+    return t
+
+
+def setup_times(tiles: Tiles) -> dict:
+    """What a runner reports of its list: host build and device expansion seconds (each the
+    list's own build, also when it came from the cache)."""
+    return {"tiles_build_s": tiles.build_s, "tiles_device_s": tiles.device().build_s}
+
+
+__all__ = ["Tiles", "DeviceTiles", "build", "tile_list", "setup_times"]

@@ -1,0 +1,112 @@
+"""Tile lists (attnbench.tiles): every allowed pair in a visited tile, full tiles truly full,
+no tile visited without an allowed pair, runs that expand to the same entries on host and GPU."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnbench.patterns import make_mask
+from attnbench.tiles import Tiles, build, tile_list
+
+from test_patterns import masks
+
+SHAPES = [(16, 16), (64, 32), (128, 64), (64, 16), (32, 64), (48, 16)]
+
+
+def _visited(tiles, nq, nk):
+    vis = np.zeros((nq, nk), dtype=int)  # 0 skipped, 1 partial, 2 full
+    for q in range(nq):
+        for e in tiles.entries[tiles.ptr[q]:tiles.ptr[q + 1]]:
+            assert vis[q, e >> 1] == 0, "a key tile listed twice"
+            vis[q, e >> 1] = 1 if e & 1 else 2
+    return vis
+
+
+@settings(max_examples=120, deadline=None)
+@given(masks(), st.sampled_from([(16, 16), (64, 32), (128, 64), (64, 16), (32, 64)]))
+def test_tile_list_covers_exactly(m, tile):
+    BM, BN = tile
+    T = m.T
+    nq, nk = -(-T // BM), -(-T // BN)
+    vis = _visited(m.tiles(BM, BN), nq, nk)
+    pad = np.zeros((nq * BM, nk * BN), dtype=bool)
+    pad[:T, :T] = m.dense()
+    blocks = pad.reshape(nq, BM, nk, BN)
+    assert not (blocks.any(axis=(1, 3)) & (vis == 0)).any(), "an allowed pair lies in a skipped tile"
+    for q, k in zip(*np.nonzero(vis == 2)):
+        r1 = min(T, (q + 1) * BM)
+        assert (k + 1) * BN <= T, "a full tile reaches past T"
+        assert pad[q * BM:r1, k * BN:(k + 1) * BN].all(), "a full tile holds a masked pair"
+
+
+@settings(max_examples=120, deadline=None)
+@given(masks(), st.sampled_from(SHAPES))
+def test_tile_list_visits_only_tiles_with_pairs(m, tile):
+    """Patterns whose families are exact (all but dilated with a stride) visit a key tile only
+    when one of its pairs is allowed."""
+    if m.pattern.name == "dilated" and m.params["dilation"] > 1:
+        return
+    BM, BN = tile
+    T = m.T
+    nq, nk = -(-T // BM), -(-T // BN)
+    vis = _visited(build(m, BM, BN), nq, nk)
+    pad = np.zeros((nq * BM, nk * BN), dtype=bool)
+    pad[:T, :T] = m.dense()
+    has = pad.reshape(nq, BM, nk, BN).any(axis=(1, 3))
+    assert not ((vis > 0) & ~has).any(), "a visited tile has no allowed pair"
+
+
+@settings(max_examples=60, deadline=None)
+@given(masks(), st.sampled_from(SHAPES))
+def test_runs_expand_to_the_entries(m, tile):
+    t = build(m, *tile)
+    assert (t.run_len > 0).all() and (np.diff(t.run_off) > 0).all()
+    e = t.entries
+    assert e.dtype == np.int32 and e.size == t.n_visited
+    assert t.n_partial == int((e & 1).sum())
+    # a run never crosses a query tile: each starts and ends inside one CSR row
+    q_first = np.searchsorted(t.ptr, t.run_off, side="right") - 1
+    q_last = np.searchsorted(t.ptr, t.run_off + t.run_len - 1, side="right") - 1
+    assert (q_first == q_last).all()
+    again = Tiles.from_entries(t.BM, t.BN, t.ptr, e)
+    assert (again.entries == e).all() and again.n_partial == t.n_partial
+
+
+def test_tile_list_is_tight_for_sparse_patterns():
+    # a 64-key window plus 16 sinks at BN=32: the diagonal band and the sink tile, nothing more
+    m = make_mask("streaming", 32768, True, sink=16, window=64)
+    t = m.tiles(64, 32)
+    per_q = np.diff(t.ptr)
+    assert per_q.max() <= 5
+    assert t.n_visited < 5 * (32768 // 64)
+
+
+def test_lists_are_cached_with_their_build_time():
+    a = make_mask("bigbird", 4096, True)
+    t = tile_list(a, 64, 64)
+    assert t.build_s > 0
+    assert tile_list(make_mask("bigbird", 4096, True), 64, 64) is t
+    assert tile_list(a, 64, 32) is not t
+
+
+def test_too_long_a_sequence_is_refused_before_any_work():
+    with pytest.raises(ValueError, match="T=536870912"):
+        build(make_mask("window", 2 ** 29, True), 64, 64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,T,params,tile", [
+    ("dense", 5000, {}, (128, 64)), ("streaming", 3001, {"sink": 16, "window": 64}, (32, 32)),
+    ("bigbird", 4096, {}, (64, 64)), ("window", 1, {}, (64, 64)), ("dilated", 999, {"dilation": 3}, (64, 16)),
+])
+def test_device_expansion_equals_the_host(name, T, params, tile):
+    import cupy
+
+    from attnbench.fast_tc import list_heads
+
+    t = build(make_mask(name, T, True, **params), *tile)
+    d = t.device()
+    assert t.device() is d and d.build_s > 0
+    assert (cupy.asnumpy(d.ptr) == t.ptr).all()
+    assert (cupy.asnumpy(d.entries) == t.entries).all()
+    assert (cupy.asnumpy(list_heads(d.ptr, d.entries, cupy)) == list_heads(t.ptr, t.entries)).all()
