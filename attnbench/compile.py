@@ -143,7 +143,7 @@ def compile_only(name: str, defines: dict, arch: str) -> list[KernelReport]:
     return parse_ptxas(log, name)
 
 
-FAMILIES = ("naive", "fast_tc", "fast_f32")
+FAMILIES = ("naive", "fast_tc", "fast_f32", "tiles")
 
 
 def standard_builds() -> list[tuple[str, dict]]:

@@ -102,17 +102,6 @@ def kernel_defines(D: int, dtype: str, mask: Mask, cfg: TileConfig | None = None
     return d
 
 
-def list_heads(ptr, entries, xp=np):
-    """int32 [n_qtiles, 4]: per query tile the index of its first entry, its entry count and its
-    first two entries (0 past the end), the kernel's one read before its first loads; numpy or
-    cupy arrays alike (``xp``)."""
-    start = ptr[:-1]
-    count = ptr[1:] - start
-    ent = xp.concatenate([entries[:int(ptr[-1])], xp.zeros(2, entries.dtype)])
-    return xp.stack([start, count, xp.where(count > 0, ent[start], 0),
-                     xp.where(count > 1, ent[start + 1], 0)], axis=1).astype(xp.int32)
-
-
 class FastTCRunner(Runner):
     def __init__(self, kernel, grid, block, smem, args, out, setup):
         self._kernel = kernel
@@ -157,8 +146,7 @@ class FastTC(Impl):
         tiles = tile_list(inner, cfg.BM, cfg.BN)
         setup.update(setup_times(tiles))
         dev = tiles.device()
-        head = list_heads(dev.ptr, dev.entries, cupy)
-        entries = dev.entries
+        head, entries = dev.heads, dev.entries
         table = inner.table
         table = cupy.asarray(table if table is not None else np.zeros(1, np.int32), dtype=cupy.int32)
 
@@ -185,7 +173,7 @@ IMPL = register(FastTC(
     dtypes=("bfloat16", "float16"),
 ))
 
-__all__ = ["CONFIGS", "WIDE_CONFIGS", "PARTIAL_CONFIGS", "choose_config", "TileConfig", "FastTC", "IMPL", "kernel_defines", "list_heads", "tile_list"]
+__all__ = ["CONFIGS", "WIDE_CONFIGS", "PARTIAL_CONFIGS", "choose_config", "TileConfig", "FastTC", "IMPL", "kernel_defines", "tile_list"]
 
 
 def standard_builds() -> list[tuple[str, dict]]:

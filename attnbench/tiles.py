@@ -7,8 +7,8 @@ A list is built from a pattern's intervals (``Pattern.intervals``) in two steps:
    A sweep over the range ends cuts them into *runs*: consecutive key tiles with one flag. This
    step costs O(query tiles x families), whatever the number of entries;
 2. the runs are expanded into entries ``kt << 1 | partial`` (CSR: ``ptr`` per query tile), on the
-   host with numpy (``Tiles.entries``) or on the GPU (``Tiles.device``), where a dense list of a
-   million entries takes microseconds.
+   host with numpy (``Tiles.entries``) or on the GPU (``Tiles.device``, kernels/tiles.cu), where a
+   dense list of a million entries takes microseconds.
 
 ``tile_list`` caches lists per (pattern, parameters, T, causal, BM, BN) and each list keeps the
 seconds its build took, so a benchmark row reports the build even when the list was cached.
@@ -77,34 +77,45 @@ class Tiles:
 
 @dataclass(frozen=True)
 class DeviceTiles:
-    """A tile list on a device: ``ptr`` and ``entries`` (int32; ``entries`` holds one 0 when the
-    list is empty) and ``build_s``, the seconds from upload of the runs to the synchronised
-    expansion."""
+    """A tile list on a device (int32): ``ptr``, ``entries`` (one 0 when the list is empty),
+    ``heads`` [n_qtiles, 4] (``heads`` below), and ``build_s``, the seconds from the upload of
+    the runs to the end of their expansion (kernels/tiles.cu, one launch)."""
     ptr: object
     entries: object
+    heads: object
     build_s: float
 
     @classmethod
     def expand(cls, tiles: Tiles) -> "DeviceTiles":
         import cupy
 
+        from .compile import get_module
+
+        kernel = get_module("tiles", {}).get_function("expand_tiles")  # compiled once, not timed
+        nq, n, runs = tiles.ptr.size - 1, tiles.n_visited, tiles.run_off.size
         stream = cupy.cuda.get_current_stream()
         stream.synchronize()
         t0 = time.perf_counter()
-        n = tiles.n_visited
-        ptr = cupy.asarray(tiles.ptr, dtype=cupy.int32)
-        if n == 0:
-            entries = cupy.zeros(1, cupy.int32)
-        else:
-            if n >= 2 ** 30:
-                raise ValueError(f"a tile list of {n} entries exceeds the int32 entry index")
-            off = cupy.asarray(tiles.run_off.astype(np.int32))
-            base = cupy.asarray((tiles.run_val - 2 * tiles.run_off).astype(np.int32))
-            e = cupy.arange(n, dtype=cupy.int32)
-            run = cupy.searchsorted(off, e, side="right") - 1
-            entries = base[run] + 2 * e
+        packed = np.concatenate([tiles.ptr, tiles.run_off, tiles.run_val - 2 * tiles.run_off]).astype(np.int32)
+        packed = cupy.asarray(packed)
+        entries = cupy.zeros(max(n, 1), cupy.int32)
+        heads = cupy.empty((nq, 4), cupy.int32)
+        threads = 256
+        kernel((-(-(n + nq) // threads),), (threads,),
+               (packed, np.int32(nq), np.int32(runs), np.int32(n), entries, heads))
         stream.synchronize()
-        return cls(ptr, entries, time.perf_counter() - t0)
+        return cls(packed[:nq + 1], entries, heads, time.perf_counter() - t0)
+
+
+def heads(ptr, entries) -> np.ndarray:
+    """int32 [n_qtiles, 4]: per query tile the index of its first entry, its entry count and its
+    first two entries (0 past the end), fast_tc's one read before its first loads (the host
+    version of what kernels/tiles.cu writes)."""
+    start = ptr[:-1].astype(np.int64)
+    count = np.diff(ptr).astype(np.int64)
+    ent = np.append(np.asarray(entries)[:int(ptr[-1])], np.zeros(2, np.int32)).astype(np.int64)
+    return np.stack([start, count, np.where(count > 0, ent[start], 0),
+                     np.where(count > 1, ent[start + 1], 0)], axis=1).astype(np.int32)
 
 
 # ---- building ---------------------------------------------------------------------------------
@@ -174,11 +185,15 @@ def build(mask, BM: int, BN: int) -> Tiles:
     M = 1 << F.bit_length()
     if F * M >= 2 ** 30:
         raise ValueError(f"{F} interval families are too many for the tile-list build")
-    kind = np.repeat(np.arange(4, dtype=np.int32), F)[:, None]
-    keys = (np.concatenate([ks, ke, fs, fe]) << 2) | kind
-    keys = np.sort(np.ascontiguousarray(keys.T), axis=1).ravel()  # [nq x 4F], row by row
-    cov = np.bitwise_and(keys, 3)  # fresh arrays cost page faults: steps below work in place
-    np.take(np.array([1, -1, M, -M], np.int32), cov, out=cov)
+    keys = np.empty((nq, 4 * F), np.int32)  # fresh arrays cost page faults: work in place
+    for n, a in enumerate((ks, ke, fs, fe)):
+        keys[:, n * F:(n + 1) * F] = a.T
+    keys <<= 2
+    keys |= np.repeat(np.arange(4, dtype=np.int32), F)
+    keys.sort(axis=1)
+    keys = keys.ravel()  # [nq x 4F], row by row
+    cov = np.bitwise_and(keys, 3)
+    np.take(np.array([1, -1, M, -M], np.int32), cov, out=cov, mode="clip")  # "raise" copies: 5x slower
     np.cumsum(cov, out=cov)
     pts = np.right_shift(keys, 2, out=keys)
     length = np.zeros_like(pts)
@@ -190,8 +205,8 @@ def build(mask, BM: int, BN: int) -> Tiles:
     ptr = np.zeros(nq + 1, np.int64)
     ptr[1:] = ends[4 * F - 1::4 * F]
     run_off = ends[keep] - run_len
-    if ptr[-1] >= 2 ** 31:
-        raise ValueError(f"a tile list of {ptr[-1]} entries exceeds int32")
+    if ptr[-1] >= 2 ** 30:
+        raise ValueError(f"a tile list of {ptr[-1]} entries exceeds 2^30 (int32 entries)")
     return Tiles(BM, BN, ptr.astype(np.int32), run_off, run_val, time.perf_counter() - t0)
 
 
@@ -219,4 +234,9 @@ def setup_times(tiles: Tiles) -> dict:
     return {"tiles_build_s": tiles.build_s, "tiles_device_s": tiles.device().build_s}
 
 
-__all__ = ["Tiles", "DeviceTiles", "build", "tile_list", "setup_times"]
+__all__ = ["Tiles", "DeviceTiles", "build", "heads", "tile_list", "setup_times"]
+
+
+def standard_builds() -> list[tuple[str, dict]]:
+    """The expansion kernel takes no constants: one build."""
+    return [("tiles", {})]

@@ -223,7 +223,7 @@ def parse_cfg(text: str):
     return TileConfig(*(int(x) for x in text.split(",")))
 
 
-def sweep(timer, ceil, variants, samples, only="", dense_T=16384) -> list[dict]:
+def sweep(timer, ceil, variants, samples, only="", dense_T=(16384,)) -> list[dict]:
     """Gate each tile configuration, then time them interleaved on a few cases (fast-tc only)."""
     import torch
 
@@ -248,7 +248,7 @@ def sweep(timer, ceil, variants, samples, only="", dense_T=16384) -> list[dict]:
                     print(f"sweep gate FAIL D={D} {c} {name}: {r.reason}")
             if good:
                 ok_cfgs.append(c)
-        cases = [(lab, n, c_, p, 32768 if n != "dense" else dense_T) for lab, n, c_, p in LLM]
+        cases = [(lab, n, c_, p, T) for lab, n, c_, p in LLM for T in (dense_T if n == "dense" else (32768,))]
         if only:
             cases = [x for x in cases if any(o in x[0] for o in only.split(","))]
         elif D == 128:
@@ -317,7 +317,7 @@ def main(argv=None):
     ap.add_argument("--only", default="", help="comma-separated case labels (substring match)")
     ap.add_argument("--sweep", default="", help="D:NWARPS,BN,STAGES[,MT[,MINB[,QREG]]];... tile configurations to compare")
     ap.add_argument("--sweep-cases", default="", help="comma-separated case labels the --sweep times (substring match)")
-    ap.add_argument("--dense-T", type=int, default=16384, help="T of the dense cases (--sweep and the comparison)")
+    ap.add_argument("--dense-T", default="16384", help="comma-separated T of the dense cases (--sweep and the comparison)")
     ap.add_argument("--profile", default="", help="run one case (label substring) twice and exit (for ncu)")
     ap.add_argument("--profile-d", type=int, default=64)
     args = ap.parse_args(argv)
@@ -337,6 +337,7 @@ def main(argv=None):
     if not args.no_gate:
         dims, dtypes = ((64,), ("bfloat16",)) if args.quick else ((64, 128), ("bfloat16", "float16"))
         result["gates"] = gate_all(4096, dims, dtypes)
+    dense_Ts = tuple(int(x) for x in args.dense_T.split(","))
     timer = Timer()
     ceil = measure_ceilings(timer)
     print(f"ceilings: {ceil}")
@@ -346,10 +347,10 @@ def main(argv=None):
         for part in args.sweep.split(";"):
             d, cfgs = part.split(":")
             variants[int(d)] = [parse_cfg(c) for c in cfgs.split("/")]
-        result["sweep"] = sweep(timer, ceil, variants, args.samples, args.sweep_cases, args.dense_T)
+        result["sweep"] = sweep(timer, ceil, variants, args.samples, args.sweep_cases, dense_Ts)
     blocks = () if args.no_flex else tuple(int(b) for b in args.flex_blocks.split(",") if b)
     cases = [(lab, n, c, p, 32768, 64) for lab, n, c, p in LLM if n != "dense"]
-    cases += [("dense causal", "dense", True, {}, args.dense_T, D) for D in (64, 128)]
+    cases += [("dense causal", "dense", True, {}, T, D) for T in dense_Ts for D in (64, 128)]
     if args.only:
         keys = [s.strip() for s in args.only.split(",")]
         cases = [c for c in cases if any(kk in c[0] for kk in keys)]

@@ -3,7 +3,7 @@ import pytest
 
 from attnbench.compile import compile_only
 from attnbench.fast_tc import (CONFIGS, IMPL, PARTIAL_CONFIGS, WIDE_CONFIGS, choose_config, kernel_defines,
-                                list_heads, tile_list)
+                                tile_list)
 from attnbench.impls import Problem, get_impl
 from attnbench.patterns import BadInput, PATTERNS, make_mask
 
@@ -70,18 +70,6 @@ def test_tile_list_is_cached_per_mask_and_shape():
     assert tile_list(b, cfg.BM, cfg.BN) is t1
     assert tile_list(make_mask("streaming", 1000, False), cfg.BM, cfg.BN) is not t1
     assert tile_list(a, cfg.BM, 2 * cfg.BN) is not t1
-
-
-@pytest.mark.parametrize("pattern,T", [("streaming", 1000), ("dense", 7), ("bigbird", 4096), ("window", 1)])
-def test_list_heads_point_at_each_list(pattern, T):
-    mask = make_mask(pattern, T, True, **_params_for(pattern, T))
-    t = tile_list(mask, 64, 32)
-    h = list_heads(t.ptr, t.entries)
-    assert h.shape == (t.ptr.size - 1, 4) and h.dtype.name == "int32"
-    for q in range(h.shape[0]):
-        lst = list(t.entries[t.ptr[q]:t.ptr[q + 1]])
-        assert (h[q, 0], h[q, 1]) == (t.ptr[q], len(lst))
-        assert list(h[q, 2:]) == (lst + [0, 0])[:2]
 
 
 def test_defines_fix_the_pattern_and_dtype():

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnbench.patterns import make_mask
-from attnbench.tiles import Tiles, build, tile_list
+from attnbench.tiles import Tiles, build, heads, tile_list
 
 from test_patterns import masks
 
@@ -81,6 +81,21 @@ def test_tile_list_is_tight_for_sparse_patterns():
     assert t.n_visited < 5 * (32768 // 64)
 
 
+PARAMS = {("streaming", 1000): dict(sink=16), ("bigbird", 4096): dict(block=64, random_blocks=3)}
+
+
+@pytest.mark.parametrize("pattern,T", [("streaming", 1000), ("dense", 7), ("bigbird", 4096), ("window", 1)])
+def test_heads_point_at_each_list(pattern, T):
+    mask = make_mask(pattern, T, True, **PARAMS.get((pattern, T), {}))
+    t = tile_list(mask, 64, 32)
+    h = heads(t.ptr, t.entries)
+    assert h.shape == (t.ptr.size - 1, 4) and h.dtype.name == "int32"
+    for q in range(h.shape[0]):
+        lst = list(t.entries[t.ptr[q]:t.ptr[q + 1]])
+        assert (h[q, 0], h[q, 1]) == (t.ptr[q], len(lst))
+        assert list(h[q, 2:]) == (lst + [0, 0])[:2]
+
+
 def test_lists_are_cached_with_their_build_time():
     a = make_mask("bigbird", 4096, True)
     t = tile_list(a, 64, 64)
@@ -102,11 +117,9 @@ def test_too_long_a_sequence_is_refused_before_any_work():
 def test_device_expansion_equals_the_host(name, T, params, tile):
     import cupy
 
-    from attnbench.fast_tc import list_heads
-
     t = build(make_mask(name, T, True, **params), *tile)
     d = t.device()
     assert t.device() is d and d.build_s > 0
     assert (cupy.asnumpy(d.ptr) == t.ptr).all()
     assert (cupy.asnumpy(d.entries) == t.entries).all()
-    assert (cupy.asnumpy(list_heads(d.ptr, d.entries, cupy)) == list_heads(t.ptr, t.entries)).all()
+    assert (cupy.asnumpy(d.heads) == heads(t.ptr, t.entries)).all()
