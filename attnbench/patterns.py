@@ -295,8 +295,12 @@ class BigBird(Pattern):
         for k in range(r):
             start = table[qb, k] * Bk
             for s in range(split):
-                mine = (qb % split) == s
                 f = 3 + k * split + s
+                if split == 1:
+                    lo[f] = start
+                    hi[f] = start + Bk
+                    continue
+                mine = (qb % split) == s
                 lo[f] = np.where(mine, start, 0)
                 hi[f] = np.where(mine, start + Bk, 0)
         return lo, hi, [True] * lo.shape[0]

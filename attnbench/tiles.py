@@ -149,19 +149,19 @@ def _tile_ranges(mask, BM: int, BN: int):
     lo, hi = lo.astype(np.int32), hi.astype(np.int32)  # half the bytes of every step below
     lo_f, lo_l, hi_f, hi_l = lo[:, :S], lo[:, S:], hi[:, :S], hi[:, S:]
     seg_has = hi_l > lo_f
-    u_lo = np.where(seg_has, lo_f, _BIG)
-    u_hi = np.where(seg_has, hi_l, -_BIG)
-    i_lo = lo_l
-    i_hi = np.where(hi_f > lo_f, hi_f, -_BIG)
-    if S != nq:  # per tile: the union of its segments' hulls, the intersection of their intersections
+    if S == nq:  # one segment per tile: its hull and intersection are the tile's
+        ks = lo_f // BN
+        ke = np.where(seg_has, -(-hi_l // BN), ks)
+        i_lo, i_hi = lo_l, hi_f
+    else:  # per tile: the union of its segments' hulls, the intersection of their intersections
         first = np.searchsorted(starts, np.arange(nq, dtype=np.int64) * BM)
-        seg_has = np.logical_or.reduceat(seg_has, first, axis=1)
-        u_lo = np.minimum.reduceat(u_lo, first, axis=1)
-        u_hi = np.maximum.reduceat(u_hi, first, axis=1)
-        i_lo = np.maximum.reduceat(i_lo, first, axis=1)
-        i_hi = np.minimum.reduceat(i_hi, first, axis=1)
-    ks = np.where(seg_has, u_lo // BN, 0)
-    ke = np.where(seg_has, -(-u_hi // BN), 0)
+        u_lo = np.minimum.reduceat(np.where(seg_has, lo_f, _BIG), first, axis=1)
+        u_hi = np.maximum.reduceat(np.where(seg_has, hi_l, -_BIG), first, axis=1)
+        has = np.logical_or.reduceat(seg_has, first, axis=1)
+        ks = np.where(has, u_lo // BN, 0)
+        ke = np.where(has, -(-u_hi // BN), 0)
+        i_lo = np.maximum.reduceat(lo_l, first, axis=1)
+        i_hi = np.minimum.reduceat(np.where(hi_f > lo_f, hi_f, -_BIG), first, axis=1)
     fs = -(-i_lo // BN)
     fe = np.minimum(i_hi, T) // BN  # a tile reaching past T is never full
     fe = np.where(exact[:, None] & (fe > fs), fe, fs)
