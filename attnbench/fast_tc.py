@@ -51,34 +51,35 @@ class TileConfig:
 
 
 # Per head dimension: the default shape, the shape for wide patterns (many full tiles per query
-# tile: two m16 tiles per warp, or 8 warps, amortise each K/V fragment over more rows) and for
-# patterns whose every visited tile is partial (32-key tiles: less masked work; at D=64 2-warp
-# blocks, 8 per SM). Chosen from interleaved timings on an H200 (docs/PERF.md, v2, v4, v6 sweeps).
+# tile: two m16 tiles per warp amortise each K/V fragment over 32 rows; at D=128 with Q read from
+# shared memory and 32-key tiles in 3 stages, 243 registers and no spills with any predicate on
+# sm_80 and sm_90, two blocks per SM) and for patterns whose every visited tile is partial (32-key
+# tiles: less masked work; at D=64 2-warp blocks, 8 per SM). Chosen from interleaved timings on an
+# H200 (docs/PERF.md, v2, v4, v6 and v7 sweeps).
 CONFIGS: dict[int, TileConfig] = {
     64: TileConfig(NWARPS=4, BN=64, STAGES=2, MINB=4, QREG=0),
     128: TileConfig(NWARPS=4, BN=64, STAGES=2),
 }
 WIDE_CONFIGS: dict[int, TileConfig] = {
     64: TileConfig(NWARPS=4, BN=64, STAGES=2, MT=2),
-    128: TileConfig(NWARPS=8, BN=128, STAGES=2),
+    128: TileConfig(NWARPS=4, BN=32, STAGES=3, MT=2, QREG=0),
 }
 PARTIAL_CONFIGS: dict[int, TileConfig] = {
     64: TileConfig(NWARPS=2, BN=32, STAGES=3, MINB=8),
     128: TileConfig(NWARPS=4, BN=32, STAGES=3),
 }
-WIDE_KEYS_PER_ROW = 2048
+# rows averaging at least this many allowed keys take the wide shape (at D=128 it paid from
+# streaming 4+1024 up, about 1000 keys a row; at D=64 only from window 4096 up)
+WIDE_KEYS_PER_ROW: dict[int, int] = {64: 2048, 128: 512}
 
 
 def choose_config(mask: Mask, D: int) -> TileConfig:
     """The tile shape for a pattern (its inner pattern when strided): wide when rows average >=
-    WIDE_KEYS_PER_ROW allowed keys (at D=128 for dense only), 32-key tiles when every tile of the
-    default list is partial, else the default."""
+    WIDE_KEYS_PER_ROW[D] allowed keys, 32-key tiles when every tile of the default list is
+    partial, else the default."""
     mask = mask.strided()[1]
-    if mask.pairs >= WIDE_KEYS_PER_ROW * mask.T:
-        # at D=128 the 8-warp 128-key shape sits at 255 registers and spills once a predicate is
-        # compiled in (window 4096): it serves dense only there
-        if D != 128 or mask.pattern.name == "dense":
-            return WIDE_CONFIGS[D]
+    if mask.pairs >= WIDE_KEYS_PER_ROW[D] * mask.T:
+        return WIDE_CONFIGS[D]
     base = CONFIGS[D]
     t = tile_list(mask, base.BM, base.BN)
     if t.n_visited and t.n_partial == t.n_visited:

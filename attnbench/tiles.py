@@ -132,6 +132,15 @@ def _segment_starts(T: int, BM: int, run: int | None) -> np.ndarray:
     return starts[starts < T]
 
 
+def _runs_per_tile(BM: int, run: int | None) -> int:
+    """The most runs of ``run`` rows one tile of BM rows touches (tiles and runs both start at
+    multiples of their size; the pattern repeats every lcm(BM, run) rows)."""
+    if not run:
+        return 1
+    q = np.arange(run // math.gcd(BM, run), dtype=np.int64) * BM
+    return int(((q + BM - 1) // run - q // run).max()) + 1
+
+
 def _tile_ranges(mask, BM: int, BN: int):
     """Per query tile and family: the visited key-tile range [ks, ke) and the full one [fs, fe),
     int32 arrays [families, query tiles]."""
@@ -143,7 +152,7 @@ def _tile_ranges(mask, BM: int, BN: int):
     run = mask.pattern.monotone_run(mask.params)
     starts = _segment_starts(T, BM, run)
     ends = np.append(starts[1:], T) - 1
-    split = max(1, -(-BM // run)) if run else 1  # runs sharing a tile get families of their own
+    split = _runs_per_tile(BM, run)  # runs sharing a tile get families of their own
     S = starts.size
     lo, hi, exact = mask.intervals(np.concatenate([starts, ends]), split)
     lo, hi = lo.astype(np.int32), hi.astype(np.int32)  # half the bytes of every step below
