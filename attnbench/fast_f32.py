@@ -16,7 +16,7 @@ import numpy as np
 from .arrays import poison
 from .compile import get_module
 from .impls import Impl, Problem, Runner, register
-from .patterns import BadInput, Mask
+from .patterns import BadInput
 from .tiles import setup_times, tile_list
 
 BM = 64    # query rows per tile

@@ -18,7 +18,7 @@ from .arrays import bind
 from .compile import get_module
 from .impls import Impl, Problem, Runner, register
 from .patterns import BadInput, Mask, make_mask
-from .tiles import Tiles, setup_times, tile_list
+from .tiles import setup_times, tile_list
 
 KERNEL = "fast_tc"
 ENTRY = "fast_tc_fwd"
