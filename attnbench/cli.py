@@ -198,14 +198,17 @@ def compile_cmd(archs):
     for arch in archs:
         for name, defines in kc.standard_builds():
             consts = " ".join(f"{k}={v}" for k, v in sorted(defines.items()))
+            target = kc.target_arch(defines, arch)
+            if target is None:
+                continue
             try:
-                reports = kc.compile_only(name, defines, arch)
+                reports = kc.compile_only(name, defines, target)
             except RuntimeError as e:
                 failed += 1
-                click.echo(f"{arch:<6} {name:<9} FAILED {consts}\n{e}", err=True)
+                click.echo(f"{target:<6} {name:<9} FAILED {consts}\n{e}", err=True)
                 continue
             for r in reports:
-                click.echo(f"{arch:<6} {name:<9} {r.kernel:<28} {consts:<36} {r.registers:>5} "
+                click.echo(f"{r.arch:<6} {name:<9} {r.kernel:<28} {consts:<36} {r.registers:>5} "
                            f"{r.spill_stores:>5}/{r.spill_loads:<6} {r.stack:>6} {r.smem:>7}")
     sys.exit(1 if failed else 0)
 

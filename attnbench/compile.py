@@ -65,20 +65,66 @@ def round_up_pow2(n: int, minimum: int = 32) -> int:
 _MODULES: dict = {}
 
 
-def get_module(name: str, defines: dict):
+def get_module(name: str, defines: dict, arch: str | None = None):
     """A cupy.RawModule of kernels/<name>.cu compiled with these constants, cached per
-    (source, options, device)."""
+    (source, options, device). ``arch`` names a target CuPy does not pick by itself (sm_90a for
+    the wgmma kernels): the cubin is then built here through NVRTC and kept on disk under
+    ``cache_dir()``."""
     import cupy
 
     dev = cupy.cuda.Device()
     src = source(name)
     opts = options(defines)
-    key = (src, opts, dev.id, dev.compute_capability)
+    key = (src, opts, dev.id, dev.compute_capability, arch)
     mod = _MODULES.get(key)
     if mod is None:
-        mod = cupy.RawModule(code=src, options=opts, backend="nvrtc")
+        if arch is None:
+            mod = cupy.RawModule(code=src, options=opts, backend="nvrtc")
+        else:
+            mod = cupy.RawModule(path=str(_cached_cubin(name, src, opts, arch)))
         _MODULES[key] = mod
     return mod
+
+
+def cache_dir() -> Path:
+    """Where cubins built for an explicit arch are kept: $ATTNBENCH_CACHE_DIR, else
+    ~/.cache/attnbench."""
+    import os
+
+    return Path(os.environ.get("ATTNBENCH_CACHE_DIR") or Path.home() / ".cache" / "attnbench")
+
+
+def _cached_cubin(name: str, src: str, opts: tuple, arch: str) -> Path:
+    import hashlib
+    import os
+
+    from cupy.cuda import nvrtc
+
+    key = "\0".join((src, *opts, arch, repr(nvrtc.getVersion())))
+    path = cache_dir() / f"{name}-{arch}-{hashlib.sha256(key.encode()).hexdigest()[:24]}.cubin"
+    if not path.is_file():
+        cubin, _ = _nvrtc(name, src, list(opts) + [f"-arch={arch}"])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(cubin)
+        os.replace(tmp, path)  # atomic: concurrent processes never read half a file
+    return path
+
+
+def _nvrtc(name: str, src: str, opts: list[str]) -> tuple[bytes, str]:
+    """(cubin, log) of NVRTC on this source; RuntimeError with the log when it fails."""
+    from cupy.cuda import nvrtc
+
+    prog = nvrtc.createProgram(src, f"{name}.cu", [], [])
+    try:
+        try:
+            nvrtc.compileProgram(prog, opts)
+        except nvrtc.NVRTCError as e:
+            raise RuntimeError(f"{name}.cu failed with {' '.join(opts)}:\n"
+                               f"{nvrtc.getProgramLog(prog)}") from e
+        return nvrtc.getCUBIN(prog), nvrtc.getProgramLog(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
 
 
 @dataclass
@@ -126,21 +172,16 @@ def compile_only(name: str, defines: dict, arch: str) -> list[KernelReport]:
     device; return ptxas' per-kernel report. Raises RuntimeError with the compiler log."""
     if not re.fullmatch(r"sm_\d+a?", arch):
         raise BadInput(f"arch={arch!r} must look like sm_80 or sm_90")
-    from cupy.cuda import nvrtc
-
-    prog = nvrtc.createProgram(source(name), f"{name}.cu", [], [])
-    try:
-        opts = list(options(defines)) + [f"-arch={arch}", "-Xptxas=-v"]
-        try:
-            nvrtc.compileProgram(prog, opts)
-        except nvrtc.NVRTCError as e:
-            raise RuntimeError(f"{name}.cu failed for {arch} with {' '.join(opts)}:\n"
-                               f"{nvrtc.getProgramLog(prog)}") from e
-        log = nvrtc.getProgramLog(prog)
-        nvrtc.getCUBIN(prog)
-    finally:
-        nvrtc.destroyProgram(prog)
+    _, log = _nvrtc(name, source(name), list(options(defines)) + [f"-arch={arch}", "-Xptxas=-v"])
     return parse_ptxas(log, name)
+
+
+def target_arch(defines: dict, arch: str) -> str | None:
+    """The target a build compiles for when ``arch`` is asked: the wgmma builds (WG=1) need
+    sm_90a, so they compile for it under sm_90 and not at all under other archs (None)."""
+    if defines.get("WG"):
+        return "sm_90a" if arch in ("sm_90", "sm_90a") else None
+    return arch
 
 
 FAMILIES = ("naive", "fast_tc", "fast_f32", "tiles")

@@ -1,9 +1,11 @@
-"""``fast-tc``: tensor-core attention for bfloat16 / float16 (kernels/fast_tc.cu).
+"""``fast-tc`` and ``fast-tc-sync``: tensor-core attention for bfloat16 / float16 (kernels/fast_tc.cu).
 
 A FlashAttention-2-style forward pass that visits only the key tiles of ``Mask.tiles(BM, BN)``
 for each query tile, applying the pattern predicate only on tiles flagged partial. Tile shape,
 warps and pipeline depth are compile-time constants chosen per head dimension (``CONFIGS``); the
 pattern (id, causal flag, parameters) is compiled in too, so each pattern gets its own module.
+``fast-tc`` multiplies with Hopper's warpgroup MMA (wgmma, ``HOPPER_CONFIGS``) on sm_90 and with
+mma.sync elsewhere; ``fast-tc-sync`` is the mma.sync kernel on every GPU.
 A strided pattern (``Mask.strided``: dilated) runs as its inner pattern on every residue class,
 one grid layer per class, rows gathered at the stride: no tile of it is partial for the stride.
 """
@@ -26,6 +28,7 @@ LOG2E = 1.4426950408889634
 DEFAULT_SMEM = 48 * 1024
 MAX_GRID_Y = 65535
 MAX_GRID_Z = 65535
+WG_ARCH = "sm_90a"
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,12 @@ class TileConfig:
     MT: int = 1    # m16 row tiles per warp
     MINB: int = 1  # blocks per multiprocessor asked of the register allocator
     QREG: int = 1  # 1: Q fragments held in registers; 0: read from shared memory per key tile
+    WG: int = 0    # 1: Hopper warpgroup MMA (wgmma, sm_90a) instead of mma.sync; D=64, MT=1
+
+    @property
+    def arch(self) -> str | None:
+        """The target this shape needs beyond what CuPy picks for the device (None: any)."""
+        return WG_ARCH if self.WG else None
 
     @property
     def BM(self) -> int:
@@ -68,22 +77,40 @@ PARTIAL_CONFIGS: dict[int, TileConfig] = {
     64: TileConfig(NWARPS=2, BN=32, STAGES=3, MINB=8),
     128: TileConfig(NWARPS=4, BN=32, STAGES=3),
 }
+# The same three roles on sm_90 with wgmma (WG=1: each warpgroup multiplies 64 rows; Q, K and V
+# read from shared memory by the tensor cores, no ldmatrix), from interleaved timings on an H200
+# (docs/PERF.md v8): 64-key tiles in 3 stages by default, 128-key tiles for wide patterns at D=64,
+# 32-key tiles for all-partial lists.
+HOPPER_CONFIGS: dict[int, TileConfig] = {
+    64: TileConfig(NWARPS=4, BN=64, STAGES=3, MINB=4, QREG=0, WG=1),
+    128: TileConfig(NWARPS=4, BN=64, STAGES=3, QREG=0, WG=1),
+}
+HOPPER_WIDE_CONFIGS: dict[int, TileConfig] = {
+    64: TileConfig(NWARPS=4, BN=128, STAGES=2, MINB=2, QREG=0, WG=1),
+    128: HOPPER_CONFIGS[128],
+}
+HOPPER_PARTIAL_CONFIGS: dict[int, TileConfig] = {
+    64: TileConfig(NWARPS=4, BN=32, STAGES=3, MINB=4, QREG=0, WG=1),
+    128: TileConfig(NWARPS=4, BN=32, STAGES=3, MINB=2, QREG=0, WG=1),
+}
 # rows averaging at least this many allowed keys take the wide shape (at D=128 it paid from
 # streaming 4+1024 up, about 1000 keys a row; at D=64 only from window 4096 up)
 WIDE_KEYS_PER_ROW: dict[int, int] = {64: 2048, 128: 512}
 
 
-def choose_config(mask: Mask, D: int) -> TileConfig:
-    """The tile shape for a pattern (its inner pattern when strided): wide when rows average >=
-    WIDE_KEYS_PER_ROW[D] allowed keys, 32-key tiles when every tile of the default list is
-    partial, else the default."""
+def choose_config(mask: Mask, D: int, wgmma: bool = False) -> TileConfig:
+    """The tile shape for a pattern (its inner pattern when strided), from the mma.sync tables or
+    with ``wgmma`` the Hopper ones: wide when rows average >= WIDE_KEYS_PER_ROW[D] allowed keys,
+    32-key tiles when every tile of the default list is partial, else the default."""
+    default, wide, partial = ((HOPPER_CONFIGS, HOPPER_WIDE_CONFIGS, HOPPER_PARTIAL_CONFIGS) if wgmma
+                              else (CONFIGS, WIDE_CONFIGS, PARTIAL_CONFIGS))
     mask = mask.strided()[1]
     if mask.pairs >= WIDE_KEYS_PER_ROW[D] * mask.T:
-        return WIDE_CONFIGS[D]
-    base = CONFIGS[D]
+        return wide[D]
+    base = default[D]
     t = tile_list(mask, base.BM, base.BN)
     if t.n_visited and t.n_partial == t.n_visited:
-        return PARTIAL_CONFIGS[D]
+        return partial[D]
     return base
 
 
@@ -99,12 +126,15 @@ def kernel_defines(D: int, dtype: str, mask: Mask, cfg: TileConfig | None = None
     stride, inner = mask.strided()
     d = dict(HEAD_D=D, BN=cfg.BN, NWARPS=cfg.NWARPS, STAGES=cfg.STAGES, MT=cfg.MT, MINB=cfg.MINB, QREG=cfg.QREG,
              AB_F16=int(dtype == "float16"), STRIDE=stride)
+    if cfg.WG:
+        d["WG"] = 1
     d.update(pattern_defines(inner))
     return d
 
 
 class FastTCRunner(Runner):
-    def __init__(self, kernel, grid, block, smem, args, out, setup):
+    def __init__(self, kernel, grid, block, smem, args, out, setup, cfg):
+        self.cfg = cfg
         self._kernel = kernel
         self._grid = grid
         self._block = block
@@ -117,7 +147,15 @@ class FastTCRunner(Runner):
         self._kernel(self._grid, self._block, self._args, shared_mem=self._smem)
 
 
+@dataclass(eq=False)
 class FastTC(Impl):
+    wgmma: bool = True  # take the Hopper shapes on sm_90
+
+    def uses_wgmma(self) -> bool:
+        import cupy
+
+        return self.wgmma and cupy.cuda.Device().compute_capability == "90"
+
     def unsupported(self, prob: Problem) -> str | None:
         why = super().unsupported(prob)
         if why:
@@ -141,7 +179,10 @@ class FastTC(Impl):
             if tuple(a.shape) != prob.shape:
                 raise BadInput(f"{name} has shape {tuple(a.shape)}, expected {prob.shape}")
         t0 = time.perf_counter()
-        cfg = cfg or choose_config(prob.mask, prob.D)
+        cfg = cfg or choose_config(prob.mask, prob.D, self.uses_wgmma())
+        if cfg.WG and cupy.cuda.Device().compute_capability != "90":
+            raise BadInput(f"{self.name}: tile shape {cfg} needs an sm_90 GPU (wgmma), "
+                           f"this one is sm_{cupy.cuda.Device().compute_capability}")
         setup = {"config_s": time.perf_counter() - t0}  # the lists it looked at included
         stride, inner = prob.mask.strided()
         tiles = tile_list(inner, cfg.BM, cfg.BN)
@@ -152,7 +193,7 @@ class FastTC(Impl):
         table = cupy.asarray(table if table is not None else np.zeros(1, np.int32), dtype=cupy.int32)
 
         t0 = time.perf_counter()
-        mod = get_module(KERNEL, kernel_defines(prob.D, prob.dtype, prob.mask, cfg))
+        mod = get_module(KERNEL, kernel_defines(prob.D, prob.dtype, prob.mask, cfg), cfg.arch)
         kernel = mod.get_function(ENTRY)
         smem = cfg.smem_bytes(prob.D)
         if smem > DEFAULT_SMEM:
@@ -164,22 +205,32 @@ class FastTC(Impl):
         scale_log2 = np.float32(prob.softmax_scale * LOG2E)
         args = (arrays[0], arrays[1], arrays[2], out, head, entries, np.int32(prob.T), scale_log2, table)
         grid = (nq, prob.B * prob.H, min(stride, prob.T))  # one layer per non-empty residue class
-        return FastTCRunner(kernel, grid, (cfg.threads,), smem, args, out, setup)
+        return FastTCRunner(kernel, grid, (cfg.threads,), smem, args, out, setup, cfg)
 
 
 IMPL = register(FastTC(
     name="fast-tc",
     family="attnbench",
-    description="tensor-core (mma.sync) FlashAttention-2-style forward over the pattern's key-tile list",
+    description="tensor-core FlashAttention-2-style forward over the pattern's key-tile list: warpgroup MMA "
+                "(wgmma) on sm_90, mma.sync with ldmatrix elsewhere",
     dtypes=("bfloat16", "float16"),
 ))
+SYNC_IMPL = register(FastTC(
+    name="fast-tc-sync",
+    family="attnbench",
+    description="fast-tc with mma.sync and ldmatrix on every GPU (what fast-tc runs before sm_90)",
+    dtypes=("bfloat16", "float16"),
+    wgmma=False,
+))
 
-__all__ = ["CONFIGS", "WIDE_CONFIGS", "PARTIAL_CONFIGS", "choose_config", "TileConfig", "FastTC", "IMPL", "kernel_defines", "tile_list"]
+__all__ = ["CONFIGS", "WIDE_CONFIGS", "PARTIAL_CONFIGS", "HOPPER_CONFIGS", "HOPPER_WIDE_CONFIGS",
+           "HOPPER_PARTIAL_CONFIGS", "choose_config", "TileConfig", "FastTC", "IMPL", "SYNC_IMPL",
+           "kernel_defines", "tile_list"]
 
 
 def standard_builds() -> list[tuple[str, dict]]:
     """The llm configuration (SPEC section 5) at T=32768: every pattern, D = 64 and 128, bfloat16;
-    float16 for dense causal."""
+    float16 for dense causal; the mma.sync and the wgmma (sm_90a, ``target_arch``) shapes."""
     from .sweep import _llm_instances
 
     builds = []
@@ -187,7 +238,8 @@ def standard_builds() -> list[tuple[str, dict]]:
         for inst in _llm_instances():
             mask = make_mask(inst.pattern, 32768, inst.causal, **inst.param_dict)
             for dtype in ("bfloat16", "float16") if inst.pattern == "dense" else ("bfloat16",):
-                b = (KERNEL, kernel_defines(D, dtype, mask))
-                if b not in builds:
-                    builds.append(b)
+                for wgmma in (False, True):
+                    b = (KERNEL, kernel_defines(D, dtype, mask, choose_config(mask, D, wgmma)))
+                    if b not in builds:
+                        builds.append(b)
     return builds

@@ -23,7 +23,14 @@
 // predicate are those of the inner pattern on a class, which holds Tc = ceil((T - c) / STRIDE)
 // positions.
 //
-// Compile-time constants (-D): HEAD_D (64 or 128), BN (keys per tile, multiple of 16), STRIDE, QREG,
+// WG 1 (sm_90a only): both products on Hopper's warpgroup MMA instead of mma.sync. Tiles are
+// stored as 64-column panels (the XOR swizzle above within each is the 128-byte swizzle wgmma
+// expects). S = Q K^T is wgmma m64nBNk16 with Q and K read from shared memory through
+// descriptors, O += P V is m64nHEAD_Dk16 with P from registers and V read N-major; each
+// warpgroup owns 64 rows, and each product is issued, committed and waited for in one batch (the
+// softmax between them is unchanged).
+//
+// Compile-time constants (-D): HEAD_D (64 or 128), BN (keys per tile, multiple of 16), STRIDE, QREG, WG,
 // NWARPS, MT, MINB (blocks per SM for __launch_bounds__), STAGES (>= 2), AB_F16 (1: float16, 0: bfloat16), and the pattern itself: PID (pattern
 // id of common.cuh), CAUSAL, P0..P3 (Mask.device_params()), so that the predicate's switch folds
 // away and its divisions become multiplications by constants.
@@ -75,6 +82,9 @@
 #ifndef MINB
 #define MINB 1
 #endif
+#ifndef WG
+#define WG 0
+#endif
 
 #define THREADS (NWARPS * 32)
 #define RESCALE_LOG2 8.f
@@ -86,6 +96,13 @@
 static_assert(HEAD_D % 64 == 0, "HEAD_D must be a multiple of 64");
 static_assert(BN % 16 == 0, "BN must be a multiple of 16");
 static_assert(STAGES >= 2, "STAGES must be at least 2");
+#if WG
+static_assert(MT == 1 && NWARPS % 4 == 0, "WG: one m16 tile per warp, whole warpgroups");
+static_assert(BN == 32 || BN == 64 || BN == 128, "WG: BN 32, 64 or 128");
+#include "wgmma.cuh"
+#define WG_CAT2(a, b) a##b
+#define WG_CAT(a, b) WG_CAT2(a, b)
+#endif
 
 #define TC_NEG_INF __int_as_float(0xff800000)
 
@@ -98,9 +115,21 @@ __device__ __forceinline__ u32 tc_smem_addr(const void* p) {
     return r;
 }
 
-// Byte offset of 16-byte chunk c of row r in a swizzled [rows][CH] tile.
+// Byte offset of 16-byte chunk c of row r in a swizzled tile of ROWS rows: rows of CH chunks
+// (mma.sync path), or under WG panels of 64 columns, [CH / 8][ROWS][8 chunks], each row 128
+// bytes (the K-major and N-major layouts wgmma reads with 128-byte swizzle); the same for HEAD_D 64.
+#if WG
+#define ROWB 128
+#else
+#define ROWB (CH * 16)
+#endif
+template <int ROWS>
 __device__ __forceinline__ u32 tc_swz(int r, int c) {
+#if WG
+    return (u32)((((c >> 3) * ROWS + r) << 7) + (((c & 7) ^ (r & 7)) << 4));
+#else
     return (u32)((r * CH + (c ^ (r & 7))) * 16);
+#endif
 }
 
 __device__ __forceinline__ void tc_cp_async16(u32 dst, const void* src, int bytes) {
@@ -155,12 +184,12 @@ __device__ __forceinline__ void tc_load_tile(u32 dst, const u16* __restrict__ sr
     static_assert(THREADS % CH == 0 && RSTEP % 8 == 0 && ROWS % RSTEP == 0,
                   "a tile's chunks must divide evenly among the threads, 8 rows apart");
     const int r0 = threadIdx.x / CH, c = threadIdx.x % CH;
-    const u32 d0 = dst + tc_swz(r0, c);
+    const u32 d0 = dst + tc_swz<ROWS>(r0, c);
     const u16* g0 = src + (size_t)(row0 + r0) * (STRIDE * HEAD_D) + c * 8;
 #pragma unroll
     for (int i = 0; i < ROWS / RSTEP; ++i) {
         const bool ok = row0 + r0 + i * RSTEP < T;
-        tc_cp_async16(d0 + i * RSTEP * CH * 16, ok ? g0 + (size_t)i * RSTEP * STRIDE * HEAD_D : src, ok ? 16 : 0);
+        tc_cp_async16(d0 + i * RSTEP * ROWB, ok ? g0 + (size_t)i * RSTEP * STRIDE * HEAD_D : src, ok ? 16 : 0);
     }
 }
 
@@ -212,12 +241,17 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
         tc_commit();
     }
     tc_wait<STAGES - 1>();  // the Q group is the oldest
+#if WG
+    wg_fence_smem();
+#endif
     __syncthreads();
 
     // Q fragments: held in registers (QREG 1) or read from the resident Q tile for every key
     // tile (QREG 0: 4 * HEAD_D / 16 registers fewer, for shapes that run more blocks per SM)
+#if !WG
     const u32 qthr = sQ + (u32)((warp * RW + (lane & 15)) * CH * 16 + (((lane >> 4) ^ (lane & 7)) << 4));
-#if QREG
+#endif
+#if QREG && !WG
     u32 qf[MT][HEAD_D / 16][4];
 #pragma unroll
     for (int m = 0; m < MT; ++m)
@@ -241,12 +275,14 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
 
     const int g = lane >> 2, t4 = lane & 3;
 
+#if !WG
     // ldmatrix addresses: a lane's row within a 16-row step has row & 7 == lane & 7, so the
     // swizzled chunk (c ^ (lane & 7)) of k-step ks is (base ^ (ks << 5)) with base holding the
     // lane's own bits; the 16-row steps are constant offsets
     const int l7 = lane & 7;
     const u32 kthr = (u32)((((lane >> 4) << 3) + l7) * CH * 16 + ((((lane >> 3) & 1) ^ l7) << 4));
     const u32 vthr = (u32)(((((lane >> 3) & 1) << 3) + l7) * CH * 16 + (((lane >> 4) ^ l7) << 4));
+#endif
 
     int st = 0;                 // the stage tile `it` sits in
     int st_fill = STAGES - 1;   // the stage tile `it + STAGES - 1` goes to
@@ -258,6 +294,9 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
         for (int s = 0; s < STAGES - 1; ++s) ring[s] = ring[s + 1];
         ring[STAGES - 1] = nx + 1 < n ? tent[e0 + nx + 1] : 0;  // read a tile ahead of its use
         tc_wait<STAGES - 2>();
+#if WG
+        wg_fence_smem();
+#endif
         __syncthreads();  // tile `it` is visible to all; the stage refilled below is free
         if (nx < n) {
             const int ktn = ent_nx >> 1;
@@ -267,11 +306,23 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
         tc_commit();
         st_fill = st_fill == STAGES - 1 ? 0 : st_fill + 1;
         const int kt = ent >> 1;
-        const u32 cK = sK + st * TILE_BYTES + kthr;
-        const u32 cV = sV + st * TILE_BYTES + vthr;
+        const u32 tK = sK + st * TILE_BYTES, tV = sV + st * TILE_BYTES;
         st = st == STAGES - 1 ? 0 : st + 1;
 
         float s[MT][BN / 8][4];
+#if WG
+        {
+            const u32 tQ = sQ + (u32)((warp >> 2) * 64 * 128);  // this warpgroup's 64 rows
+            wg_fence();
+#pragma unroll
+            for (int ks = 0; ks < HEAD_D / 16; ++ks)  // k-step ks: panel ks / 4, 32 bytes a step in it
+                WG_CAT(wg_ss, BN)(s[0], wg_desc(tQ + (ks >> 2) * BM * 128 + (ks & 3) * 32, 0),
+                                  wg_desc(tK + (ks >> 2) * BN * 128 + (ks & 3) * 32, 0), ks);
+            wg_commit();
+            wg_wait<0>();
+        }
+#else
+        const u32 cK = tK + kthr;
 #pragma unroll
         for (int m = 0; m < MT; ++m)
 #pragma unroll
@@ -299,6 +350,7 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
                 }
             }
         }
+#endif
 
         // a tile reaching past this class's end is partial too (the list is built for the longest)
         if ((ent & 1) || (STRIDE > 1 && kt * BN + BN > T)) {
@@ -378,6 +430,25 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
         }
 
         // O += P V
+#if WG
+        {
+            u32 pa[BN / 16][4];
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk) {
+                pa[kk][0] = tc_pack(s[0][2 * kk][0], s[0][2 * kk][1]);
+                pa[kk][1] = tc_pack(s[0][2 * kk][2], s[0][2 * kk][3]);
+                pa[kk][2] = tc_pack(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
+                pa[kk][3] = tc_pack(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
+            }
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk)
+                WG_CAT(wg_rs, HEAD_D)(acc[0], pa[kk], wg_desc(tV + kk * 16 * 128, BN * 128), 1);
+            wg_commit();
+            wg_wait<0>();
+        }
+#else
+        const u32 cV = tV + vthr;
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
             u32 a[MT][4];
@@ -399,6 +470,7 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
                 }
             }
         }
+#endif
     }
     tc_wait<0>();
 
@@ -418,8 +490,8 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
         for (int d = 0; d < HEAD_D / 8; ++d) {
             const u32 lo = tc_pack(acc[m][d][0] * inv[0], acc[m][d][1] * inv[0]);
             const u32 hi = tc_pack(acc[m][d][2] * inv[1], acc[m][d][3] * inv[1]);
-            asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(sQ + tc_swz(wrow + g, d) + t4 * 4), "r"(lo));
-            asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(sQ + tc_swz(wrow + g + 8, d) + t4 * 4), "r"(hi));
+            asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(sQ + tc_swz<BM>(wrow + g, d) + t4 * 4), "r"(lo));
+            asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(sQ + tc_swz<BM>(wrow + g + 8, d) + t4 * 4), "r"(hi));
         }
     }
     __syncwarp();
@@ -430,7 +502,7 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
         if (grow < T) {
             u32 x0, x1, x2, x3;
             asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                         : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3) : "r"(sQ + tc_swz(warp * RW + r, c)));
+                         : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3) : "r"(sQ + tc_swz<BM>(warp * RW + r, c)));
             asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};\n"
                          :: "l"(o + (size_t)grow * (STRIDE * HEAD_D) + c * 8), "r"(x0), "r"(x1), "r"(x2), "r"(x3));
         }

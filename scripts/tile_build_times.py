@@ -25,7 +25,7 @@ def main(argv=None) -> int:
 
     import pandas as pd
 
-    from attnbench.fast_tc import choose_config
+    from attnbench.fast_tc import IMPL, choose_config
     from attnbench.patterns import make_mask
     from attnbench.results import provenance
     from attnbench.sweep import _llm_instances
@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     for inst in _llm_instances():
         mask = make_mask(inst.pattern, a.T, inst.causal, **inst.param_dict)
         for D in (64, 128):
-            cfg = choose_config(mask, D)
+            cfg = choose_config(mask, D, device and IMPL.uses_wgmma())  # the shape fast-tc takes here
             inner = mask.strided()[1]
             host = [build(inner, cfg.BM, cfg.BN) for _ in range(a.repeat)]
             hs = [t.build_s * 1e3 for t in host]

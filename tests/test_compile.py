@@ -8,11 +8,16 @@ from attnbench import compile as kc
 def test_every_standard_build_compiles(arch):
     builds = kc.standard_builds()
     assert {name for name, _ in builds} >= {"naive"}
+    targets = {kc.target_arch(d, arch) for _, d in builds}
+    assert targets == ({"sm_80", None} if arch == "sm_80" else {"sm_90", "sm_90a"})  # wgmma builds: sm_90a
     for name, defines in builds:
-        reports = kc.compile_only(name, defines, arch)
+        target = kc.target_arch(defines, arch)
+        if target is None:
+            continue
+        reports = kc.compile_only(name, defines, target)
         assert reports, f"{name} {defines}: no kernel in the report"
         for r in reports:
-            assert r.arch == arch and r.registers > 0
+            assert r.arch == target and r.registers > 0
             assert r.spill_stores == 0 and r.spill_loads == 0, f"{r.kernel} spills with {defines}"
 
 
@@ -32,3 +37,25 @@ def test_missing_constant_is_a_compile_error():
 def test_includes_are_expanded_into_the_source():
     src = kc.source("naive")
     assert '#include "common.cuh"' not in src and "ab_allowed" in src
+
+
+def test_cubins_for_an_explicit_arch_are_built_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNBENCH_CACHE_DIR", str(tmp_path))
+    src, opts = kc.source("tiles"), kc.options({})
+    path = kc._cached_cubin("tiles", src, opts, "sm_90a")
+    assert path.parent == tmp_path and path.stat().st_size > 0
+    stamp = path.stat().st_mtime_ns
+    assert kc._cached_cubin("tiles", src, opts, "sm_90a") == path and path.stat().st_mtime_ns == stamp
+    # other options, another file
+    assert kc._cached_cubin("tiles", src, opts + ("-DX=1",), "sm_90a") != path
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".cubin", ".cubin"]
+
+
+def test_wgmma_header_is_generated():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "gen_wgmma.py"
+    r = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr

@@ -2,7 +2,8 @@
 import pytest
 
 from attnbench.compile import compile_only
-from attnbench.fast_tc import (CONFIGS, IMPL, PARTIAL_CONFIGS, WIDE_CONFIGS, choose_config, kernel_defines,
+from attnbench.fast_tc import (CONFIGS, HOPPER_CONFIGS, HOPPER_PARTIAL_CONFIGS, HOPPER_WIDE_CONFIGS, IMPL,
+                                PARTIAL_CONFIGS, SYNC_IMPL, WIDE_CONFIGS, choose_config, kernel_defines,
                                 tile_list)
 from attnbench.impls import Problem, get_impl
 from attnbench.patterns import BadInput, PATTERNS, make_mask
@@ -24,13 +25,16 @@ def _params_for(pattern: str, T: int) -> dict:
 
 
 # ---- CPU: NVRTC ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_90a"])
 @pytest.mark.parametrize("D", DIMS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("pattern", ["dense", "dilated", "bigbird"])
+@pytest.mark.parametrize("pattern", ["dense", "dilated", "bigbird", "streaming"])
 def test_compiles_without_spills(arch, D, dtype, pattern):
-    mask = make_mask(pattern, 4096, True)
-    reports = compile_only("fast_tc", kernel_defines(D, dtype, mask), arch)
+    """Every shape either table picks (sm_90a: the wgmma shapes) compiles without spills."""
+    mask = make_mask(pattern, 4096, True, **({"window": 64} if pattern == "streaming" else {}))
+    cfg = choose_config(mask, D, wgmma=arch == "sm_90a")
+    assert cfg.WG == (arch == "sm_90a")
+    reports = compile_only("fast_tc", kernel_defines(D, dtype, mask, cfg), arch)
     assert [r.kernel for r in reports] == ["fast_tc_fwd"]
     r = reports[0]
     assert r.arch == arch
@@ -39,19 +43,25 @@ def test_compiles_without_spills(arch, D, dtype, pattern):
 
 
 @pytest.mark.parametrize("D", DIMS)
-def test_config_follows_the_tile_list(D):
-    # these three patterns reach the three shapes the compile test above covers
-    assert choose_config(make_mask("dense", 4096, True), D) == WIDE_CONFIGS[D]
-    assert choose_config(make_mask("dilated", 4096, True), D) == PARTIAL_CONFIGS[D]
-    assert choose_config(make_mask("bigbird", 4096, True), D) == CONFIGS[D]
-    assert choose_config(make_mask("block_diagonal", 4096, False, block=128), D) == CONFIGS[D]
+@pytest.mark.parametrize("wgmma", [False, True])
+def test_config_follows_the_tile_list(D, wgmma):
+    # these patterns reach the three shapes the compile test above covers
+    default, wide, partial = ((HOPPER_CONFIGS, HOPPER_WIDE_CONFIGS, HOPPER_PARTIAL_CONFIGS) if wgmma
+                              else (CONFIGS, WIDE_CONFIGS, PARTIAL_CONFIGS))
+    assert choose_config(make_mask("dense", 4096, True), D, wgmma) == wide[D]
+    assert choose_config(make_mask("dilated", 4096, True), D, wgmma) == partial[D]
+    assert choose_config(make_mask("streaming", 4096, True, window=64), D, wgmma) == partial[D]
+    assert choose_config(make_mask("bigbird", 4096, True), D, wgmma) == default[D]
+    assert choose_config(make_mask("block_diagonal", 4096, False, block=128), D, wgmma) == default[D]
+    assert {c.WG for c in (default[D], wide[D], partial[D])} == {int(wgmma)}
 
 
 def test_registered_and_refuses_other_head_dims(monkeypatch):
     # pretend a device is there, so the refusal comes from D, not from the machine
     monkeypatch.setattr(type(IMPL), "availability", lambda self: None)
-    assert get_impl("fast-tc") is IMPL
-    assert IMPL.family == "attnbench" and set(IMPL.dtypes) == set(DTYPES)
+    assert get_impl("fast-tc") is IMPL and get_impl("fast-tc-sync") is SYNC_IMPL
+    assert IMPL.family == "attnbench" and set(IMPL.dtypes) == set(DTYPES) == set(SYNC_IMPL.dtypes)
+    assert IMPL.wgmma and not SYNC_IMPL.wgmma
     mask = make_mask("window", 256, True)
     for D in DIMS:
         assert IMPL.unsupported(Problem(mask, 1, 1, D, "bfloat16")) is None
@@ -106,13 +116,31 @@ def _cases():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("impl", [IMPL, SYNC_IMPL], ids=["fast-tc", "fast-tc-sync"])
 @pytest.mark.parametrize("pattern,D,T,dtype,bh,causal", list(_cases()))
-def test_gate(pattern, D, T, dtype, bh, causal):
+def test_gate(impl, pattern, D, T, dtype, bh, causal):
     from attnbench.check import gate
 
     mask = make_mask(pattern, T, causal, **_params_for(pattern, T))
-    res = gate(IMPL, Problem(mask, bh[0], bh[1], D, dtype))
+    res = gate(impl, Problem(mask, bh[0], bh[1], D, dtype))
     assert res.ok, res
+
+
+@pytest.mark.gpu
+def test_wgmma_runs_on_sm90_only():
+    import cupy
+
+    from attnbench.arrays import random_inputs
+    from attnbench.fast_tc import TileConfig
+
+    prob = Problem(make_mask("window", 300, True, window=64), 1, 2, 64, "bfloat16")
+    q, k, v = random_inputs(prob.shape, prob.dtype, seed=3)
+    hopper = cupy.cuda.Device().compute_capability == "90"
+    assert IMPL.prepare(prob, q, k, v).cfg.WG == int(hopper)
+    assert SYNC_IMPL.prepare(prob, q, k, v).cfg.WG == 0
+    if not hopper:
+        with pytest.raises(BadInput, match="sm_90"):
+            IMPL.prepare(prob, q, k, v, cfg=TileConfig(4, 64, 2, WG=1))
 
 
 @pytest.mark.gpu
@@ -170,5 +198,6 @@ def test_gate_strided(T, window, dilation, causal):
 
     mask = make_mask("dilated", T, causal, window=window, dilation=dilation)
     for D in DIMS:
-        res = gate(IMPL, Problem(mask, 1, 2, D, "bfloat16"))
-        assert res.ok, res
+        for impl in (IMPL, SYNC_IMPL):
+            res = gate(impl, Problem(mask, 1, 2, D, "bfloat16"))
+            assert res.ok, (impl.name, res)

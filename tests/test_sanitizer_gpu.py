@@ -10,7 +10,7 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer not on PATH")
-@pytest.mark.parametrize("impl", ["naive", "fast-f32", "fast-tc"])
+@pytest.mark.parametrize("impl", ["naive", "fast-f32", "fast-tc", "fast-tc-sync"])
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
 def test_kernels_are_sanitizer_clean(impl, tool):
     """Every pattern through the gate at an odd and a tile-sized T, under compute-sanitizer."""
