@@ -66,7 +66,7 @@ python3 -c "import cupy, sys; print('cupy', cupy.__version__, 'cuda runtime', cu
 for s in $steps; do
     case "$s" in
     tests) step tests python3 -m pytest -q -m gpu -rs --junitxml="$work/pytest_gpu.xml" ${GPU_TESTS:-} ;;
-    check) step check attnbench check ${CHECK_ARGS:---impl naive --impl fast-f32 --impl fast-tc} ;;
+    check) step check attnbench check ${CHECK_ARGS:---impl naive --impl fast-f32 --impl fast-tc --impl fast-tc-sync} ;;
     example) step example attnbench run --pattern streaming --T 2048 --window 128 --sink 32 ;;
     compare) for T in 128 256 512 1024 2048 4096; do step compare_$T attnbench run --pattern streaming --T $T; done ;;
     seed)  step seed attnbench sweep --T-min 128 --T-max 4096 --out "$work/seed.csv"
