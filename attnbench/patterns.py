@@ -429,8 +429,10 @@ class Mask:
     # -- intervals and tiles -------------------------------------------------------
     def intervals(self, i, split: int = 1):
         lo, hi, exact = self.pattern.intervals(i, self.T, self.causal, self.params, self.table, split)
-        lo = np.clip(lo, 0, self.T)  # new arrays: a pattern may hand out views of its own
-        hi = np.clip(hi, 0, self.T)
+        lo = np.maximum(lo, 0)  # new arrays: a pattern may hand out views of its own (np.clip: 5x slower)
+        np.minimum(lo, self.T, out=lo)
+        hi = np.maximum(hi, 0)
+        np.minimum(hi, self.T, out=hi)
         if self.causal:
             np.minimum(hi, i[None] + 1, out=hi)
         return lo, np.maximum(hi, lo, out=hi), np.asarray(exact, dtype=bool)
