@@ -168,6 +168,15 @@ __device__ __forceinline__ u32 tc_pack(float lo, float hi) {
 #endif
 }
 
+// The m16n8k16 A fragment of P for k-step kk (keys 16 kk .. 16 kk + 15) from an m16 tile's S
+// accumulators (the same per warp for mma.sync and for wgmma with A in registers).
+__device__ __forceinline__ void tc_p_frag(u32 (&a)[4], const float (&s)[BN / 8][4], int kk) {
+    a[0] = tc_pack(s[2 * kk][0], s[2 * kk][1]);
+    a[1] = tc_pack(s[2 * kk][2], s[2 * kk][3]);
+    a[2] = tc_pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    a[3] = tc_pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
+
 __device__ __forceinline__ float tc_exp2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
@@ -434,12 +443,7 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
         {
             u32 pa[BN / 16][4];
 #pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk) {
-                pa[kk][0] = tc_pack(s[0][2 * kk][0], s[0][2 * kk][1]);
-                pa[kk][1] = tc_pack(s[0][2 * kk][2], s[0][2 * kk][3]);
-                pa[kk][2] = tc_pack(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
-                pa[kk][3] = tc_pack(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
-            }
+            for (int kk = 0; kk < BN / 16; ++kk) tc_p_frag(pa[kk], s[0], kk);
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < BN / 16; ++kk)
@@ -453,12 +457,7 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
         for (int kk = 0; kk < BN / 16; ++kk) {
             u32 a[MT][4];
 #pragma unroll
-            for (int m = 0; m < MT; ++m) {
-                a[m][0] = tc_pack(s[m][2 * kk][0], s[m][2 * kk][1]);
-                a[m][1] = tc_pack(s[m][2 * kk][2], s[m][2 * kk][3]);
-                a[m][2] = tc_pack(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
-                a[m][3] = tc_pack(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
-            }
+            for (int m = 0; m < MT; ++m) tc_p_frag(a[m], s[m], kk);
 #pragma unroll
             for (int dp = 0; dp < HEAD_D / 16; ++dp) {
                 u32 b[4];
