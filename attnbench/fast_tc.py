@@ -21,6 +21,7 @@ from .compile import get_module
 from .impls import Impl, Problem, Runner, register
 from .patterns import BadInput, Mask, make_mask
 from .tiles import setup_times, tile_list
+from .tma import TensorMap, head_maps
 
 KERNEL = "fast_tc"
 ENTRY = "fast_tc_fwd"
@@ -40,7 +41,8 @@ class TileConfig:
     MT: int = 1    # m16 row tiles per warp
     MINB: int = 1  # blocks per multiprocessor asked of the register allocator
     QREG: int = 1  # 1: Q fragments held in registers; 0: read from shared memory per key tile
-    WG: int = 0    # 1: Hopper warpgroup MMA (wgmma, sm_90a) instead of mma.sync; D=64, MT=1
+    WG: int = 0    # 1: Hopper warpgroup MMA (wgmma, sm_90a) instead of mma.sync; MT=1
+    TMA: int = 0   # 1 (with WG): Q, K and V tiles by bulk tensor copies (unstrided patterns; else cp.async)
 
     @property
     def arch(self) -> str | None:
@@ -56,7 +58,8 @@ class TileConfig:
         return 32 * self.NWARPS
 
     def smem_bytes(self, D: int) -> int:
-        return 2 * D * (self.BM + 2 * self.STAGES * self.BN)
+        # with TMA, an 8-byte mbarrier for Q and one per stage after the tiles
+        return 2 * D * (self.BM + 2 * self.STAGES * self.BN) + (8 * (self.STAGES + 1) if self.TMA else 0)
 
 
 # Per head dimension: the default shape, the shape for wide patterns (many full tiles per query
@@ -78,20 +81,19 @@ PARTIAL_CONFIGS: dict[int, TileConfig] = {
     128: TileConfig(NWARPS=4, BN=32, STAGES=3),
 }
 # The same three roles on sm_90 with wgmma (WG=1: each warpgroup multiplies 64 rows; Q, K and V
-# read from shared memory by the tensor cores, no ldmatrix), from interleaved timings on an H200
-# (docs/PERF.md v8): 64-key tiles in 3 stages by default, 128-key tiles for wide patterns at D=64,
-# 32-key tiles for all-partial lists.
+# read from shared memory by the tensor cores, no ldmatrix) and bulk tensor copies (TMA=1), from
+# interleaved timings on an H200 (docs/PERF.md v8, v9): at D=64 64-key tiles in 2 stages for the
+# default and wide roles (with the copy engine doing the loads, 2 stages and 5 blocks per SM's worth
+# of shared memory beat 3 stages; 128-key tiles were within 1% on dense and 4% slower on window
+# 4096), 32-key tiles for all-partial lists; at D=128 64-key tiles in 3 stages.
 HOPPER_CONFIGS: dict[int, TileConfig] = {
-    64: TileConfig(NWARPS=4, BN=64, STAGES=3, MINB=4, QREG=0, WG=1),
-    128: TileConfig(NWARPS=4, BN=64, STAGES=3, QREG=0, WG=1),
+    64: TileConfig(NWARPS=4, BN=64, STAGES=2, MINB=4, QREG=0, WG=1, TMA=1),
+    128: TileConfig(NWARPS=4, BN=64, STAGES=3, QREG=0, WG=1, TMA=1),
 }
-HOPPER_WIDE_CONFIGS: dict[int, TileConfig] = {
-    64: TileConfig(NWARPS=4, BN=128, STAGES=2, MINB=2, QREG=0, WG=1),
-    128: HOPPER_CONFIGS[128],
-}
+HOPPER_WIDE_CONFIGS: dict[int, TileConfig] = dict(HOPPER_CONFIGS)
 HOPPER_PARTIAL_CONFIGS: dict[int, TileConfig] = {
-    64: TileConfig(NWARPS=4, BN=32, STAGES=3, MINB=4, QREG=0, WG=1),
-    128: TileConfig(NWARPS=4, BN=32, STAGES=3, MINB=2, QREG=0, WG=1),
+    64: TileConfig(NWARPS=4, BN=32, STAGES=3, MINB=4, QREG=0, WG=1, TMA=1),
+    128: TileConfig(NWARPS=4, BN=32, STAGES=3, MINB=2, QREG=0, WG=1, TMA=1),
 }
 # rows averaging at least this many allowed keys take the wide shape (at D=128 it paid from
 # streaming 4+1024 up, about 1000 keys a row; at D=64 only from window 4096 up)
@@ -128,8 +130,16 @@ def kernel_defines(D: int, dtype: str, mask: Mask, cfg: TileConfig | None = None
              AB_F16=int(dtype == "float16"), STRIDE=stride)
     if cfg.WG:
         d["WG"] = 1
+    if uses_tma(cfg, mask):
+        d["TMA"] = 1
     d.update(pattern_defines(inner))
     return d
+
+
+def uses_tma(cfg: TileConfig, mask: Mask) -> bool:
+    """Tiles by bulk tensor copies: asked by the shape and the pattern is not strided (a residue
+    class's rows are no box of the [B*H, T, D] view; strided patterns keep cp.async)."""
+    return bool(cfg.WG and cfg.TMA and mask.strided()[0] == 1)
 
 
 class FastTCRunner(Runner):
@@ -203,9 +213,18 @@ class FastTC(Impl):
         out = cupy.empty(prob.shape, dtype=arrays[0].dtype)
         nq = -(-inner.T // cfg.BM)
         scale_log2 = np.float32(prob.softmax_scale * LOG2E)
-        args = (arrays[0], arrays[1], arrays[2], out, head, entries, np.int32(prob.T), scale_log2, table)
+        if uses_tma(cfg, prob.mask):
+            t0 = time.perf_counter()
+            maps = head_maps(arrays + [out], (cfg.BM, cfg.BN, cfg.BN, cfg.BM))
+            setup["tma_maps_s"] = time.perf_counter() - t0
+        else:
+            maps = [TensorMap()] * 4  # zeros, not read
+        args = (arrays[0], arrays[1], arrays[2], out, head, entries, np.int32(prob.T), scale_log2, table,
+                *(m.arg for m in maps))
         grid = (nq, prob.B * prob.H, min(stride, prob.T))  # one layer per non-empty residue class
-        return FastTCRunner(kernel, grid, (cfg.threads,), smem, args, out, setup, cfg)
+        runner = FastTCRunner(kernel, grid, (cfg.threads,), smem, args, out, setup, cfg)
+        runner.maps = maps  # the host bytes the launch copies the maps from
+        return runner
 
 
 IMPL = register(FastTC(

@@ -30,6 +30,15 @@ __device__ __forceinline__ bool ab_in_window(int d, int W, int causal) {
                   : (unsigned)d + (unsigned)(W - 1) < 2u * (unsigned)W - 1u;
 }
 
+// BigBird's block-level rule: key block kb is allowed to query block qb (before the causal clause).
+__device__ __forceinline__ bool ab_bigbird_block(const ABPattern& p, int qb, int kb) {
+    if (ab_abs(qb - kb) <= p.p1 / 2 || qb < p.p2 || kb < p.p2) return true;
+    const int stride = p.p3 > 0 ? p.p3 : 1;
+    for (int r = 0; r < p.p3; ++r)
+        if (p.table[qb * stride + r] == kb) return true;
+    return false;
+}
+
 // allowed(i, j) for 0 <= i, j < T. Written without branches (bitwise & and |) so that, with the
 // pattern compiled in, a tile of predicates becomes a few integer instructions per element.
 __device__ __forceinline__ bool ab_allowed(const ABPattern& p, int i, int j) {
@@ -48,17 +57,59 @@ __device__ __forceinline__ bool ab_allowed(const ABPattern& p, int i, int j) {
         const int a = ab_abs(d);
         return (a < p.p0 * p.p1) & ((a % p.p1) == 0) & before;
     }
-    case AB_BIGBIRD: {  // p0 = Bk, p1 = w, p2 = g, p3 = r
-        if (!before) return false;
-        int qb = i / p.p0, kb = j / p.p0;
-        if (ab_abs(qb - kb) <= p.p1 / 2 || qb < p.p2 || kb < p.p2) return true;
-        const int stride = p.p3 > 0 ? p.p3 : 1;
-        for (int r = 0; r < p.p3; ++r)
-            if (p.table[qb * stride + r] == kb) return true;
-        return false;
-    }
+    case AB_BIGBIRD:  // p0 = Bk, p1 = w, p2 = g, p3 = r
+        return before && ab_bigbird_block(p, i / p.p0, j / p.p0);
     }
     return false;
+}
+
+// Bits lo .. hi (clamped to 0 .. 31; none when lo > hi) of a 32-bit word. PTX shifts by 32 or
+// more give 0, so no comparison is needed: ~0 << lo keeps bits >= lo, ~0 >> (31 - hi) bits <= hi.
+__device__ __forceinline__ unsigned ab_span(int lo, int hi) {
+    unsigned a, b;
+    asm("shl.b32 %0, %1, %2;" : "=r"(a) : "r"(0xffffffffu), "r"((unsigned)max(lo, 0)));
+    asm("shr.b32 %0, %1, %2;" : "=r"(b) : "r"(0xffffffffu), "r"((unsigned)(31 - min(hi, 31))));
+    return a & b;
+}
+
+// allowed(i, j0 + b) for b = 0 .. 31 as bit b, for 0 <= i < T and j0 >= 0 (keys >= T are the
+// caller's to clear when the pattern is not causal): the predicate above a row at a time, each
+// pattern as the key intervals it allows (streaming: sink and window; BigBird: one per allowed key
+// block), so a kernel pays a few instructions a row instead of a few an element.
+__device__ __forceinline__ unsigned ab_allowed_bits(const ABPattern& p, int i, int j0) {
+    const int r = i - j0;  // the row, relative to j0
+    const int back = p.causal ? r : r + p.p0 - 1;
+    unsigned m = 0;
+    switch (p.pid) {
+    case AB_DENSE:
+        m = 0xffffffffu;
+        break;
+    case AB_WINDOW:
+        m = ab_span(r - p.p0 + 1, back);
+        break;
+    case AB_STREAMING:
+        m = ab_span(-j0, p.p0 - 1 - j0) | ab_span(r - p.p1 + 1, p.causal ? r : r + p.p1 - 1);
+        break;
+    case AB_BLOCK_DIAGONAL: {
+        const int b0 = (i / p.p0) * p.p0 - j0;
+        m = ab_span(b0, b0 + p.p0 - 1);
+        break;
+    }
+    case AB_DILATED:
+        if (p.p1 == 1) {
+            m = ab_span(r - p.p0 + 1, back);
+        } else {
+            for (int b = 0; b < 32; ++b) m |= (unsigned)ab_allowed(p, i, j0 + b) << b;
+        }
+        break;
+    case AB_BIGBIRD: {
+        const int qb = i / p.p0;
+        for (int kb = j0 / p.p0; kb <= (j0 + 31) / p.p0; ++kb)
+            if (ab_bigbird_block(p, qb, kb)) m |= ab_span(kb * p.p0 - j0, kb * p.p0 + p.p0 - 1 - j0);
+        break;
+    }
+    }
+    return p.causal ? m & ab_span(0, r) : m;
 }
 
 // ---- 16-bit float conversions without cuda_fp16.h / cuda_bf16.h ---------------------------

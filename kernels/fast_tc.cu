@@ -30,8 +30,15 @@
 // warpgroup owns 64 rows, and each product is issued, committed and waited for in one batch (the
 // softmax between them is unchanged).
 //
+// TMA 1 (with WG, STRIDE 1): Q and the K/V tiles come by bulk tensor copies (kernels/tma.cuh) that
+// one thread issues, each stage completing on its own mbarrier, instead of a cp.async per
+// 16-byte chunk per thread; the copy engine applies the 128-byte swizzle and zero-fills rows >= T.
+// The output tile goes back the same way, staged in the Q buffer. The tensor maps (Q, K, V, O:
+// [B*H][T][HEAD_D] viewed in boxes of 64 columns) come by value; other builds take them too and
+// ignore them.
+//
 // Compile-time constants (-D): HEAD_D (64 or 128), BN (keys per tile, multiple of 16), STRIDE, QREG, WG,
-// NWARPS, MT, MINB (blocks per SM for __launch_bounds__), STAGES (>= 2), AB_F16 (1: float16, 0: bfloat16), and the pattern itself: PID (pattern
+// NWARPS, MT, MINB (blocks per SM for __launch_bounds__), STAGES (>= 2), TMA, AB_F16 (1: float16, 0: bfloat16), and the pattern itself: PID (pattern
 // id of common.cuh), CAUSAL, P0..P3 (Mask.device_params()), so that the predicate's switch folds
 // away and its divisions become multiplications by constants.
 #include "common.cuh"
@@ -85,6 +92,9 @@
 #ifndef WG
 #define WG 0
 #endif
+#ifndef TMA
+#define TMA 0
+#endif
 
 #define THREADS (NWARPS * 32)
 #define RESCALE_LOG2 8.f
@@ -102,6 +112,10 @@ static_assert(BN == 32 || BN == 64 || BN == 128, "WG: BN 32, 64 or 128");
 #include "wgmma.cuh"
 #define WG_CAT2(a, b) a##b
 #define WG_CAT(a, b) WG_CAT2(a, b)
+#endif
+#include "tma.cuh"
+#if TMA
+static_assert(WG && STRIDE == 1, "TMA: with WG, on unstrided patterns");
 #endif
 
 #define TC_NEG_INF __int_as_float(0xff800000)
@@ -177,6 +191,12 @@ __device__ __forceinline__ void tc_p_frag(u32 (&a)[4], const float (&s)[BN / 8][
     a[3] = tc_pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 }
 
+__device__ __forceinline__ float tc_rcp(float x) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 __device__ __forceinline__ float tc_exp2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
@@ -202,10 +222,24 @@ __device__ __forceinline__ void tc_load_tile(u32 dst, const u16* __restrict__ sr
     }
 }
 
+#if TMA
+// K and V tile rows [row0, row0 + BN) of this block's head into their stages, both completing on `bar`
+__device__ __forceinline__ void tma_load_kv(u32 dK, u32 dV, const void* mapK, const void* mapV, int row0, u32 bar) {
+    tma_expect(bar, 2 * TILE_BYTES);
+#pragma unroll
+    for (int pn = 0; pn < HEAD_D / 64; ++pn) {
+        tma_load3(dK + pn * BN * 128, mapK, pn * 64, row0, blockIdx.y, bar);
+        tma_load3(dV + pn * BN * 128, mapV, pn * 64, row0, blockIdx.y, bar);
+    }
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(THREADS, MINB)
 fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* __restrict__ Vg,
             u16* __restrict__ Og, const int4* __restrict__ thead, const int* __restrict__ tent,
-            int T_all, float scale_log2, const int* __restrict__ table) {
+            int T_all, float scale_log2, const int* __restrict__ table, const __grid_constant__ TmaMap mapQ,
+            const __grid_constant__ TmaMap mapK, const __grid_constant__ TmaMap mapV,
+            const __grid_constant__ TmaMap mapO) {
     // 1024-byte alignment: every tile starts at a multiple of its row pitch (CH * 16 bytes), which
     // the XOR addressing of the ldmatrix reads below relies on
     extern __shared__ __align__(1024) unsigned char smem[];
@@ -230,8 +264,22 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
     pat.p0 = P0; pat.p1 = P1; pat.p2 = P2; pat.p3 = P3;
     pat.table = table;
 
+#if TMA
+    // barriers after the V stages: Q's, then one per stage
+    const u32 sBar = sV + STAGES * TILE_BYTES;
+    if (threadIdx.x == 0) {  // the barriers, then Q's copy at once; the others wait at the barrier below
+#pragma unroll
+        for (int s = 0; s <= STAGES; ++s) tma_bar_init(sBar + 8 * s, 1);
+        tma_bar_fence_init();
+        tma_expect(sBar, BM * HEAD_D * 2);
+#pragma unroll
+        for (int pn = 0; pn < HEAD_D / 64; ++pn)
+            tma_load3(sQ + pn * BM * 128, &mapQ, pn * 64, qt * BM, blockIdx.y, sBar);
+    }
+#else
     tc_load_tile<BM>(sQ, q, qt * BM, T);
     tc_commit();
+#endif
     const int4 head = thead[qt];
     const int e0 = head.x, n = head.y;
     // ring[s]: the entry of tile it + s (0 past the list), shifted down once per tile
@@ -240,6 +288,15 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
     ring[1] = head.w;
 #pragma unroll
     for (int s = 2; s < STAGES; ++s) ring[s] = s < n ? tent[e0 + s] : 0;
+#if TMA
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int s = 0; s < STAGES - 1; ++s)
+            if (s < n) tma_load_kv(sK + s * TILE_BYTES, sV + s * TILE_BYTES, &mapK, &mapV, (ring[s] >> 1) * BN, sBar + 8 * (s + 1));
+    }
+    __syncthreads();  // the barriers are initialised
+    tma_wait(sBar, 0);
+#else
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < n) {
@@ -254,6 +311,7 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
     wg_fence_smem();
 #endif
     __syncthreads();
+#endif
 
     // Q fragments: held in registers (QREG 1) or read from the resident Q tile for every key
     // tile (QREG 0: 4 * HEAD_D / 16 registers fewer, for shapes that run more blocks per SM)
@@ -293,6 +351,15 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
     const u32 vthr = (u32)(((((lane >> 3) & 1) << 3) + l7) * CH * 16 + (((lane >> 4) ^ l7) << 4));
 #endif
 
+#if WG
+    // descriptor low words (start address, LBO): a k-step, panel or stage adds a constant to them
+    const u32 dQ = wg_desc_lo(sQ + (u32)((warp >> 2) * 64 * 128), 0);  // this warpgroup's 64 rows
+    const u32 dK = wg_desc_lo(sK, 0);
+    const u32 dV = wg_desc_lo(sV, BN * 128);
+#endif
+#if TMA
+    u32 phase = 0;              // parity of the stage barriers' current phase
+#endif
     int st = 0;                 // the stage tile `it` sits in
     int st_fill = STAGES - 1;   // the stage tile `it + STAGES - 1` goes to
     for (int it = 0; it < n; ++it) {
@@ -302,6 +369,13 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
 #pragma unroll
         for (int s = 0; s < STAGES - 1; ++s) ring[s] = ring[s + 1];
         ring[STAGES - 1] = nx + 1 < n ? tent[e0 + nx + 1] : 0;  // read a tile ahead of its use
+#if TMA
+        __syncthreads();  // every warp is done with the stage refilled below (tile it - 1's)
+        if (threadIdx.x == 0 && nx < n)
+            tma_load_kv(sK + st_fill * TILE_BYTES, sV + st_fill * TILE_BYTES, &mapK, &mapV, (ent_nx >> 1) * BN,
+                        sBar + 8 * (st_fill + 1));
+        tma_wait(sBar + 8 * (st + 1), phase);  // tile `it` has landed
+#else
         tc_wait<STAGES - 2>();
 #if WG
         wg_fence_smem();
@@ -313,20 +387,27 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
             tc_load_tile<BN>(sV + st_fill * TILE_BYTES, v, ktn * BN, T);
         }
         tc_commit();
+#endif
         st_fill = st_fill == STAGES - 1 ? 0 : st_fill + 1;
         const int kt = ent >> 1;
+#if WG
+        const u32 so = (u32)st * (TILE_BYTES >> 4);  // this stage's offset in descriptor units
+#else
         const u32 tK = sK + st * TILE_BYTES, tV = sV + st * TILE_BYTES;
+#endif
+#if TMA
+        if (st == STAGES - 1) phase ^= 1;
+#endif
         st = st == STAGES - 1 ? 0 : st + 1;
 
         float s[MT][BN / 8][4];
 #if WG
         {
-            const u32 tQ = sQ + (u32)((warp >> 2) * 64 * 128);  // this warpgroup's 64 rows
             wg_fence();
 #pragma unroll
             for (int ks = 0; ks < HEAD_D / 16; ++ks)  // k-step ks: panel ks / 4, 32 bytes a step in it
-                WG_CAT(wg_ss, BN)(s[0], wg_desc(tQ + (ks >> 2) * BM * 128 + (ks & 3) * 32, 0),
-                                  wg_desc(tK + (ks >> 2) * BN * 128 + (ks & 3) * 32, 0), ks);
+                WG_CAT(wg_ss, BN)(s[0], wg_desc_of(dQ + (((ks >> 2) * BM * 128 + (ks & 3) * 32) >> 4)),
+                                  wg_desc_of(dK + so + (((ks >> 2) * BN * 128 + (ks & 3) * 32) >> 4)), ks);
             wg_commit();
             wg_wait<0>();
         }
@@ -362,8 +443,9 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
 #endif
 
         // a tile reaching past this class's end is partial too (the list is built for the longest)
+        bool idle = false;  // no row of this warp has an allowed key in the tile: P = 0, no softmax
         if ((ent & 1) || (STRIDE > 1 && kt * BN + BN > T)) {
-            const int key0 = kt * BN + t4 * 2;
+            unsigned seen = 0;
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
                 // rows clamped below T so the predicate's table reads stay in range; with the
@@ -371,70 +453,100 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
                 // patterns test the key against T
                 const int row_a = min(qt * BM + warp * RW + m * 16 + g, T - 1);
                 const int row_b = min(qt * BM + warp * RW + m * 16 + g + 8, T - 1);
+                // the predicate 32 keys at a time for each of the thread's two rows, shifted so
+                // that bit 8 jj + x is key 32 w + 8 jj + 2 t4 + x, the column of s[m][4 w + jj][x]
 #pragma unroll
-                for (int j = 0; j < BN / 8; ++j) {
+                for (int w = 0; w < (BN + 31) / 32; ++w) {
+                    const int j0 = kt * BN + 32 * w;
+                    unsigned ba = ab_allowed_bits(pat, row_a, j0), bb = ab_allowed_bits(pat, row_b, j0);
+                    if (!CAUSAL) {
+                        const unsigned in_seq = ab_span(0, T - 1 - j0);
+                        ba &= in_seq;
+                        bb &= in_seq;
+                    }
+                    seen |= ba | bb;
+                    ba >>= 2 * t4;
+                    bb >>= 2 * t4;
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int key = key0 + j * 8 + (e & 1);
-                        const bool ok = ab_allowed(pat, (e < 2) ? row_a : row_b, key) & (CAUSAL || key < T);
-                        s[m][j][e] = ok ? s[m][j][e] : TC_NEG_INF;
+                    for (int jj = 0; jj < 4 && 4 * w + jj < BN / 8; ++jj) {
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            const bool ok = (((e < 2) ? ba : bb) >> (8 * jj + (e & 1))) & 1u;
+                            s[m][4 * w + jj][e] = ok ? s[m][4 * w + jj][e] : TC_NEG_INF;
+                        }
                     }
                 }
             }
+#if BN <= 32
+            // only with the 32-key tiles of all-partial lists, where whole warps fall outside small
+            // windows (streaming 16+64: 4 of 20 warp-tiles); with 64-key tiles the branch cost 14
+            // registers and a block per SM, and idle warps are rare (docs/PERF.md v9)
+            idle = !__any_sync(0xffffffffu, seen != 0);
+#endif
         }
 
-        // online softmax, two rows per thread and m-tile (g and g + 8), four lanes per row:
-        // the tile's row max, a rescale only if some row's max grew by more than 2^RESCALE_LOG2
-        float tmax[MT][2];
-        bool grow = false;
+        if (idle) {
 #pragma unroll
-        for (int m = 0; m < MT; ++m) {
+            for (int m = 0; m < MT; ++m)
 #pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                float mx = TC_NEG_INF;
-#pragma unroll
-                for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[m][j][2 * r], s[m][j][2 * r + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                tmax[m][r] = mx;
-                // true on a row's first allowed key too (mrow = -inf)
-                grow |= (mx - mrow[m][r]) * scale_log2 > RESCALE_LOG2;
-            }
-        }
-        if (__any_sync(0xffffffffu, grow)) {
+                for (int j = 0; j < BN / 8; ++j) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.f;
+        } else {
+            // online softmax, two rows per thread and m-tile (g and g + 8), four lanes per row:
+            // the tile's row max, a rescale only if some row's max grew by more than 2^RESCALE_LOG2
+            float tmax[MT][2];
+            bool grow = false;
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
-                    const float mx = fmaxf(mrow[m][r], tmax[m][r]);
-                    // no allowed key yet: alpha stays 1 (l and acc are 0 anyway), never NaN
-                    const float alpha = mx == TC_NEG_INF ? 1.f : tc_exp2((mrow[m][r] - mx) * scale_log2);
-                    mrow[m][r] = mx;
-                    lrow[m][r] *= alpha;
+                    float mx = TC_NEG_INF;
 #pragma unroll
-                    for (int d = 0; d < HEAD_D / 8; ++d) {
-                        acc[m][d][2 * r] *= alpha;
-                        acc[m][d][2 * r + 1] *= alpha;
+                    for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[m][j][2 * r], s[m][j][2 * r + 1]));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                    tmax[m][r] = mx;
+                    // true on a row's first allowed key too (mrow = -inf)
+                    grow |= (mx - mrow[m][r]) * scale_log2 > RESCALE_LOG2;
+                }
+            }
+            // (a warp's first tile: acc and l are still 0, only the max moves)
+            if (__any_sync(0xffffffffu, grow)) {
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        const float mx = fmaxf(mrow[m][r], tmax[m][r]);
+                        // no allowed key yet: alpha stays 1 (l and acc are 0 anyway), never NaN
+                        const float alpha = mx == TC_NEG_INF ? 1.f : tc_exp2((mrow[m][r] - mx) * scale_log2);
+                        mrow[m][r] = mx;
+                        if (it > 0) {
+                            lrow[m][r] *= alpha;
+#pragma unroll
+                            for (int d = 0; d < HEAD_D / 8; ++d) {
+                                acc[m][d][2 * r] *= alpha;
+                                acc[m][d][2 * r + 1] *= alpha;
+                            }
+                        }
                     }
                 }
             }
-        }
 #pragma unroll
-        for (int m = 0; m < MT; ++m) {
+            for (int m = 0; m < MT; ++m) {
 #pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                // no allowed key yet: subtract 0 instead of -inf so exp2 gives 0, never NaN
-                const float ms = (mrow[m][r] == TC_NEG_INF) ? 0.f : mrow[m][r] * scale_log2;
-                float rs = 0.f;
+                for (int r = 0; r < 2; ++r) {
+                    // no allowed key yet: subtract 0 instead of -inf so exp2 gives 0, never NaN
+                    const float ms = (mrow[m][r] == TC_NEG_INF) ? 0.f : mrow[m][r] * scale_log2;
+                    float rs = 0.f;
 #pragma unroll
-                for (int j = 0; j < BN / 8; ++j) {
-                    const float a = tc_exp2(fmaf(s[m][j][2 * r], scale_log2, -ms));
-                    const float b = tc_exp2(fmaf(s[m][j][2 * r + 1], scale_log2, -ms));
-                    s[m][j][2 * r] = a;
-                    s[m][j][2 * r + 1] = b;
-                    rs += a + b;
+                    for (int j = 0; j < BN / 8; ++j) {
+                        const float a = tc_exp2(fmaf(s[m][j][2 * r], scale_log2, -ms));
+                        const float b = tc_exp2(fmaf(s[m][j][2 * r + 1], scale_log2, -ms));
+                        s[m][j][2 * r] = a;
+                        s[m][j][2 * r + 1] = b;
+                        rs += a + b;
+                    }
+                    lrow[m][r] += rs;
                 }
-                lrow[m][r] += rs;
             }
         }
 
@@ -447,14 +559,14 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < BN / 16; ++kk)
-                WG_CAT(wg_rs, HEAD_D)(acc[0], pa[kk], wg_desc(tV + kk * 16 * 128, BN * 128), 1);
+                WG_CAT(wg_rs, HEAD_D)(acc[0], pa[kk], wg_desc_of(dV + so + ((kk * 16 * 128) >> 4)), 1);
             wg_commit();
             wg_wait<0>();
         }
 #else
         const u32 cV = tV + vthr;
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
+        for (int kk = 0; kk < BN / 16 && !idle; ++kk) {
             u32 a[MT][4];
 #pragma unroll
             for (int m = 0; m < MT; ++m) tc_p_frag(a[m], s[m], kk);
@@ -471,9 +583,12 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
         }
 #endif
     }
+#if !TMA
     tc_wait<0>();
+#endif
 
-    // normalise, stage this warp's rows in its own part of the Q buffer, store 16 bytes a lane
+    // normalise, stage this warp's rows in its own part of the Q buffer, store 16 bytes a lane (TMA:
+    // one bulk tensor copy of the whole tile, rows >= T left out by the copy engine)
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
         float inv[2];
@@ -482,7 +597,7 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
             float l = lrow[m][r];
             l += __shfl_xor_sync(0xffffffffu, l, 1);
             l += __shfl_xor_sync(0xffffffffu, l, 2);
-            inv[r] = l > 0.f ? 1.f / l : 0.f;
+            inv[r] = l > 0.f ? tc_rcp(l) : 0.f;
         }
         const int wrow = warp * RW + m * 16;
 #pragma unroll
@@ -493,6 +608,15 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
             asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(sQ + tc_swz<BM>(wrow + g + 8, d) + t4 * 4), "r"(hi));
         }
     }
+#if TMA
+    wg_fence_smem();  // the staged rows (generic proxy) made visible to the copy engine
+    __syncthreads();
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int pn = 0; pn < HEAD_D / 64; ++pn) tma_store3(&mapO, pn * 64, qt * BM, blockIdx.y, sQ + pn * BM * 128);
+        tma_store_commit_and_wait();  // the block's shared memory must outlive the copy's reads
+    }
+#else
     __syncwarp();
 #pragma unroll
     for (int idx = lane; idx < RW * CH; idx += 32) {
@@ -506,4 +630,5 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
                          :: "l"(o + (size_t)grow * (STRIDE * HEAD_D) + c * 8), "r"(x0), "r"(x1), "r"(x2), "r"(x3));
         }
     }
+#endif
 }

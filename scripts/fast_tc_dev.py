@@ -217,7 +217,7 @@ def time_case(timer, ceil, label, name, causal, params, T, D, H, flex_blocks, sa
 
 
 def parse_cfg(text: str):
-    """'NWARPS,BN,STAGES[,MT[,MINB[,QREG[,WG]]]]' -> TileConfig."""
+    """'NWARPS,BN,STAGES[,MT[,MINB[,QREG[,WG[,TMA]]]]]' -> TileConfig."""
     from attnbench.fast_tc import TileConfig
 
     return TileConfig(*(int(x) for x in text.split(",")))
@@ -270,7 +270,7 @@ def sweep(timer, ceil, variants, samples, only="", dense_T=(16384,)) -> list[dic
             for c, x in t.items():
                 rows.append(dict(case=lab, D=D, T=T, cfg=str(c), ms=x["ms"], p20=x["p20"], p80=x["p80"],
                                  tflops=prob.flops / x["ms"] / 1e9, roofline=floor_ms / x["ms"]))
-                name = c if isinstance(c, str) else f"{c.NWARPS},{c.BN},{c.STAGES},{c.MT},{c.MINB},{c.QREG},{c.WG}"
+                name = c if isinstance(c, str) else f"{c.NWARPS},{c.BN},{c.STAGES},{c.MT},{c.MINB},{c.QREG},{c.WG},{c.TMA}"
                 print(f"sweep {lab:22s} D={D:3d} T={T} {name}: "
                       f"{x['ms']:8.4f} ms  {prob.flops / x['ms'] / 1e9:6.1f} TF/s  roof {floor_ms / x['ms']:6.1%}"
                       f"{'  *' if x['ms'] == best else ''}")
@@ -315,7 +315,7 @@ def main(argv=None):
     ap.add_argument("--flex-blocks", default="64,128")
     ap.add_argument("--samples", type=int, default=25)
     ap.add_argument("--only", default="", help="comma-separated case labels (substring match)")
-    ap.add_argument("--sweep", default="", help="D:NWARPS,BN,STAGES[,MT[,MINB[,QREG[,WG]]]];... tile configurations to compare")
+    ap.add_argument("--sweep", default="", help="D:NWARPS,BN,STAGES[,MT[,MINB[,QREG[,WG[,TMA]]]]];... tile configurations to compare")
     ap.add_argument("--sweep-cases", default="", help="comma-separated case labels the --sweep times (substring match)")
     ap.add_argument("--dense-T", default="16384", help="comma-separated T of the dense cases (--sweep and the comparison)")
     ap.add_argument("--profile", default="", help="run one case (label substring) twice and exit (for ncu)")

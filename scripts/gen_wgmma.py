@@ -38,10 +38,16 @@ typedef unsigned long long u64;
 
 // Descriptor of a 128-byte-swizzled tile whose rows are 128 bytes, 8-row groups 1024 bytes
 // apart (SBO), panels of 64 columns `lbo` bytes apart (LBO; read only for N-major B with N > 64).
-__device__ __forceinline__ u64 wg_desc(unsigned addr, unsigned lbo) {
-    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)((lbo & 0x3FFFF) >> 4) << 16) | ((u64)(1024 >> 4) << 32)
-           | (1ull << 62);
+// Its low word holds the start address and LBO in 16-byte units, the high word SBO and the
+// swizzle mode, the same for every tile: shared addresses stay below 2^18 bytes, so moving the
+// start by k bytes adds k / 16 to the low word (wg_desc_of(wg_desc_lo(a, l) + k / 16)).
+__device__ __forceinline__ unsigned wg_desc_lo(unsigned addr, unsigned lbo) {
+    return ((addr & 0x3FFFF) >> 4) | (((lbo & 0x3FFFF) >> 4) << 16);
 }
+__device__ __forceinline__ u64 wg_desc_of(unsigned lo) {
+    return (u64)lo | ((u64)((1024 >> 4) | (1u << 30)) << 32);
+}
+__device__ __forceinline__ u64 wg_desc(unsigned addr, unsigned lbo) { return wg_desc_of(wg_desc_lo(addr, lbo)); }
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory"); }
 template <int N>

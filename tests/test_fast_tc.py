@@ -136,8 +136,14 @@ def test_wgmma_runs_on_sm90_only():
     prob = Problem(make_mask("window", 300, True, window=64), 1, 2, 64, "bfloat16")
     q, k, v = random_inputs(prob.shape, prob.dtype, seed=3)
     hopper = cupy.cuda.Device().compute_capability == "90"
-    assert IMPL.prepare(prob, q, k, v).cfg.WG == int(hopper)
+    runner = IMPL.prepare(prob, q, k, v)
+    assert runner.cfg.WG == int(hopper)
+    # bulk tensor copies with wgmma on unstrided patterns, their maps built at setup
+    assert ("tma_maps_s" in runner.setup) == hopper
     assert SYNC_IMPL.prepare(prob, q, k, v).cfg.WG == 0
+    assert "tma_maps_s" not in SYNC_IMPL.prepare(prob, q, k, v).setup
+    dil = Problem(make_mask("dilated", 300, True, window=16, dilation=3), 1, 2, 64, "bfloat16")
+    assert "tma_maps_s" not in IMPL.prepare(dil, q, k, v).setup  # strided: cp.async
     if not hopper:
         with pytest.raises(BadInput, match="sm_90"):
             IMPL.prepare(prob, q, k, v, cfg=TileConfig(4, 64, 2, WG=1))

@@ -1,0 +1,49 @@
+// Hopper (sm_90) bulk tensor copies (TMA) completing on shared-memory mbarriers, for fast_tc.cu.
+//
+// A tensor map (128 bytes, built on the host by cuTensorMapEncodeTiled, attnbench/tma.py) describes
+// a tiled view of a global tensor; one thread issues a copy of a whole box into shared memory,
+// swizzled as the map says, with rows past the tensor's extent filled with zeros. The copy counts
+// its bytes down on an mbarrier that the consumers wait on with a phase parity. Maps come as
+// kernel parameters by value (__grid_constant__), where the copy engine reads them in place.
+#pragma once
+
+// CUtensorMap's size and alignment, without cuda.h
+struct __align__(64) TmaMap {
+    unsigned long long w[16];
+};
+
+// mbarrier at shared address `bar` expecting `count` arrivals per phase
+__device__ __forceinline__ void tma_bar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
+}
+// make the initialised barriers visible to the copy engine (and, after a __syncthreads, to all)
+__device__ __forceinline__ void tma_bar_fence_init() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// one arrival that also announces `bytes` more to come from copies completing on `bar`
+__device__ __forceinline__ void tma_expect(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(bar), "r"(bytes) : "memory");
+}
+// wait until the phase of parity `parity` of `bar` has completed
+__device__ __forceinline__ void tma_wait(unsigned bar, unsigned parity) {
+    asm volatile("{\n.reg .pred done;\n"
+                 "TMA_WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra TMA_WAIT;\n}\n" :: "r"(bar), "r"(parity) : "memory");
+}
+// copy the box at coordinates (c0, c1, c2) of a 3-d tensor map into shared memory at `dst`
+__device__ __forceinline__ void tma_load3(unsigned dst, const void* map, int c0, int c1, int c2, unsigned bar) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4}], [%5];\n"
+                 :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
+}
+// copy a box of shared memory at `src` to coordinates (c0, c1, c2) of a 3-d tensor map (elements
+// past the tensor's extent are not written)
+__device__ __forceinline__ void tma_store3(const void* map, int c0, int c1, int c2, unsigned src) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3}], [%4];\n"
+                 :: "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(src) : "memory");
+}
+// close the stores issued by this thread and wait until they have read their shared memory
+__device__ __forceinline__ void tma_store_commit_and_wait() {
+    asm volatile("cp.async.bulk.commit_group;\ncp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
