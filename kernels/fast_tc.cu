@@ -267,10 +267,13 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
 #if TMA
     // barriers after the V stages: Q's, then one per stage
     const u32 sBar = sV + STAGES * TILE_BYTES;
-    if (threadIdx.x == 0) {  // the barriers, then Q's copy at once; the others wait at the barrier below
+    if (threadIdx.x == 0) {
 #pragma unroll
         for (int s = 0; s <= STAGES; ++s) tma_bar_init(sBar + 8 * s, 1);
         tma_bar_fence_init();
+    }
+    __syncthreads();  // the barriers are initialised before anyone (the copy engine too) uses them
+    if (threadIdx.x == 0) {
         tma_expect(sBar, BM * HEAD_D * 2);
 #pragma unroll
         for (int pn = 0; pn < HEAD_D / 64; ++pn)
@@ -294,7 +297,6 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
         for (int s = 0; s < STAGES - 1; ++s)
             if (s < n) tma_load_kv(sK + s * TILE_BYTES, sV + s * TILE_BYTES, &mapK, &mapV, (ring[s] >> 1) * BN, sBar + 8 * (s + 1));
     }
-    __syncthreads();  // the barriers are initialised
     tma_wait(sBar, 0);
 #else
 #pragma unroll
