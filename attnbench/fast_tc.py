@@ -4,8 +4,9 @@ A FlashAttention-2-style forward pass that visits only the key tiles of ``Mask.t
 for each query tile, applying the pattern predicate only on tiles flagged partial. Tile shape,
 warps and pipeline depth are compile-time constants chosen per head dimension (``CONFIGS``); the
 pattern (id, causal flag, parameters) is compiled in too, so each pattern gets its own module.
-``fast-tc`` multiplies with Hopper's warpgroup MMA (wgmma, ``HOPPER_CONFIGS``) on sm_90 and with
-mma.sync elsewhere; ``fast-tc-sync`` is the mma.sync kernel on every GPU.
+``fast-tc`` multiplies with Hopper's warpgroup MMA (wgmma, ``HOPPER_CONFIGS``) on sm_90, its tiles
+moved by bulk tensor copies (TMA, maps from ``attnbench.tma``), and with mma.sync elsewhere;
+``fast-tc-sync`` is the mma.sync kernel with cp.async on every GPU.
 A strided pattern (``Mask.strided``: dilated) runs as its inner pattern on every residue class,
 one grid layer per class, rows gathered at the stride: no tile of it is partial for the stride.
 """
