@@ -2,7 +2,7 @@
 // not edit by hand.
 //
 // wg_ssN: d (+)= A * B^T, m64nNk16, A (64 x 16) and B (N x 16) in shared memory, both K-major,
-//         given by matrix descriptors (wg_desc).
+//         given by matrix descriptors (wg_desc_of).
 // wg_rsN: d (+)= A * B, m64nNk16, A (64 x 16) in registers (the mma.sync m16n8k16 A fragment
 //         of each warp's 16 rows), B (16 x N) in shared memory N-major (transposed).
 // acc = 0 overwrites d. The accumulator layout per warp is that of mma.sync m16n8 repeated over
@@ -22,14 +22,13 @@ typedef unsigned long long u64;
 // apart (SBO), panels of 64 columns `lbo` bytes apart (LBO; read only for N-major B with N > 64).
 // Its low word holds the start address and LBO in 16-byte units, the high word SBO and the
 // swizzle mode, the same for every tile: shared addresses stay below 2^18 bytes, so moving the
-// start by k bytes adds k / 16 to the low word (wg_desc_of(wg_desc_lo(a, l) + k / 16)).
+// start by k bytes adds k / 16 to the low word: wg_desc_of(wg_desc_lo(a, l) + k / 16).
 __device__ __forceinline__ unsigned wg_desc_lo(unsigned addr, unsigned lbo) {
     return ((addr & 0x3FFFF) >> 4) | (((lbo & 0x3FFFF) >> 4) << 16);
 }
 __device__ __forceinline__ u64 wg_desc_of(unsigned lo) {
     return (u64)lo | ((u64)((1024 >> 4) | (1u << 30)) << 32);
 }
-__device__ __forceinline__ u64 wg_desc(unsigned addr, unsigned lbo) { return wg_desc_of(wg_desc_lo(addr, lbo)); }
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
