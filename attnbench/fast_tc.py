@@ -133,7 +133,7 @@ def kernel_defines(D: int, dtype: str, mask: Mask, cfg: TileConfig | None = None
         d["WG"] = 1
     if uses_tma(cfg, mask):
         d["TMA"] = 1
-    d.update(pattern_defines(inner))
+    d.update(pattern_defines(inner.tile_predicate(cfg.BM, cfg.BN)))
     return d
 
 

@@ -10,7 +10,9 @@ Each pattern is defined once, here, by:
     allowed key; a family marked exact allows every key inside it. The tile builder
     (``attnbench.tiles``) turns these into the list of key tiles each query tile visits;
   * ``device_params``: the integers the kernels' device predicate (kernels/common.cuh,
-    ``ab_allowed``) reads, with the same pattern id.
+    ``ab_allowed``) reads, with the same pattern id;
+  * ``uniform_tiles(BM, BN)``: whether the pattern is one value over every aligned BM x BN
+    tile, so that a kernel's partial tiles need only the causal clause (``Mask.tile_predicate``).
 
 The causal clause (``j <= i``) is applied on top of every pattern by ``Mask``.
 """
@@ -79,6 +81,12 @@ class Pattern:
         never decrease: the tile builder then needs only each run's first and last row."""
         return None
 
+    def uniform_tiles(self, p: dict, BM: int, BN: int) -> bool:
+        """True when allowed(i, j) before the causal clause is one value over each aligned tile of
+        BM rows and BN keys: a partial tile of such a list is partial only through the causal
+        clause (or the end of the sequence), and a kernel needs dense's predicate there."""
+        return False
+
     def make_table(self, T: int, p: dict):
         return None
 
@@ -117,6 +125,9 @@ class Dense(Pattern):
 
     def intervals(self, i, T, causal, p, table, split):
         return np.zeros((1, i.size), np.int64), np.full((1, i.size), T, np.int64), [True]
+
+    def uniform_tiles(self, p, BM, BN):
+        return True
 
 
 class Window(Pattern):
@@ -193,6 +204,9 @@ class BlockDiagonal(Pattern):
 
     def device_params(self, p):
         return (p["block"], 0, 0, 0)
+
+    def uniform_tiles(self, p, BM, BN):
+        return p["block"] % BM == 0 and p["block"] % BN == 0
 
 
 class Dilated(Pattern):
@@ -307,6 +321,9 @@ class BigBird(Pattern):
 
     def device_params(self, p):
         return (p["block"], p["window_blocks"], p["global_blocks"], p["random_blocks"])
+
+    def uniform_tiles(self, p, BM, BN):
+        return p["block"] % BM == 0 and p["block"] % BN == 0  # a rule over whole blocks
 
     def monotone_run(self, p):
         return p["block"]  # every family is fixed within a block of rows, but for the causal clip
@@ -425,6 +442,15 @@ class Mask:
 
     def device_params(self) -> tuple[int, ...]:
         return (self.pattern.pid, int(self.causal)) + tuple(int(x) for x in self.pattern.device_params(self.params))
+
+    def tile_predicate(self, BM: int, BN: int) -> "Mask":
+        """The mask whose device predicate a kernel needs on the partial tiles of this mask's
+        BM x BN list: itself, or dense with the same causal flag when the pattern is uniform over
+        such tiles (``Pattern.uniform_tiles``: BigBird and block-diagonal with blocks that the
+        tiles divide), which leaves only the causal clause (and j < T) to test."""
+        if self.pattern.uniform_tiles(self.params, BM, BN):
+            return make_mask("dense", self.T, self.causal)
+        return self
 
     # -- intervals and tiles -------------------------------------------------------
     def intervals(self, i, split: int = 1):

@@ -7,7 +7,8 @@
 // lists one after another, thead[qt] = {first entry's index, count, first entry, second entry}
 // so that a block starts its first loads after one 16-byte read):
 //   S = Q K^T (mma.sync m16n8k16, Q held in registers, K through ldmatrix),
-//   on partial tiles only: keys failing ab_allowed(i, j) or j >= T are set to -inf,
+//   on partial tiles only: keys failing ab_allowed(i, j) or j >= T are set to -inf (the predicate of
+//   Mask.tile_predicate: dense's, the causal clause alone, for patterns uniform over each tile),
 //   online softmax in float32 with exp2 and scale * log2(e) folded into one FMA; the running
 //   max a row's exponentials are taken against moves only when a tile's max exceeds it by more
 //   than 2^RESCALE_LOG2 (any row of the warp: then all rescale), so most tiles skip the rescale
@@ -39,7 +40,7 @@
 //
 // Compile-time constants (-D): HEAD_D (64 or 128), BN (keys per tile, multiple of 16), STRIDE, QREG, WG,
 // NWARPS, MT, MINB (blocks per SM for __launch_bounds__), STAGES (>= 2), TMA, AB_F16 (1: float16, 0: bfloat16), and the pattern itself: PID (pattern
-// id of common.cuh), CAUSAL, P0..P3 (Mask.device_params()), so that the predicate's switch folds
+// id of common.cuh), CAUSAL, P0..P3 (device_params() of Mask.tile_predicate(BM, BN)), so that the predicate's switch folds
 // away and its divisions become multiplications by constants.
 #include "common.cuh"
 
@@ -189,6 +190,12 @@ __device__ __forceinline__ void tc_p_frag(u32 (&a)[4], const float (&s)[BN / 8][
     a[1] = tc_pack(s[2 * kk][2], s[2 * kk][3]);
     a[2] = tc_pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
     a[3] = tc_pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
+
+__device__ __forceinline__ u32 tc_shr(u32 x, int n) {
+    u32 y;
+    asm("shr.b32 %0, %1, %2;" : "=r"(y) : "r"(x), "r"(n));
+    return y;
 }
 
 __device__ __forceinline__ float tc_rcp(float x) {
@@ -467,8 +474,10 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
                         bb &= in_seq;
                     }
                     seen |= ba | bb;
-                    ba >>= 2 * t4;
-                    bb >>= 2 * t4;
+                    // (shifted in asm: the compiler would otherwise shift the 2 BN / 8 bit
+                    // constants below instead, a register and an instruction each per tile)
+                    ba = tc_shr(ba, 2 * t4);
+                    bb = tc_shr(bb, 2 * t4);
 #pragma unroll
                     for (int jj = 0; jj < 4 && 4 * w + jj < BN / 8; ++jj) {
 #pragma unroll

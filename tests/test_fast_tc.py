@@ -3,7 +3,7 @@ import pytest
 
 from attnbench.compile import compile_only
 from attnbench.fast_tc import (CONFIGS, HOPPER_CONFIGS, HOPPER_PARTIAL_CONFIGS, HOPPER_WIDE_CONFIGS, IMPL,
-                                PARTIAL_CONFIGS, SYNC_IMPL, WIDE_CONFIGS, choose_config, kernel_defines,
+                                PARTIAL_CONFIGS, SYNC_IMPL, WIDE_CONFIGS, TileConfig, choose_config, kernel_defines,
                                 tile_list)
 from attnbench.impls import Problem, get_impl
 from attnbench.patterns import BadInput, PATTERNS, make_mask
@@ -87,6 +87,22 @@ def test_defines_fix_the_pattern_and_dtype():
     d = kernel_defines(128, "float16", m)
     assert (d["HEAD_D"], d["AB_F16"], d["PID"], d["CAUSAL"], d["P0"], d["P1"], d["STRIDE"]) == (128, 1, 2, 0, 4, 512, 1)
     assert kernel_defines(64, "bfloat16", m)["AB_F16"] == 0
+
+
+
+@pytest.mark.parametrize("wgmma", [False, True])
+def test_block_patterns_compile_the_causal_clause_alone_when_tiles_divide_their_blocks(wgmma):
+    """BigBird with 64-key blocks at 64 x 64 tiles: partial tiles lie on the diagonal, the kernel
+    gets dense's predicate (no random-block table lookups); 16-key blocks in 32-key tiles keep theirs."""
+    bb = make_mask("bigbird", 4096, True)
+    cfg = choose_config(bb, 64, wgmma)
+    assert 64 % cfg.BM == 0 and 64 % cfg.BN == 0
+    d = kernel_defines(64, "bfloat16", bb, cfg)
+    assert (d["PID"], d["CAUSAL"], d["P0"], d["P3"]) == (0, 1, 0, 0)
+    bd = make_mask("block_diagonal", 4096, False, block=16)
+    cfg = TileConfig(NWARPS=4, BN=32, STAGES=3, WG=int(wgmma))
+    d = kernel_defines(64, "bfloat16", bd, cfg)
+    assert (d["PID"], d["CAUSAL"], d["P0"]) == (3, 0, 16)
 
 
 def test_dilated_runs_as_a_window_on_each_residue_class():

@@ -72,6 +72,51 @@ def test_runs_expand_to_the_entries(m, tile):
     assert (again.entries == e).all() and again.n_partial == t.n_partial
 
 
+
+def _as_the_kernel_sees_it(m, BM, BN):
+    """allowed(i, j) as a kernel computes it from the list: a pair of a visited tile holds when the
+    tile is full or, on a partial tile, when the predicate of ``m.tile_predicate`` allows it."""
+    T = m.T
+    nq, nk = -(-T // BM), -(-T // BN)
+    vis = _visited(build(m, BM, BN), nq, nk)
+    per_pair = np.repeat(np.repeat(vis, BM, axis=0), BN, axis=1)[:T, :T]
+    return (per_pair == 2) | ((per_pair == 1) & m.tile_predicate(BM, BN).dense())
+
+
+@settings(max_examples=120, deadline=None)
+@given(masks(), st.sampled_from(SHAPES + [(1, 1), (2, 4), (4, 2), (8, 8)]))
+def test_partial_tiles_with_the_tile_predicate_give_the_mask(m, tile):
+    assert (_as_the_kernel_sees_it(m, *tile) == m.dense()).all()
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.sampled_from(["block_diagonal", "bigbird"]), st.booleans(),
+       st.sampled_from([(1, 1), (2, 4), (4, 2), (8, 8), (4, 4), (16, 8)]), st.integers(1, 3),
+       st.integers(1, 6), st.integers(0, 99))
+def test_block_patterns_over_whole_blocks_need_only_the_causal_clause(name, causal, tile, k, nb, seed):
+    """Blocks that the tiles divide: partial tiles take dense's predicate, and the list still
+    gives back the mask pair for pair."""
+    BM, BN = tile
+    block = k * BM * BN // np.gcd(BM, BN)
+    ps = dict(block=block)
+    if name == "bigbird":
+        ps.update(window_blocks=1 + seed % 4, global_blocks=seed % 2, random_blocks=min(nb, seed % 4), seed=seed)
+    m = make_mask(name, block * nb, causal, **ps)
+    assert m.tile_predicate(BM, BN).pattern.name == "dense"
+    assert m.tile_predicate(BM, BN).causal == causal
+    assert (_as_the_kernel_sees_it(m, BM, BN) == m.dense()).all()
+
+
+@pytest.mark.parametrize("name,params,tile", [
+    ("block_diagonal", dict(block=16), (64, 32)), ("bigbird", dict(block=64), (64, 128)),
+    ("bigbird", dict(block=48), (32, 32)), ("window", dict(window=256), (64, 64)),
+    ("streaming", {}, (64, 32)), ("dilated", {}, (64, 64)),
+])
+def test_tiles_that_cut_through_the_pattern_keep_its_predicate(name, params, tile):
+    m = make_mask(name, 4096 if name != "bigbird" or params["block"] == 64 else 4608, True, **params)
+    assert m.tile_predicate(*tile) is m
+
+
 def test_tile_list_is_tight_for_sparse_patterns():
     # a 64-key window plus 16 sinks at BN=32: the diagonal band and the sink tile, nothing more
     m = make_mask("streaming", 32768, True, sink=16, window=64)
