@@ -105,6 +105,11 @@ class Pattern:
         return {q.name: q.default for q in self.params}
 
 
+def _tiles_divide(block, BM, BN) -> bool:
+    """Every aligned BM x BN tile lies inside one block x block square."""
+    return block % BM == 0 and block % BN == 0
+
+
 def _window_lo_hi(i, T, W, causal):
     lo = i - W + 1
     hi = i + 1 if causal else i + W
@@ -206,7 +211,7 @@ class BlockDiagonal(Pattern):
         return (p["block"], 0, 0, 0)
 
     def uniform_tiles(self, p, BM, BN):
-        return p["block"] % BM == 0 and p["block"] % BN == 0
+        return _tiles_divide(p["block"], BM, BN)
 
 
 class Dilated(Pattern):
@@ -323,7 +328,7 @@ class BigBird(Pattern):
         return (p["block"], p["window_blocks"], p["global_blocks"], p["random_blocks"])
 
     def uniform_tiles(self, p, BM, BN):
-        return p["block"] % BM == 0 and p["block"] % BN == 0  # a rule over whole blocks
+        return _tiles_divide(p["block"], BM, BN)  # a rule over whole blocks
 
     def monotone_run(self, p):
         return p["block"]  # every family is fixed within a block of rows, but for the causal clip

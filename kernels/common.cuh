@@ -65,11 +65,20 @@ __device__ __forceinline__ bool ab_allowed(const ABPattern& p, int i, int j) {
 
 // Bits lo .. hi (clamped to 0 .. 31; none when lo > hi) of a 32-bit word. PTX shifts by 32 or
 // more give 0, so no comparison is needed: ~0 << lo keeps bits >= lo, ~0 >> (31 - hi) bits <= hi.
+// The PTX shifts (any count; 32 or more gives 0), opaque to the compiler's rewriting of shifts.
+__device__ __forceinline__ unsigned ab_shl(unsigned x, unsigned n) {
+    unsigned y;
+    asm("shl.b32 %0, %1, %2;" : "=r"(y) : "r"(x), "r"(n));
+    return y;
+}
+__device__ __forceinline__ unsigned ab_shr(unsigned x, unsigned n) {
+    unsigned y;
+    asm("shr.b32 %0, %1, %2;" : "=r"(y) : "r"(x), "r"(n));
+    return y;
+}
+
 __device__ __forceinline__ unsigned ab_span(int lo, int hi) {
-    unsigned a, b;
-    asm("shl.b32 %0, %1, %2;" : "=r"(a) : "r"(0xffffffffu), "r"((unsigned)max(lo, 0)));
-    asm("shr.b32 %0, %1, %2;" : "=r"(b) : "r"(0xffffffffu), "r"((unsigned)(31 - min(hi, 31))));
-    return a & b;
+    return ab_shl(0xffffffffu, (unsigned)max(lo, 0)) & ab_shr(0xffffffffu, (unsigned)(31 - min(hi, 31)));
 }
 
 // allowed(i, j0 + b) for b = 0 .. 31 as bit b, for 0 <= i < T and j0 >= 0 (keys >= T are the

@@ -192,12 +192,6 @@ __device__ __forceinline__ void tc_p_frag(u32 (&a)[4], const float (&s)[BN / 8][
     a[3] = tc_pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 }
 
-__device__ __forceinline__ u32 tc_shr(u32 x, int n) {
-    u32 y;
-    asm("shr.b32 %0, %1, %2;" : "=r"(y) : "r"(x), "r"(n));
-    return y;
-}
-
 __device__ __forceinline__ float tc_rcp(float x) {
     float y;
     asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
@@ -476,8 +470,8 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
                     seen |= ba | bb;
                     // (shifted in asm: the compiler would otherwise shift the 2 BN / 8 bit
                     // constants below instead, a register and an instruction each per tile)
-                    ba = tc_shr(ba, 2 * t4);
-                    bb = tc_shr(bb, 2 * t4);
+                    ba = ab_shr(ba, 2 * t4);
+                    bb = ab_shr(bb, 2 * t4);
 #pragma unroll
                     for (int jj = 0; jj < 4 && 4 * w + jj < BN / 8; ++jj) {
 #pragma unroll

@@ -89,7 +89,6 @@ def test_defines_fix_the_pattern_and_dtype():
     assert kernel_defines(64, "bfloat16", m)["AB_F16"] == 0
 
 
-
 @pytest.mark.parametrize("wgmma", [False, True])
 def test_block_patterns_compile_the_causal_clause_alone_when_tiles_divide_their_blocks(wgmma):
     """BigBird with 64-key blocks at 64 x 64 tiles: partial tiles lie on the diagonal, the kernel
