@@ -13,7 +13,7 @@ one grid layer per class, rows gathered at the stride: no tile of it is partial 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -96,6 +96,12 @@ HOPPER_PARTIAL_CONFIGS: dict[int, TileConfig] = {
     64: TileConfig(NWARPS=4, BN=32, STAGES=3, MINB=4, QREG=0, WG=1, TMA=1),
     128: TileConfig(NWARPS=4, BN=32, STAGES=3, MINB=2, QREG=0, WG=1, TMA=1),
 }
+# Strided patterns keep cp.async on sm_90 (a residue class is no box of the bulk copies' view), whose
+# address arithmetic costs registers: at D=64 the default shape took 106 (4 blocks per SM); asking
+# the allocator for 5 blocks holds it to 92 without spills, and dilated W=512 r=2 at T=32768 went
+# from 0.2275 to 0.2156 ms in the same run (docs/PERF.md v11). The unstrided shapes keep MINB=4: their
+# 94 registers already fit 5 blocks.
+HOPPER_STRIDED_MINB: dict[int, int] = {64: 5}
 # rows averaging at least this many allowed keys take the wide shape (at D=128 it paid from
 # streaming 4+1024 up, about 1000 keys a row; at D=64 only from window 4096 up)
 WIDE_KEYS_PER_ROW: dict[int, int] = {64: 2048, 128: 512}
@@ -104,17 +110,21 @@ WIDE_KEYS_PER_ROW: dict[int, int] = {64: 2048, 128: 512}
 def choose_config(mask: Mask, D: int, wgmma: bool = False) -> TileConfig:
     """The tile shape for a pattern (its inner pattern when strided), from the mma.sync tables or
     with ``wgmma`` the Hopper ones: wide when rows average >= WIDE_KEYS_PER_ROW[D] allowed keys,
-    32-key tiles when every tile of the default list is partial, else the default."""
+    32-key tiles when every tile of the default list is partial, else the default; strided
+    patterns on sm_90 at least HOPPER_STRIDED_MINB[D] blocks per SM."""
     default, wide, partial = ((HOPPER_CONFIGS, HOPPER_WIDE_CONFIGS, HOPPER_PARTIAL_CONFIGS) if wgmma
                               else (CONFIGS, WIDE_CONFIGS, PARTIAL_CONFIGS))
-    mask = mask.strided()[1]
+    stride, mask = mask.strided()
     if mask.pairs >= WIDE_KEYS_PER_ROW[D] * mask.T:
-        return wide[D]
-    base = default[D]
-    t = tile_list(mask, base.BM, base.BN)
-    if t.n_visited and t.n_partial == t.n_visited:
-        return partial[D]
-    return base
+        cfg = wide[D]
+    else:
+        cfg = default[D]
+        t = tile_list(mask, cfg.BM, cfg.BN)
+        if t.n_visited and t.n_partial == t.n_visited:
+            cfg = partial[D]
+    if wgmma and stride > 1 and cfg.MINB < HOPPER_STRIDED_MINB.get(D, 0):
+        cfg = replace(cfg, MINB=HOPPER_STRIDED_MINB[D])
+    return cfg
 
 
 def pattern_defines(mask: Mask) -> dict:

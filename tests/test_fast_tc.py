@@ -1,10 +1,12 @@
 """fast-tc: compiles cleanly for sm_80 / sm_90 (CPU, NVRTC), and passes the gate on the GPU."""
+from dataclasses import replace
+
 import pytest
 
 from attnbench.compile import compile_only
-from attnbench.fast_tc import (CONFIGS, HOPPER_CONFIGS, HOPPER_PARTIAL_CONFIGS, HOPPER_WIDE_CONFIGS, IMPL,
-                                PARTIAL_CONFIGS, SYNC_IMPL, WIDE_CONFIGS, TileConfig, choose_config, kernel_defines,
-                                tile_list)
+from attnbench.fast_tc import (CONFIGS, HOPPER_CONFIGS, HOPPER_PARTIAL_CONFIGS, HOPPER_STRIDED_MINB,
+                                HOPPER_WIDE_CONFIGS, IMPL, PARTIAL_CONFIGS, SYNC_IMPL, WIDE_CONFIGS, TileConfig,
+                                choose_config, kernel_defines, tile_list)
 from attnbench.impls import Problem, get_impl
 from attnbench.patterns import BadInput, PATTERNS, make_mask
 
@@ -49,7 +51,10 @@ def test_config_follows_the_tile_list(D, wgmma):
     default, wide, partial = ((HOPPER_CONFIGS, HOPPER_WIDE_CONFIGS, HOPPER_PARTIAL_CONFIGS) if wgmma
                               else (CONFIGS, WIDE_CONFIGS, PARTIAL_CONFIGS))
     assert choose_config(make_mask("dense", 4096, True), D, wgmma) == wide[D]
-    assert choose_config(make_mask("dilated", 4096, True), D, wgmma) == partial[D]
+    dilated = choose_config(make_mask("dilated", 4096, True), D, wgmma)
+    assert replace(dilated, MINB=partial[D].MINB) == partial[D]
+    # strided patterns keep cp.async on sm_90: there the allocator is asked for more blocks per SM
+    assert dilated.MINB == (max(partial[D].MINB, HOPPER_STRIDED_MINB.get(D, 0)) if wgmma else partial[D].MINB)
     assert choose_config(make_mask("streaming", 4096, True, window=64), D, wgmma) == partial[D]
     assert choose_config(make_mask("bigbird", 4096, True), D, wgmma) == default[D]
     assert choose_config(make_mask("block_diagonal", 4096, False, block=128), D, wgmma) == default[D]
@@ -112,6 +117,17 @@ def test_dilated_runs_as_a_window_on_each_residue_class():
     cfg = choose_config(m, 64)
     t = tile_list(m.strided()[1], cfg.BM, cfg.BN)
     assert t.n_partial < t.n_visited
+
+
+def test_strided_patterns_on_sm90_fit_the_blocks_per_sm_they_ask_for():
+    """Dilated's cp.async loads on the wgmma shape at D=64: the registers of MINB blocks per SM
+    (allocated in steps of 8 per thread), without spills, at the llm configuration's T."""
+    mask = make_mask("dilated", 32768, True, window=512, dilation=2)
+    cfg = choose_config(mask, 64, wgmma=True)
+    assert cfg.MINB == HOPPER_STRIDED_MINB[64] and cfg.WG == 1
+    (r,) = compile_only("fast_tc", kernel_defines(64, "bfloat16", mask, cfg), "sm_90a")
+    assert (r.spill_stores, r.spill_loads, r.stack) == (0, 0, 0), r
+    assert -(-r.registers // 8) * 8 * cfg.threads * cfg.MINB <= 65536, r
 
 
 # ---- GPU: the gate -------------------------------------------------------------------------------
