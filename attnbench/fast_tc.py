@@ -83,17 +83,19 @@ PARTIAL_CONFIGS: dict[int, TileConfig] = {
 }
 # The same three roles on sm_90 with wgmma (WG=1: each warpgroup multiplies 64 rows; Q, K and V
 # read from shared memory by the tensor cores, no ldmatrix) and bulk tensor copies (TMA=1), from
-# interleaved timings on an H200 (docs/PERF.md v8, v9): at D=64 64-key tiles in 2 stages for the
-# default and wide roles (with the copy engine doing the loads, 2 stages and 5 blocks per SM's worth
-# of shared memory beat 3 stages; 128-key tiles were within 1% on dense and 4% slower on window
-# 4096), 32-key tiles for all-partial lists; at D=128 64-key tiles in 3 stages.
+# interleaved timings on an H200 (docs/PERF.md v8, v9, v12): at D=64 64-key tiles in 2 stages for
+# every role (with the copy engine doing the loads, 2 stages and 5 blocks per SM's worth of shared
+# memory beat 3 stages; 128-key tiles were within 1% on dense and 4% slower on window 4096; since
+# the exponentials skip the tile's max, 32-key tiles lost their lead on all-partial lists:
+# streaming 16+64 0.091 against 0.099 ms); at D=128 64-key tiles in 3 stages, 32-key tiles for
+# all-partial lists.
 HOPPER_CONFIGS: dict[int, TileConfig] = {
     64: TileConfig(NWARPS=4, BN=64, STAGES=2, MINB=4, QREG=0, WG=1, TMA=1),
     128: TileConfig(NWARPS=4, BN=64, STAGES=3, QREG=0, WG=1, TMA=1),
 }
 HOPPER_WIDE_CONFIGS: dict[int, TileConfig] = dict(HOPPER_CONFIGS)
 HOPPER_PARTIAL_CONFIGS: dict[int, TileConfig] = {
-    64: TileConfig(NWARPS=4, BN=32, STAGES=3, MINB=4, QREG=0, WG=1, TMA=1),
+    64: HOPPER_CONFIGS[64],
     128: TileConfig(NWARPS=4, BN=32, STAGES=3, MINB=2, QREG=0, WG=1, TMA=1),
 }
 # Strided patterns keep cp.async on sm_90 (a residue class is no box of the bulk copies' view), whose

@@ -12,7 +12,11 @@
 //   online softmax in float32 with exp2 and scale * log2(e) folded into one FMA; the running
 //   max a row's exponentials are taken against moves only when a tile's max exceeds it by more
 //   than 2^RESCALE_LOG2 (any row of the warp: then all rescale), so most tiles skip the rescale
-//   of the output accumulators (exponentials stay <= 2^RESCALE_LOG2, exact after normalising),
+//   of the output accumulators (exponentials stay <= 2^RESCALE_LOG2, exact after normalising);
+//   under WG (LAZY), once every row of a warp has a running max, a tile first takes its
+//   exponentials against it without computing the tile's own max, and is redone through the max
+//   path (S again) only if a row's sum of them exceeds LAZY_SUM_MAX (scores that outgrew the
+//   running max; the block votes, since its warpgroups issue S together),
 //   O += P V (P re-packed from the S accumulators, V through ldmatrix.trans).
 // K/V tiles stream through STAGES shared-memory buffers filled by cp.async (rows >= T
 // zero-filled); rows of 16-byte chunks are XOR-swizzled so ldmatrix and cp.async are free of
@@ -97,6 +101,7 @@
 #define TMA 0
 #endif
 
+
 #define THREADS (NWARPS * 32)
 #define RESCALE_LOG2 8.f
 #define RW (MT * 16)  // query rows per warp
@@ -120,6 +125,19 @@ static_assert(WG && STRIDE == 1, "TMA: with WG, on unstrided patterns");
 #endif
 
 #define TC_NEG_INF __int_as_float(0xff800000)
+// LAZY 1: the exponentials against the running max first (WG builds; the mma.sync builds spill
+// with it at D=64 and take the tile's max on every tile)
+#ifndef LAZY
+#define LAZY WG
+#endif
+// a thread's sum of a row's exponentials (taken against the running max) above which the tile is
+// redone against its own max: every exponential stays below float16's largest value (65504)
+#define LAZY_SUM_MAX 32768.f
+#if WG
+#define TC_VOTE(x) __syncthreads_or(x)
+#else
+#define TC_VOTE(x) __any_sync(0xffffffffu, x)
+#endif
 
 typedef unsigned short u16;
 typedef unsigned int u32;
@@ -274,12 +292,6 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
         tma_bar_fence_init();
     }
     __syncthreads();  // the barriers are initialised before anyone (the copy engine too) uses them
-    if (threadIdx.x == 0) {
-        tma_expect(sBar, BM * HEAD_D * 2);
-#pragma unroll
-        for (int pn = 0; pn < HEAD_D / 64; ++pn)
-            tma_load3(sQ + pn * BM * 128, &mapQ, pn * 64, qt * BM, blockIdx.y, sBar);
-    }
 #else
     tc_load_tile<BM>(sQ, q, qt * BM, T);
     tc_commit();
@@ -294,6 +306,11 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
     for (int s = 2; s < STAGES; ++s) ring[s] = s < n ? tent[e0 + s] : 0;
 #if TMA
     if (threadIdx.x == 0) {
+        // Q's copy first, then the list's first tiles (their test of n waits for the head's load)
+        tma_expect(sBar, BM * HEAD_D * 2);
+#pragma unroll
+        for (int pn = 0; pn < HEAD_D / 64; ++pn)
+            tma_load3(sQ + pn * BM * 128, &mapQ, pn * 64, qt * BM, blockIdx.y, sBar);
 #pragma unroll
         for (int s = 0; s < STAGES - 1; ++s)
             if (s < n) tma_load_kv(sK + s * TILE_BYTES, sV + s * TILE_BYTES, &mapK, &mapV, (ring[s] >> 1) * BN, sBar + 8 * (s + 1));
@@ -342,6 +359,7 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
         mrow[m][0] = mrow[m][1] = TC_NEG_INF;
         lrow[m][0] = lrow[m][1] = 0.f;
     }
+    bool have_max = false;  // every row of this warp has a finite running max
 
     const int g = lane >> 2, t4 = lane & 3;
 
@@ -404,155 +422,182 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
         st = st == STAGES - 1 ? 0 : st + 1;
 
         float s[MT][BN / 8][4];
+        float rs[MT][2];  // this tile's row sums, this thread's share
+        bool idle;        // no row of this warp has an allowed key in the tile: P = 0, no softmax
+        for (int pass = 0;; ++pass) {
 #if WG
-        {
-            wg_fence();
+            {
+                wg_fence();
 #pragma unroll
-            for (int ks = 0; ks < HEAD_D / 16; ++ks)  // k-step ks: panel ks / 4, 32 bytes a step in it
-                WG_CAT(wg_ss, BN)(s[0], wg_desc_of(dQ + (((ks >> 2) * BM * 128 + (ks & 3) * 32) >> 4)),
-                                  wg_desc_of(dK + so + (((ks >> 2) * BN * 128 + (ks & 3) * 32) >> 4)), ks);
-            wg_commit();
-            wg_wait<0>();
-        }
+                for (int ks = 0; ks < HEAD_D / 16; ++ks)  // k-step ks: panel ks / 4, 32 bytes a step in it
+                    WG_CAT(wg_ss, BN)(s[0], wg_desc_of(dQ + (((ks >> 2) * BM * 128 + (ks & 3) * 32) >> 4)),
+                                      wg_desc_of(dK + so + (((ks >> 2) * BN * 128 + (ks & 3) * 32) >> 4)), ks);
+                wg_commit();
+                wg_wait<0>();
+            }
 #else
-        const u32 cK = tK + kthr;
-#pragma unroll
-        for (int m = 0; m < MT; ++m)
-#pragma unroll
-            for (int j = 0; j < BN / 8; ++j) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.f;
-#pragma unroll
-        for (int ks = 0; ks < HEAD_D / 16; ++ks) {
-            u32 qk[MT][4];  // this k-step's Q fragments (QREG: copies the compiler folds away)
-#pragma unroll
-            for (int m = 0; m < MT; ++m) {
-#if QREG
-#pragma unroll
-                for (int x = 0; x < 4; ++x) qk[m][x] = qf[m][ks][x];
-#else
-                tc_ldsm_x4(qk[m], (qthr ^ (u32)(ks << 5)) + m * 16 * CH * 16);
-#endif
-            }
-#pragma unroll
-            for (int np = 0; np < BN / 16; ++np) {
-                u32 b[4];
-                tc_ldsm_x4(b, (cK ^ (u32)(ks << 5)) + np * 16 * CH * 16);
-#pragma unroll
-                for (int m = 0; m < MT; ++m) {
-                    tc_mma(s[m][2 * np], qk[m], b[0], b[1]);
-                    tc_mma(s[m][2 * np + 1], qk[m], b[2], b[3]);
-                }
-            }
-        }
-#endif
-
-        // a tile reaching past this class's end is partial too (the list is built for the longest)
-        bool idle = false;  // no row of this warp has an allowed key in the tile: P = 0, no softmax
-        if ((ent & 1) || (STRIDE > 1 && kt * BN + BN > T)) {
-            unsigned seen = 0;
-#pragma unroll
-            for (int m = 0; m < MT; ++m) {
-                // rows clamped below T so the predicate's table reads stay in range; with the
-                // causal clause a key allowed to a row < T is < T too, so only non-causal
-                // patterns test the key against T
-                const int row_a = min(qt * BM + warp * RW + m * 16 + g, T - 1);
-                const int row_b = min(qt * BM + warp * RW + m * 16 + g + 8, T - 1);
-                // the predicate 32 keys at a time for each of the thread's two rows, shifted so
-                // that bit 8 jj + x is key 32 w + 8 jj + 2 t4 + x, the column of s[m][4 w + jj][x]
-#pragma unroll
-                for (int w = 0; w < (BN + 31) / 32; ++w) {
-                    const int j0 = kt * BN + 32 * w;
-                    unsigned ba = ab_allowed_bits(pat, row_a, j0), bb = ab_allowed_bits(pat, row_b, j0);
-                    if (!CAUSAL) {
-                        const unsigned in_seq = ab_span(0, T - 1 - j0);
-                        ba &= in_seq;
-                        bb &= in_seq;
-                    }
-                    seen |= ba | bb;
-                    // (shifted in asm: the compiler would otherwise shift the 2 BN / 8 bit
-                    // constants below instead, a register and an instruction each per tile)
-                    ba = ab_shr(ba, 2 * t4);
-                    bb = ab_shr(bb, 2 * t4);
-#pragma unroll
-                    for (int jj = 0; jj < 4 && 4 * w + jj < BN / 8; ++jj) {
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) {
-                            const bool ok = (((e < 2) ? ba : bb) >> (8 * jj + (e & 1))) & 1u;
-                            s[m][4 * w + jj][e] = ok ? s[m][4 * w + jj][e] : TC_NEG_INF;
-                        }
-                    }
-                }
-            }
-#if BN <= 32
-            // only with the 32-key tiles of all-partial lists, where whole warps fall outside small
-            // windows (streaming 16+64: 4 of 20 warp-tiles); with 64-key tiles the branch cost 14
-            // registers and a block per SM, and idle warps are rare (docs/PERF.md v9)
-            idle = !__any_sync(0xffffffffu, seen != 0);
-#endif
-        }
-
-        if (idle) {
+            const u32 cK = tK + kthr;
 #pragma unroll
             for (int m = 0; m < MT; ++m)
 #pragma unroll
                 for (int j = 0; j < BN / 8; ++j) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.f;
-        } else {
-            // online softmax, two rows per thread and m-tile (g and g + 8), four lanes per row:
-            // the tile's row max, a rescale only if some row's max grew by more than 2^RESCALE_LOG2
-            float tmax[MT][2];
-            bool grow = false;
 #pragma unroll
-            for (int m = 0; m < MT; ++m) {
-#pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    float mx = TC_NEG_INF;
-#pragma unroll
-                    for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[m][j][2 * r], s[m][j][2 * r + 1]));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                    tmax[m][r] = mx;
-                    // true on a row's first allowed key too (mrow = -inf)
-                    grow |= (mx - mrow[m][r]) * scale_log2 > RESCALE_LOG2;
-                }
-            }
-            // (a warp's first tile: acc and l are still 0, only the max moves)
-            if (__any_sync(0xffffffffu, grow)) {
+            for (int ks = 0; ks < HEAD_D / 16; ++ks) {
+                u32 qk[MT][4];  // this k-step's Q fragments (QREG: copies the compiler folds away)
 #pragma unroll
                 for (int m = 0; m < MT; ++m) {
+#if QREG
 #pragma unroll
-                    for (int r = 0; r < 2; ++r) {
-                        const float mx = fmaxf(mrow[m][r], tmax[m][r]);
-                        // no allowed key yet: alpha stays 1 (l and acc are 0 anyway), never NaN
-                        const float alpha = mx == TC_NEG_INF ? 1.f : tc_exp2((mrow[m][r] - mx) * scale_log2);
-                        mrow[m][r] = mx;
-                        if (it > 0) {
-                            lrow[m][r] *= alpha;
+                    for (int x = 0; x < 4; ++x) qk[m][x] = qf[m][ks][x];
+#else
+                    tc_ldsm_x4(qk[m], (qthr ^ (u32)(ks << 5)) + m * 16 * CH * 16);
+#endif
+                }
 #pragma unroll
-                            for (int d = 0; d < HEAD_D / 8; ++d) {
-                                acc[m][d][2 * r] *= alpha;
-                                acc[m][d][2 * r + 1] *= alpha;
+                for (int np = 0; np < BN / 16; ++np) {
+                    u32 b[4];
+                    tc_ldsm_x4(b, (cK ^ (u32)(ks << 5)) + np * 16 * CH * 16);
+#pragma unroll
+                    for (int m = 0; m < MT; ++m) {
+                        tc_mma(s[m][2 * np], qk[m], b[0], b[1]);
+                        tc_mma(s[m][2 * np + 1], qk[m], b[2], b[3]);
+                    }
+                }
+            }
+#endif
+
+            // a tile reaching past this class's end is partial too (the list is built for the longest)
+            idle = false;
+            if ((ent & 1) || (STRIDE > 1 && kt * BN + BN > T)) {
+                unsigned seen = 0;
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+                    // rows clamped below T so the predicate's table reads stay in range; with the
+                    // causal clause a key allowed to a row < T is < T too, so only non-causal
+                    // patterns test the key against T
+                    const int row_a = min(qt * BM + warp * RW + m * 16 + g, T - 1);
+                    const int row_b = min(qt * BM + warp * RW + m * 16 + g + 8, T - 1);
+                    // the predicate 32 keys at a time for each of the thread's two rows, shifted so
+                    // that bit 8 jj + x is key 32 w + 8 jj + 2 t4 + x, the column of s[m][4 w + jj][x]
+#pragma unroll
+                    for (int w = 0; w < (BN + 31) / 32; ++w) {
+                        const int j0 = kt * BN + 32 * w;
+                        unsigned ba = ab_allowed_bits(pat, row_a, j0), bb = ab_allowed_bits(pat, row_b, j0);
+                        if (!CAUSAL) {
+                            const unsigned in_seq = ab_span(0, T - 1 - j0);
+                            ba &= in_seq;
+                            bb &= in_seq;
+                        }
+                        seen |= ba | bb;
+                        // (shifted in asm: the compiler would otherwise shift the 2 BN / 8 bit
+                        // constants below instead, a register and an instruction each per tile)
+                        ba = ab_shr(ba, 2 * t4);
+                        bb = ab_shr(bb, 2 * t4);
+#pragma unroll
+                        for (int jj = 0; jj < 4 && 4 * w + jj < BN / 8; ++jj) {
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) {
+                                const bool ok = (((e < 2) ? ba : bb) >> (8 * jj + (e & 1))) & 1u;
+                                s[m][4 * w + jj][e] = ok ? s[m][4 * w + jj][e] : TC_NEG_INF;
                             }
                         }
                     }
                 }
+#if BN <= 32
+                // only with the 32-key tiles of all-partial lists, where whole warps fall outside small
+                // windows (streaming 16+64: 4 of 20 warp-tiles); with 64-key tiles the branch cost 14
+                // registers and a block per SM, and idle warps are rare (docs/PERF.md v9)
+                idle = !__any_sync(0xffffffffu, seen != 0);
+#endif
             }
+
+            bool big = false;
+            if (idle) {
 #pragma unroll
-            for (int m = 0; m < MT; ++m) {
+                for (int m = 0; m < MT; ++m) {
+                    rs[m][0] = rs[m][1] = 0.f;
 #pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    // no allowed key yet: subtract 0 instead of -inf so exp2 gives 0, never NaN
-                    const float ms = (mrow[m][r] == TC_NEG_INF) ? 0.f : mrow[m][r] * scale_log2;
-                    float rs = 0.f;
-#pragma unroll
-                    for (int j = 0; j < BN / 8; ++j) {
-                        const float a = tc_exp2(fmaf(s[m][j][2 * r], scale_log2, -ms));
-                        const float b = tc_exp2(fmaf(s[m][j][2 * r + 1], scale_log2, -ms));
-                        s[m][j][2 * r] = a;
-                        s[m][j][2 * r + 1] = b;
-                        rs += a + b;
-                    }
-                    lrow[m][r] += rs;
+                    for (int j = 0; j < BN / 8; ++j) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.f;
                 }
+            } else {
+                // first pass: the exponentials against the running max of earlier tiles, no row max
+                // of this one (a warp whose every row has one); the vote below redoes the tile
+                // through the max path if some sum grew past LAZY_SUM_MAX
+                const bool fast = LAZY && pass == 0 && have_max;
+                if (!fast) {
+                    // online softmax, two rows per thread and m-tile (g and g + 8), four lanes per row:
+                    // the tile's row max, a rescale only if some row's max grew by more than 2^RESCALE_LOG2
+                    float tmax[MT][2];
+                    bool grow = false;
+#pragma unroll
+                    for (int m = 0; m < MT; ++m) {
+#pragma unroll
+                        for (int r = 0; r < 2; ++r) {
+                            float mx = TC_NEG_INF;
+#pragma unroll
+                            for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[m][j][2 * r], s[m][j][2 * r + 1]));
+                            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                            tmax[m][r] = mx;
+                            // true on a row's first allowed key too (mrow = -inf)
+                            grow |= (mx - mrow[m][r]) * scale_log2 > RESCALE_LOG2;
+                        }
+                    }
+                    // (a warp's first tile: acc and l are still 0, only the max moves)
+                    if (__any_sync(0xffffffffu, grow)) {
+#pragma unroll
+                        for (int m = 0; m < MT; ++m) {
+#pragma unroll
+                            for (int r = 0; r < 2; ++r) {
+                                const float mx = fmaxf(mrow[m][r], tmax[m][r]);
+                                // no allowed key yet: alpha stays 1 (l and acc are 0 anyway), never NaN
+                                const float alpha = mx == TC_NEG_INF ? 1.f : tc_exp2((mrow[m][r] - mx) * scale_log2);
+                                mrow[m][r] = mx;
+                                if (it > 0) {
+                                    lrow[m][r] *= alpha;
+#pragma unroll
+                                    for (int d = 0; d < HEAD_D / 8; ++d) {
+                                        acc[m][d][2 * r] *= alpha;
+                                        acc[m][d][2 * r + 1] *= alpha;
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    if (LAZY) {
+                        bool fin = true;
+#pragma unroll
+                        for (int m = 0; m < MT; ++m) fin &= mrow[m][0] != TC_NEG_INF && mrow[m][1] != TC_NEG_INF;
+                        have_max = __all_sync(0xffffffffu, fin);
+                    }
+                }
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        // no allowed key yet: subtract 0 instead of -inf so exp2 gives 0, never NaN
+                        const float ms = (mrow[m][r] == TC_NEG_INF) ? 0.f : mrow[m][r] * scale_log2;
+                        float sum = 0.f;
+#pragma unroll
+                        for (int j = 0; j < BN / 8; ++j) {
+                            const float a = tc_exp2(fmaf(s[m][j][2 * r], scale_log2, -ms));
+                            const float b = tc_exp2(fmaf(s[m][j][2 * r + 1], scale_log2, -ms));
+                            s[m][j][2 * r] = a;
+                            s[m][j][2 * r + 1] = b;
+                            sum += a + b;
+                        }
+                        rs[m][r] = sum;
+                        big |= !(sum <= LAZY_SUM_MAX);  // (a NaN or infinite sum too)
+                    }
+                }
+                big &= fast;
             }
+            if (!LAZY || !TC_VOTE(big)) break;
+        }  // pass
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            lrow[m][0] += rs[m][0];
+            lrow[m][1] += rs[m][1];
         }
 
         // O += P V

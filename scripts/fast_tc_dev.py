@@ -270,7 +270,7 @@ def sweep(timer, ceil, variants, samples, only="", dense_T=(16384,)) -> list[dic
             for c, x in t.items():
                 rows.append(dict(case=lab, D=D, T=T, cfg=str(c), ms=x["ms"], p20=x["p20"], p80=x["p80"],
                                  tflops=prob.flops / x["ms"] / 1e9, roofline=floor_ms / x["ms"]))
-                name = c if isinstance(c, str) else f"{c.NWARPS},{c.BN},{c.STAGES},{c.MT},{c.MINB},{c.QREG},{c.WG},{c.TMA}"
+                name = c if isinstance(c, str) else ",".join(str(x) for x in c.__dict__.values())
                 print(f"sweep {lab:22s} D={D:3d} T={T} {name}: "
                       f"{x['ms']:8.4f} ms  {prob.flops / x['ms'] / 1e9:6.1f} TF/s  roof {floor_ms / x['ms']:6.1%}"
                       f"{'  *' if x['ms'] == best else ''}")

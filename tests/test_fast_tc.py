@@ -238,3 +238,33 @@ def test_gate_strided(T, window, dilation, causal):
         for impl in (IMPL, SYNC_IMPL):
             res = gate(impl, Problem(mask, 1, 2, D, "bfloat16"))
             assert res.ok, (impl.name, res)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", [IMPL, SYNC_IMPL], ids=["fast-tc", "fast-tc-sync"])
+@pytest.mark.parametrize("rising", [True, False], ids=["rising", "falling"])
+@pytest.mark.parametrize("pattern,params", [("dense", {}), ("window", dict(window=256)),
+                                            ("streaming", dict(sink=16, window=64))])
+def test_scores_that_outgrow_the_running_max(impl, rising, pattern, params):
+    """Scores that move by about 2^46 in exp2 units every 64 keys (rising along the keys or falling):
+    on sm_90, exponentials taken against a running max from earlier tiles overflow (float16's P
+    from 2^16) unless the tile is redone against its own max."""
+    import cupy
+    import numpy as np
+
+    from attnbench.arrays import from_float32
+    from attnbench.check import judge
+
+    T = 1000
+    mask = make_mask(pattern, T, True, **params)
+    rng = np.random.default_rng(7)
+    pos = np.arange(T, dtype=np.float32) if rising else np.arange(T, 0, -1, dtype=np.float32)
+    for D in DIMS:
+        for dtype in DTYPES:
+            prob = Problem(mask, 1, 2, D, dtype)
+            q, k, v = (rng.standard_normal(prob.shape).astype(np.float32) * 0.5 for _ in range(3))
+            q[..., 0] = 8.0
+            k[..., 0] = pos / 2  # score q_i . k_j about 4 j (rising)
+            q, k, v = (from_float32(cupy.asarray(a), dtype) for a in (q, k, v))
+            res = judge(impl, prob, impl.prepare(prob, q, k, v), q, k, v)
+            assert res.ok, (D, dtype, res)
