@@ -101,7 +101,6 @@
 #define TMA 0
 #endif
 
-
 #define THREADS (NWARPS * 32)
 #define RESCALE_LOG2 8.f
 #define RW (MT * 16)  // query rows per warp
