@@ -187,8 +187,9 @@ def check_cmd(impls, patterns, Ts, D, B, H, causal):
 @main.command("compile")
 @click.option("--arch", "archs", multiple=True, default=("sm_90",), show_default=True,
               help="target, e.g. sm_80 or sm_90 (repeatable)")
+@click.option("--hashes", is_flag=True, help="add each cubin's SHA-256 (to show a source change leaves the code as it was)")
 @friendly
-def compile_cmd(archs):
+def compile_cmd(archs, hashes):
     """Compile every kernel with the standard configurations' constants (no GPU needed)."""
     from . import compile as kc
 
@@ -209,7 +210,8 @@ def compile_cmd(archs):
                 continue
             for r in reports:
                 click.echo(f"{r.arch:<6} {name:<9} {r.kernel:<28} {consts:<36} {r.registers:>5} "
-                           f"{r.spill_stores:>5}/{r.spill_loads:<6} {r.stack:>6} {r.smem:>7}")
+                           f"{r.spill_stores:>5}/{r.spill_loads:<6} {r.stack:>6} {r.smem:>7}"
+                           + (f" {r.cubin_sha256[:16]}" if hashes else ""))
     sys.exit(1 if failed else 0)
 
 

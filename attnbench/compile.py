@@ -137,6 +137,7 @@ class KernelReport:
     spill_loads: int
     stack: int
     smem: int
+    cubin_sha256: str = ""  # of the whole module's cubin (every kernel of one source shares it)
 
 
 _ENTRY = re.compile(r"Compiling entry function '([^']+)' for '(sm_\d+a?)'")
@@ -172,8 +173,14 @@ def compile_only(name: str, defines: dict, arch: str) -> list[KernelReport]:
     device; return ptxas' per-kernel report. Raises RuntimeError with the compiler log."""
     if not re.fullmatch(r"sm_\d+a?", arch):
         raise BadInput(f"arch={arch!r} must look like sm_80 or sm_90")
-    _, log = _nvrtc(name, source(name), list(options(defines)) + [f"-arch={arch}", "-Xptxas=-v"])
-    return parse_ptxas(log, name)
+    import hashlib
+
+    cubin, log = _nvrtc(name, source(name), list(options(defines)) + [f"-arch={arch}", "-Xptxas=-v"])
+    digest = hashlib.sha256(cubin).hexdigest()
+    reports = parse_ptxas(log, name)
+    for r in reports:
+        r.cubin_sha256 = digest
+    return reports
 
 
 def target_arch(defines: dict, arch: str) -> str | None:
