@@ -8,9 +8,9 @@ import sys
 
 import click
 
-from .patterns import PATTERNS, BadInput, make_mask
-
-DTYPES = ("float32", "float16", "bfloat16")
+from .configs import CONFIGS
+from .impls import DTYPES
+from .patterns import PATTERNS, BadInput, all_params, make_mask
 
 
 def friendly(fn):
@@ -25,28 +25,23 @@ def friendly(fn):
     return wrapper
 
 
-def pattern_options(fn):
-    """One option per pattern parameter (default: the pattern's own default)."""
-    opts = [
-        click.option("--window", type=int, default=None, help="window W (window, streaming, dilated)"),
-        click.option("--sink", type=int, default=None, help="sink S (streaming)"),
-        click.option("--block", type=int, default=None, help="block size Bk (block_diagonal, bigbird)"),
-        click.option("--dilation", type=int, default=None, help="dilation r (dilated)"),
-        click.option("--window-blocks", type=int, default=None, help="w (bigbird)"),
-        click.option("--global-blocks", type=int, default=None, help="g (bigbird)"),
-        click.option("--random-blocks", type=int, default=None, help="r (bigbird)"),
-        click.option("--seed", "mask_seed", type=int, default=None, help="random-table seed (bigbird)"),
-    ]
-    for o in reversed(opts):
-        fn = o(fn)
-    return fn
+def pattern_options(multiple: bool = False):
+    """One option per declared pattern parameter of the registry (default: each pattern's own);
+    with ``multiple``, repeatable (a sweep axis)."""
+    def deco(fn):
+        for name, uses in reversed(list(all_params().items())):
+            q = uses[0][1]
+            takers = ", ".join(pat.name for pat, _ in uses)
+            fn = click.option(q.flag, f"param_{name}", type=int, multiple=multiple, default=() if multiple else None,
+                              help=f"{q.help} ({takers}){'; repeatable' if multiple else ''}")(fn)
+        return fn
+    return deco
 
 
 def pattern_params(kw: dict) -> dict:
-    names = ("window", "sink", "block", "dilation", "window_blocks", "global_blocks", "random_blocks")
-    p = {n: kw.pop(n) for n in names}
-    p["seed"] = kw.pop("mask_seed")
-    return {k: v for k, v in p.items() if v is not None}
+    """The pattern parameters the options gave (popped from ``kw``), by parameter name."""
+    p = {k[len("param_"):]: kw.pop(k) for k in [k for k in kw if k.startswith("param_")]}
+    return {k: v for k, v in p.items() if v not in (None, ())}
 
 
 @click.group()
@@ -76,7 +71,7 @@ def list_cmd():
 @main.command("run")
 @click.option("--pattern", default="streaming", show_default=True, type=click.Choice(list(PATTERNS)))
 @click.option("--T", "T", type=int, default=2048, show_default=True, help="sequence length")
-@pattern_options
+@pattern_options()
 @click.option("--B", "B", type=int, default=1, show_default=True)
 @click.option("--H", "H", type=int, default=1, show_default=True)
 @click.option("--D", "D", type=int, default=384, show_default=True, help="head dimension (the constant C)")
@@ -126,17 +121,10 @@ def run_cmd(pattern, T, B, H, D, dtype, impl, max_t, max_keys, causal, **kw):
 
 
 def check_cases(patterns, Ts):
-    """Pattern instances for the gate: defaults, plus small blocks so odd T sizes fit."""
+    """Pattern instances for the gate: each pattern's examples at each T (block sizes that fit)."""
     for name in patterns:
-        variants = [{}]
-        if name in ("block_diagonal", "bigbird"):
-            variants.append({"block": 8})
-        if name == "streaming":
-            variants.append({"sink": 4, "window": 33})
-        if name == "dilated":
-            variants.append({"window": 7, "dilation": 3})
-        for ps in variants:
-            for T in Ts:
+        for T in Ts:
+            for ps in PATTERNS[name].examples(T):
                 yield name, ps, T
 
 
@@ -216,20 +204,17 @@ def compile_cmd(archs, hashes):
 
 
 @main.command()
-@click.option("--config", "config", default="seed", show_default=True,
-              help="seed or llm: the standard configuration (SPEC section 5) the options below widen or override")
+@click.option("--config", "config", default="seed", show_default=True, type=click.Choice(list(CONFIGS)),
+              help="the standard configuration (SPEC section 5) the options below widen or override")
 @click.option("--T-min", "T_min", type=int, help="smallest T (powers of two from here)")
 @click.option("--T-max", "T_max", type=int, help="largest T")
 @click.option("--T", "T", type=int, multiple=True, help="explicit T values (repeatable; wins over the range)")
-@click.option("--pattern", "patterns", multiple=True,
-              help=f"patterns to sweep, of {', '.join(PATTERNS)} (repeatable; default: all of the config)")
+@click.option("--pattern", "patterns", multiple=True, type=click.Choice(list(PATTERNS)),
+              help="patterns to sweep (repeatable; default: all of the config)")
 @click.option("--impl", "impls", multiple=True, help="implementations (repeatable; default: every registered one)")
-@click.option("--window", type=int, multiple=True, help="window W values (repeatable)")
-@click.option("--sink", type=int, multiple=True, help="sink S values (repeatable)")
-@click.option("--block", type=int, multiple=True, help="block Bk values (repeatable)")
-@click.option("--dilation", type=int, multiple=True, help="dilation r values (repeatable)")
-@click.option("--dtype", "dtypes", multiple=True,
-              help="float32, float16 or bfloat16 (repeatable; default: the config's)")
+@pattern_options(multiple=True)
+@click.option("--dtype", "dtypes", multiple=True, type=click.Choice(DTYPES),
+              help="(repeatable; default: the config's)")
 @click.option("--B", "B", type=int, help="batch (default: the config's)")
 @click.option("--H", "H", type=int, help="heads (default: the config's)")
 @click.option("--D", "D", type=int, multiple=True, help="head dims (repeatable; default: the config's)")
@@ -242,8 +227,8 @@ def compile_cmd(archs, hashes):
                    "(at least the minimum sample count is always taken)")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the random inputs")
 @friendly
-def sweep(config, T_min, T_max, T, patterns, impls, window, sink, block, dilation, dtypes, B, H, D, causal,
-          out, resume, overwrite, budget, seed):
+def sweep(config, T_min, T_max, T, patterns, impls, dtypes, B, H, D, causal, out, resume, overwrite, budget, seed,
+          **kw):
     """Gate every implementation against the float64 reference, time the ones that pass
     (interleaved), and append one row per (configuration, implementation) to a CSV."""
     from . import sweep as sw
@@ -255,7 +240,7 @@ def sweep(config, T_min, T_max, T, patterns, impls, window, sink, block, dilatio
     if budget is not None and budget <= 0:
         raise BadInput(f"--time-budget={budget} must be positive")
     cases = sw.plan(config, patterns=patterns, T=T, T_min=T_min, T_max=T_max, B=B, H=H, D=D, dtype=dtypes,
-                    causal=causal, window=window, sink=sink, block=block, dilation=dilation)
+                    causal=causal, **pattern_params(kw))
     chosen = sw.select_impls(impls)
     command = "attnbench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     with ResultWriter(out, resume=resume, overwrite=overwrite) as writer:

@@ -2,8 +2,10 @@
 
 The same source text and options go to ``cupy.RawModule`` on a GPU and, through
 ``compile_only``, to NVRTC without a device (for CI and ``attnbench compile``).
-Local ``#include "x.cuh"`` lines are expanded into the source text, so the text
-that is compiled (and that CuPy's cache is keyed on) holds everything.
+Local ``#include "x.cuh"`` lines (paths relative to kernels/) are expanded into the source text,
+so the text that is compiled (and that CuPy's cache is keyed on) holds everything. The line
+``#include "pattern.cuh"`` names the pattern compiled in: kernels/patterns/<name>.cuh of the
+struct ``ab_<name>`` that the constant AB_PATTERN_T gives (``Mask.device_defines``).
 """
 from __future__ import annotations
 
@@ -12,9 +14,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .patterns import BadInput
+from .errors import BadInput
 
-_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*(//.*)?$', re.M)
+PATTERN_INCLUDE = "pattern.cuh"
 BASE_OPTIONS = ("-std=c++17",)
 
 
@@ -26,22 +29,29 @@ def kernel_dir() -> Path:
     raise FileNotFoundError(f"kernels/ not found beside {here}")
 
 
-def kernel_names() -> list[str]:
-    return sorted(p.stem for p in kernel_dir().glob("*.cu"))
-
-
 @functools.lru_cache(maxsize=None)
 def _read(name: str) -> str:
     return (kernel_dir() / name).read_text()
 
 
-def source(name: str) -> str:
-    """The text of kernels/<name>.cu with its local includes expanded (once each)."""
+def pattern_header(defines: dict) -> str:
+    """The file ``#include "pattern.cuh"`` stands for: that of the struct AB_PATTERN_T."""
+    struct = str(defines.get("AB_PATTERN_T", ""))
+    if not struct.startswith("ab_"):
+        raise BadInput(f"this kernel compiles a pattern in: AB_PATTERN_T must name one (ab_<pattern>), got {struct!r}")
+    return f"patterns/{struct[3:]}.cuh"
+
+
+def source(name: str, defines: dict | None = None) -> str:
+    """The text of kernels/<name>.cu with its local includes expanded (once each), the pattern's
+    header for ``#include "pattern.cuh"``."""
     seen: set[str] = set()
 
     def expand(text: str) -> str:
         def sub(m):
             inc = m.group(1)
+            if inc == PATTERN_INCLUDE:
+                inc = pattern_header(defines or {})
             if inc in seen:
                 return ""
             seen.add(inc)
@@ -52,7 +62,8 @@ def source(name: str) -> str:
 
 
 def options(defines: dict) -> tuple[str, ...]:
-    return BASE_OPTIONS + tuple(f"-D{k}={int(v)}" for k, v in sorted(defines.items()))
+    """-D options: integers, and text (a pattern's struct and initialiser) as it is."""
+    return BASE_OPTIONS + tuple(f"-D{k}={v if isinstance(v, str) else int(v)}" for k, v in sorted(defines.items()))
 
 
 def round_up_pow2(n: int, minimum: int = 32) -> int:
@@ -73,7 +84,7 @@ def get_module(name: str, defines: dict, arch: str | None = None):
     import cupy
 
     dev = cupy.cuda.Device()
-    src = source(name)
+    src = source(name, defines)
     opts = options(defines)
     key = (src, opts, dev.id, dev.compute_capability, arch)
     mod = _MODULES.get(key)
@@ -175,7 +186,7 @@ def compile_only(name: str, defines: dict, arch: str) -> list[KernelReport]:
         raise BadInput(f"arch={arch!r} must look like sm_80 or sm_90")
     import hashlib
 
-    cubin, log = _nvrtc(name, source(name), list(options(defines)) + [f"-arch={arch}", "-Xptxas=-v"])
+    cubin, log = _nvrtc(name, source(name, defines), list(options(defines)) + [f"-arch={arch}", "-Xptxas=-v"])
     digest = hashlib.sha256(cubin).hexdigest()
     reports = parse_ptxas(log, name)
     for r in reports:

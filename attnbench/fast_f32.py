@@ -16,7 +16,7 @@ import numpy as np
 from .arrays import poison
 from .compile import get_module
 from .impls import Impl, Problem, Runner, register
-from .patterns import BadInput
+from .patterns import BadInput, Mask
 from .tiles import setup_times, tile_list
 
 BM = 64    # query rows per tile
@@ -47,8 +47,10 @@ def smem_bytes(D: int) -> int:
     return 4 * (q + p + 2 * ring)
 
 
-def defines(D: int) -> dict:
-    return {"C": D, "BM": BM, "BN": BN, "NT": NT, "DK": DK, "VK": VK, "SMEM_BYTES": smem_bytes(D)}
+def defines(D: int, mask: Mask) -> dict:
+    """The kernel's constants: tile shape, and the pattern (its parameters come at run time)."""
+    return {"C": D, "BM": BM, "BN": BN, "NT": NT, "DK": DK, "VK": VK, "SMEM_BYTES": smem_bytes(D),
+            **mask.device_defines(runtime=True)}
 
 
 # ---- split planning (host) ------------------------------------------------------------------
@@ -106,7 +108,7 @@ class FastF32Runner(Runner):
         tiles = tile_list(prob.mask, BM, BN)
         self.setup.update(setup_times(tiles))
         t0 = time.perf_counter()
-        mod = get_module("fast_f32", defines(prob.D))
+        mod = get_module("fast_f32", defines(prob.D, prob.mask))
         self._split_k = mod.get_function("fast_f32_split")
         self._merge_k = mod.get_function("fast_f32_merge")
         self.setup["compile_s"] = time.perf_counter() - t0
@@ -136,11 +138,10 @@ class FastF32Runner(Runner):
         self._entries = tiles.device().entries
         table = prob.mask.table
         self._table = cupy.asarray(table if table is not None else np.full(1, -1, np.int32), dtype=cupy.int32)
-        pid, causal, p0, p1, p2, p3 = prob.mask.device_params()
+        self._pargs = cupy.asarray(prob.mask.device_args())
         self._args = (self._q, self._k, self._v, self._out, self._ws_o, self._ws_ml, self._ptr, self._entries,
-                      self._table, np.int32(T), np.int32(nq), np.int32(self.splits), np.int32(pid),
-                      np.int32(causal), np.int32(p0), np.int32(p1), np.int32(p2), np.int32(p3),
-                      np.float32(prob.softmax_scale), np.int32(self.splits == 1))
+                      self._table, np.int32(T), np.int32(nq), np.int32(self.splits), np.int32(prob.mask.causal),
+                      self._pargs, np.float32(prob.softmax_scale), np.int32(self.splits == 1))
         total = bh * T * (D // 4)
         self._merge_args = (self._out, self._ws_o, self._ws_ml, np.int32(T), np.int32(nq),
                             np.int32(self.splits), np.int64(total))
@@ -207,5 +208,7 @@ __all__ = ["FastF32", "FastF32Runner", "IMPL", "plan_splits", "split_ranges", "s
 
 
 def standard_builds() -> list[tuple[str, dict]]:
-    """The seed configuration (C = 384) and the llm head dims."""
-    return [("fast_f32", defines(D)) for D in (384, 64, 128)]
+    """The seed configuration (C = 384) and the llm head dims, every pattern."""
+    from .patterns import PATTERNS, make_mask
+
+    return [("fast_f32", defines(D, make_mask(name, 4096, True))) for D in (384, 64, 128) for name in PATTERNS]

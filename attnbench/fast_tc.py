@@ -20,7 +20,7 @@ import numpy as np
 from .arrays import bind
 from .compile import get_module
 from .impls import Impl, Problem, Runner, register
-from .patterns import BadInput, Mask, make_mask
+from .patterns import BadInput, Mask
 from .tiles import setup_times, tile_list
 from .tma import TensorMap, head_maps
 
@@ -130,8 +130,8 @@ def choose_config(mask: Mask, D: int, wgmma: bool = False) -> TileConfig:
 
 
 def pattern_defines(mask: Mask) -> dict:
-    pid, causal, p0, p1, p2, p3 = mask.device_params()
-    return dict(PID=pid, CAUSAL=causal, P0=p0, P1=p1, P2=p2, P3=p3)
+    """The pattern compiled in with its parameters as constants, and CAUSAL for the kernel's own tests."""
+    return dict(CAUSAL=int(mask.causal), **mask.device_defines())
 
 
 def kernel_defines(D: int, dtype: str, mask: Mask, cfg: TileConfig | None = None) -> dict:
@@ -261,14 +261,14 @@ __all__ = ["CONFIGS", "WIDE_CONFIGS", "PARTIAL_CONFIGS", "HOPPER_CONFIGS", "HOPP
 
 
 def standard_builds() -> list[tuple[str, dict]]:
-    """The llm configuration (SPEC section 5) at T=32768: every pattern, D = 64 and 128, bfloat16;
+    """The llm configuration (SPEC section 5) at its build T: every pattern, D = 64 and 128, bfloat16;
     float16 for dense causal; the mma.sync and the wgmma (sm_90a, ``target_arch``) shapes."""
-    from .sweep import _llm_instances
+    from .configs import LLM
 
     builds = []
     for D in (64, 128):
-        for inst in _llm_instances():
-            mask = make_mask(inst.pattern, 32768, inst.causal, **inst.param_dict)
+        for inst in LLM.instances:
+            mask = inst.mask(LLM.build_T)
             for dtype in ("bfloat16", "float16") if inst.pattern == "dense" else ("bfloat16",):
                 for wgmma in (False, True):
                     b = (KERNEL, kernel_defines(D, dtype, mask, choose_config(mask, D, wgmma)))

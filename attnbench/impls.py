@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from .patterns import BadInput, Mask
 
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+DTYPES = tuple(ITEMSIZE)
 # SPEC section 4: ||out - ref|| / ||ref|| limits
 TOLERANCE = {"float32": 1e-5, "float16": 5e-3, "bfloat16": 1e-2}
 TF32_TOLERANCE = 2e-3

@@ -26,7 +26,8 @@ def constants(prob: Problem) -> dict:
         raise BadInput(f"max_keys={max_keys} (keys per row {prob.mask.max_keys}) exceeds the naive "
                        f"kernels' limit {LOCAL_LIMIT}")
     # the dense kernel needs no key list and the sparse kernel no score row of length T
-    return {"MAX_T": max_t if dense else 1, "MAX_KEYS": 1 if dense else max_keys, "C": prob.D}
+    return {"MAX_T": max_t if dense else 1, "MAX_KEYS": 1 if dense else max_keys, "C": prob.D,
+            **prob.mask.device_defines(runtime=True)}
 
 
 class NaiveRunner(Runner):
@@ -46,10 +47,10 @@ class NaiveRunner(Runner):
         if dense:
             self.args = head + (np.int32(prob.mask.causal),)
         else:
-            pid, causal, p0, p1, p2, p3 = prob.mask.device_params()
             table = prob.mask.table if prob.mask.table is not None else np.zeros(1, np.int32)
             self._table = cupy.asarray(np.ascontiguousarray(table, dtype=np.int32))
-            self.args = head + tuple(np.int32(x) for x in (pid, causal, p0, p1, p2, p3)) + (self._table,)
+            self._pargs = cupy.asarray(prob.mask.device_args())
+            self.args = head + (np.int32(prob.mask.causal), self._pargs, self._table)
 
     def run(self) -> None:
         self.fn(self.grid, (THREADS,), self.args)
@@ -80,15 +81,18 @@ register(NaiveImpl(
 
 
 def standard_builds() -> list[tuple[str, dict]]:
-    """The naive kernels' constants at the seed (C=384, T=4096) and llm (D=64, 128; T=4096) configurations."""
-    from .patterns import PATTERNS, make_mask
+    """The naive kernels' constants at the seed and llm configurations' head dims, T=4096: every
+    pattern at its defaults, and the configurations' own instances at the first of their head dims."""
+    from .configs import LLM, SEED, Instance
+    from .patterns import PATTERNS
 
     builds = []
-    for D, extra in ((384, []), (64, [("streaming", {"sink": 4, "window": 1024})]), (128, [])):
-        cases = [(name, {}) for name in PATTERNS] + extra
-        for name, ps in cases:
-            prob = Problem(make_mask(name, 4096, True, **ps), 1, 1, D, "float32")
-            b = ("naive", constants(prob))
-            if b not in builds:
-                builds.append(b)
+    for cfg in (SEED, LLM):
+        for D in cfg.D:
+            insts = [Instance.make(name, True) for name in PATTERNS] + list(cfg.instances if D == cfg.D[0] else ())
+            for inst in insts:
+                prob = Problem(inst.mask(4096), 1, 1, D, "float32")
+                b = ("naive", constants(prob))
+                if b not in builds:
+                    builds.append(b)
     return builds

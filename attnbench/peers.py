@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .arrays import STORAGE, Bound, poison, unbind
-from .impls import ITEMSIZE, Impl, Problem, Runner, device_problem, register
+from .impls import DTYPES, ITEMSIZE, Impl, Problem, Runner, device_problem, register
 from .patterns import BadInput, Mask
 
 SCRATCH_BYTES = 256 << 20     # cublas: scores and probabilities of one chunk of query rows
@@ -35,7 +35,7 @@ FLEX_BLOCKS = (64, 128)
 # at T = 32768, 128 GiB of mask alone at T = 131072).
 FLEX_COMPILED_MASK_FROM = 32768
 TORCH_MISSING = "torch is not installed (pip install -e '.[torch]')"
-ALL_DTYPES = ("float32", "float16", "bfloat16")
+ALL_DTYPES = DTYPES
 
 
 # -- shared helpers ---------------------------------------------------------------------------

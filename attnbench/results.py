@@ -13,19 +13,19 @@ import os
 import subprocess
 from pathlib import Path
 
-from .patterns import BadInput
+from .patterns import BadInput, param_columns
 
+# the pattern parameter columns come from the registry (Param.column), in its order
 COLUMNS = [
     "timestamp", "gpu", "sm_count", "driver", "cuda_runtime", "cupy", "torch", "git_commit",
-    "config", "command", "impl", "family", "pattern", "label", "causal", "window", "sink", "block",
-    "dilation", "params", "B", "H", "T", "D", "dtype", "pairs", "density", "flops", "bytes_floor",
+    "config", "command", "impl", "family", "pattern", "label", "causal", *param_columns(),
+    "params", "B", "H", "T", "D", "dtype", "pairs", "density", "flops", "bytes_floor",
     "status", "reason", "rel_err", "tolerance", "median_ms", "p20_ms", "p80_ms", "samples",
     "tflops", "peak_tflops", "peak_tbps", "floor_ms", "roofline", "compile_s", "setup_s",
 ]
 STATUSES = ("ok", "failed", "skipped")
 # the columns that name a (configuration, implementation) pair
 KEY_COLUMNS = ("impl", "pattern", "params", "causal", "B", "H", "T", "D", "dtype")
-PATTERN_PARAM_COLUMNS = ("window", "sink", "block", "dilation")
 
 
 def params_json(params: dict) -> str:

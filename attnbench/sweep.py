@@ -21,33 +21,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .check import judge, reference_of
-from .impls import Impl, Problem, all_impls, get_impl
-from .patterns import PATTERNS, BadInput, get_pattern, make_mask, pattern_label
+from .configs import Instance, get_config
+from .impls import DTYPES, Impl, Problem, all_impls, get_impl
+from .patterns import BadInput, all_params, get_pattern, make_mask, param_columns, pattern_label
 from .results import COLUMNS, ResultWriter, now, params_json, row_key
 from .timing import DEFAULT_BUDGET_S, Peaks, Timing, floor_ms
-
-CONFIGS = ("seed", "llm")
-DTYPES = ("float32", "float16", "bfloat16")
-# the options that set a pattern parameter, by parameter name
-PARAM_OPTIONS = ("window", "sink", "block", "dilation")
-
-
-@dataclass(frozen=True)
-class Instance:
-    """A pattern with its parameters (defaults filled in) and causal flag."""
-    pattern: str
-    params: tuple  # sorted (name, value) pairs
-    causal: bool
-
-    @classmethod
-    def make(cls, pattern: str, causal: bool, **given) -> "Instance":
-        p = get_pattern(pattern).defaults()
-        p.update({k: v for k, v in given.items() if v is not None})
-        return cls(pattern, tuple(sorted(p.items())), bool(causal))
-
-    @property
-    def param_dict(self) -> dict:
-        return dict(self.params)
 
 
 @dataclass(frozen=True)
@@ -64,29 +42,6 @@ class Case:
         lab = pattern_label(self.inst.pattern, self.inst.param_dict)
         return (f"{lab} {'causal' if self.inst.causal else 'non-causal'} T={self.T} B={self.B} H={self.H} "
                 f"D={self.D} {self.dtype}")
-
-
-# -- the standard configurations (SPEC section 5) ------------------------------------------
-
-def _llm_instances() -> list[Instance]:
-    return [
-        Instance.make("dense", True),
-        Instance.make("streaming", True, sink=16, window=64),
-        Instance.make("streaming", True, sink=4, window=1024),
-        Instance.make("window", True, window=256),
-        Instance.make("window", True, window=4096),
-        Instance.make("block_diagonal", False, block=16),
-        Instance.make("block_diagonal", False, block=128),
-        Instance.make("dilated", True, window=512, dilation=2),
-        Instance.make("bigbird", True),
-    ]
-
-
-CONFIG_DEFAULTS = {
-    "seed": dict(B=1, H=1, D=(384,), dtype=("float32",), T_min=128, T_max=4096, Ts=None),
-    "llm": dict(B=1, H=16, D=(64, 128), dtype=("bfloat16",), T_min=None, T_max=None,
-                Ts=(4096, 32768, 131072)),
-}
 
 
 def powers_of_two(t_min: int, t_max: int) -> list[int]:
@@ -108,45 +63,47 @@ def t_values(config: str, T: tuple[int, ...] = (), T_min: int | None = None,
              T_max: int | None = None) -> list[int]:
     """Explicit ``T`` values win; else powers of two over the range (the config's bounds
     fill in the one not given); else the config's list."""
-    d = CONFIG_DEFAULTS[config]
+    c = get_config(config)
     if T:
         bad = [t for t in T if t < 1]
         if bad:
             raise BadInput(f"T={bad[0]} must be a positive integer")
         return sorted(set(T))
-    if T_min is None and T_max is None and d["Ts"]:
-        return list(d["Ts"])
-    lo = T_min if T_min is not None else (d["T_min"] or min(d["Ts"]))
-    hi = T_max if T_max is not None else (d["T_max"] or max(d["Ts"]))
+    if T_min is None and T_max is None and c.Ts:
+        return list(c.Ts)
+    lo = T_min if T_min is not None else (c.T_min or min(c.Ts))
+    hi = T_max if T_max is not None else (c.T_max or max(c.Ts))
     return powers_of_two(lo, hi)
 
 
 def instances(config: str, patterns: tuple[str, ...] = (), causal: bool | None = None,
               **options: tuple[int, ...]) -> list[Instance]:
-    """Pattern instances of a sweep. With no parameter option, the config's own list (seed:
-    every pattern at its defaults, causal). With some, for each pattern the product of the
-    given values of the parameters it takes (defaults for the rest)."""
+    """Pattern instances of a sweep. With no parameter option, the config's own list (a pattern
+    named that the config does not hold: at its defaults). With some, for each pattern the product
+    of the given values of the parameters it takes (defaults for the rest)."""
+    cfg = get_config(config)
     for name in patterns:
         get_pattern(name)
-    unknown = set(options) - set(PARAM_OPTIONS)
+    unknown = set(options) - set(all_params())
     if unknown:
         raise BadInput(f"unknown pattern options {sorted(unknown)}")
     given = {k: tuple(v) for k, v in options.items() if v}
-    chosen = list(patterns) or list(PATTERNS)
+    chosen = list(patterns) or list(dict.fromkeys(i.pattern for i in cfg.instances))
     for name in chosen:  # a value below a parameter's minimum fits no T: refuse the sweep
         for prm in get_pattern(name).params:
             for v in given.get(prm.name, ()):
                 if v < prm.minimum:
-                    raise BadInput(f"--{prm.name}={v} is below its minimum {prm.minimum} ({name}: {prm.help})")
-    if not given and config == "llm":
-        out = [i for i in _llm_instances() if i.pattern in chosen]
+                    raise BadInput(f"{prm.flag}={v} is below its minimum {prm.minimum} ({name}: {prm.help})")
+    if not given:
+        out = [i for i in cfg.instances if i.pattern in chosen]
+        held = {i.pattern for i in out}
+        out += [Instance.make(name, cfg.causal) for name in chosen if name not in held]
     else:
         out = []
         for name in chosen:
             takes = [p.name for p in get_pattern(name).params if p.name in given]
-            default_causal = not (config == "llm" and name == "block_diagonal")
             for values in itertools.product(*(given[p] for p in takes)):
-                out.append(Instance.make(name, default_causal, **dict(zip(takes, values))))
+                out.append(Instance.make(name, cfg.causal, **dict(zip(takes, values))))
     if causal is not None:
         out = [Instance(i.pattern, i.params, causal) for i in out]
     seen, uniq = set(), []
@@ -162,16 +119,14 @@ def instances(config: str, patterns: tuple[str, ...] = (), causal: bool | None =
 def plan(config: str = "seed", *, patterns=(), T=(), T_min=None, T_max=None, B=None, H=None, D=(),
          dtype=(), causal=None, **options) -> list[Case]:
     """Every configuration of a sweep, in order: by dtype, D, T, then pattern instance."""
-    if config not in CONFIGS:
-        raise BadInput(f"config={config!r} is unknown: choose one of {', '.join(CONFIGS)}")
-    d = CONFIG_DEFAULTS[config]
-    dtypes = tuple(dtype) or d["dtype"]
+    c = get_config(config)
+    dtypes = tuple(dtype) or c.dtype
     for dt in dtypes:
         if dt not in DTYPES:
             raise BadInput(f"dtype={dt!r} is not supported: choose one of {', '.join(DTYPES)}")
-    Ds = tuple(D) or d["D"]
-    B = d["B"] if B is None else B
-    H = d["H"] if H is None else H
+    Ds = tuple(D) or c.D
+    B = c.B if B is None else B
+    H = c.H if H is None else H
     for name, v in (("B", B), ("H", H)) + tuple(("D", x) for x in Ds):
         if v < 1:
             raise BadInput(f"{name}={v} must be a positive integer")
@@ -231,7 +186,7 @@ def _base_row(case: Case, impl: Impl, ctx: Context, prob: Problem | None) -> dic
                pattern=case.inst.pattern, causal=case.inst.causal, params=params_json(p),
                B=case.B, H=case.H, T=case.T, D=case.D, dtype=case.dtype,
                peak_tflops=ctx.peaks.matrix_tflops(case.dtype), peak_tbps=ctx.peaks.copy_tbps)
-    for name in PARAM_OPTIONS:
+    for name in param_columns():
         row[name] = p.get(name)
     if prob is not None:
         m = prob.mask

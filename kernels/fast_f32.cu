@@ -10,11 +10,13 @@
 //   workspace; fast_f32_merge combines the splits through exp(m_s - max_s m_s).
 //
 // Compile-time constants (-D): C head dim, BM query rows per tile, BN keys per tile, NT threads,
-// DK columns of a K stage, VK keys of a V stage, SMEM_BYTES the host's launch size (checked).
+// DK columns of a K stage, VK keys of a V stage, SMEM_BYTES the host's launch size (checked), and the
+// pattern (AB_PATTERN_T, AB_PATTERN_ARGS: kernels/common.cuh), its parameters read at run time from pargs.
 // Threads form a TY x 16 grid: thread (ty, tx) owns score rows ty*RM .. ty*RM+RM-1, score
 // columns tx + 16*b and output columns 4*(tx + 16*g) .. +3 of the same rows, so the softmax
 // rescale of a row never leaves the thread.
 #include "common.cuh"
+#include "pattern.cuh"
 
 #ifndef C
 #error "C (head dim) must be defined"
@@ -115,14 +117,14 @@ fast_f32_split(const float* __restrict__ q, const float* __restrict__ k, const f
                float* __restrict__ out, float* __restrict__ ws_o, float2* __restrict__ ws_ml,
                const int* __restrict__ tile_ptr, const int* __restrict__ tile_entries,
                const int* __restrict__ table, int T, int nq, int splits,
-               int pid, int causal, int p0, int p1, int p2, int p3, float scale, int direct) {
+               int causal, const int* __restrict__ pargs, float scale, int direct) {
     extern __shared__ float4 smem4[];
     float* smem = reinterpret_cast<float*>(smem4);
     float* sQ = smem + SQ_OFF;
     float* sP = smem + SP_OFF;
     float* ring = smem + RING_OFF;
 
-    const ABPattern pat{pid, causal, p0, p1, p2, p3, table};
+    const AB_PATTERN_T pat{AB_PATTERN_ARGS};
     const int tid = threadIdx.x, tx = tid % TX, ty = tid / TX;
     const int qt = nq - 1 - (int)blockIdx.x;  // the longest lists (causal: the last tiles) first
     const int split = blockIdx.y;

@@ -43,10 +43,11 @@
 // ignore them.
 //
 // Compile-time constants (-D): HEAD_D (64 or 128), BN (keys per tile, multiple of 16), STRIDE, QREG, WG,
-// NWARPS, MT, MINB (blocks per SM for __launch_bounds__), STAGES (>= 2), TMA, AB_F16 (1: float16, 0: bfloat16), and the pattern itself: PID (pattern
-// id of common.cuh), CAUSAL, P0..P3 (device_params() of Mask.tile_predicate(BM, BN)), so that the predicate's switch folds
-// away and its divisions become multiplications by constants.
+// NWARPS, MT, MINB (blocks per SM for __launch_bounds__), STAGES (>= 2), TMA, AB_F16 (1: float16, 0: bfloat16), and the pattern itself:
+// CAUSAL, AB_PATTERN_T and AB_PATTERN_ARGS (Mask.device_defines() of Mask.tile_predicate(BM, BN), kernels/common.cuh) with
+// its parameters as constants, so that its divisions become multiplications by constants.
 #include "common.cuh"
+#include "pattern.cuh"
 
 #ifndef HEAD_D
 #define HEAD_D 64
@@ -63,23 +64,8 @@
 #ifndef AB_F16
 #define AB_F16 0
 #endif
-#ifndef PID
-#define PID 0
-#endif
 #ifndef CAUSAL
 #define CAUSAL 1
-#endif
-#ifndef P0
-#define P0 0
-#endif
-#ifndef P1
-#define P1 0
-#endif
-#ifndef P2
-#define P2 0
-#endif
-#ifndef P3
-#define P3 0
 #endif
 
 #ifndef MT
@@ -276,11 +262,7 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
     const u32 sK = sQ + BM * HEAD_D * 2;
     const u32 sV = sK + STAGES * TILE_BYTES;
 
-    ABPattern pat;
-    pat.pid = PID;
-    pat.causal = CAUSAL;
-    pat.p0 = P0; pat.p1 = P1; pat.p2 = P2; pat.p3 = P3;
-    pat.table = table;
+    const AB_PATTERN_T pat{AB_PATTERN_ARGS};
 
 #if TMA
     // barriers after the V stages: Q's, then one per stage

@@ -5,7 +5,10 @@
 //   MAX_T     longest sequence the dense kernel takes (its score array has MAX_T floats)
 //   MAX_KEYS  most keys one row of a sparse pattern may see (its key and score arrays)
 //   C         head dimension D
+//   AB_PATTERN_T, AB_PATTERN_ARGS: the pattern (kernels/common.cuh), its parameters read at run time
+//             from pargs, so one module serves every parameter value of a pattern
 #include "common.cuh"
+#include "pattern.cuh"
 
 #ifndef MAX_T
 #error "MAX_T must be defined"
@@ -62,67 +65,20 @@ extern "C" __global__ void naive_dense(const float* __restrict__ q, const float*
     naive_softmax_pv(scores, n, m, [](int jj) { return jj; }, v + base, o + base + (size_t)i * C);
 }
 
-// Appends j to the compact key list when the pattern allows it.
-__device__ __forceinline__ void naive_push(const ABPattern& p, int i, int j, int* keys, int& n) {
-    if (n < MAX_KEYS && ab_allowed(p, i, j)) keys[n++] = j;
-}
-
-// Sparse patterns: build the compact list of allowed keys of row i (streaming: the sinks, then the
-// window, as the seed does), then attend over that list only.
+// Sparse patterns: build the compact list of allowed keys of row i in the pattern's own order
+// (streaming: the sinks, then the window, as the seed does), then attend over that list only.
 extern "C" __global__ void naive_sparse(const float* __restrict__ q, const float* __restrict__ k,
                                         const float* __restrict__ v, float* __restrict__ o,
-                                        int T, float scale, int pid, int causal,
-                                        int p0, int p1, int p2, int p3, const int* __restrict__ table) {
+                                        int T, float scale, int causal, const int* __restrict__ pargs,
+                                        const int* __restrict__ table) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= T) return;
-    const ABPattern p = {pid, causal, p0, p1, p2, p3, table};
+    const AB_PATTERN_T pat{AB_PATTERN_ARGS};
     int keys[MAX_KEYS];
     int n = 0;
-    switch (pid) {
-    case AB_WINDOW: {
-        const int hi = causal ? i : min(T - 1, i + p0 - 1);
-        for (int j = max(0, i - p0 + 1); j <= hi; ++j) naive_push(p, i, j, keys, n);
-        break;
-    }
-    case AB_STREAMING: {
-        const int lo = max(0, i - p1 + 1);
-        const int hi = causal ? i : min(T - 1, i + p1 - 1);
-        for (int j = 0; j < min(p0, lo); ++j) naive_push(p, i, j, keys, n);  // sinks before the window
-        for (int j = lo; j <= hi; ++j) naive_push(p, i, j, keys, n);         // the window
-        for (int j = hi + 1; j < p0; ++j) naive_push(p, i, j, keys, n);     // sinks after it (non-causal)
-        break;
-    }
-    case AB_BLOCK_DIAGONAL: {
-        const int b0 = (i / p0) * p0;
-        for (int j = b0; j < min(T, b0 + p0); ++j) naive_push(p, i, j, keys, n);
-        break;
-    }
-    case AB_DILATED: {
-        for (int m = p0 - 1; m >= 1; --m) {  // behind, farthest first
-            const int j = i - m * p1;
-            if (j >= 0) naive_push(p, i, j, keys, n);
-        }
-        naive_push(p, i, i, keys, n);
-        if (!causal)
-            for (int m = 1; m < p0; ++m) {
-                const int j = i + m * p1;
-                if (j < T) naive_push(p, i, j, keys, n);
-            }
-        break;
-    }
-    case AB_BIGBIRD: {
-        const int nb = T / p0;
-        for (int kb = 0; kb < nb; ++kb) {
-            const int j0 = kb * p0;
-            if (causal && j0 > i) break;
-            if (!ab_allowed(p, (i / p0) * p0, j0)) continue;  // the block is not allowed
-            for (int j = j0; j < j0 + p0; ++j) naive_push(p, i, j, keys, n);
-        }
-        break;
-    }
-    default:  // dense through the key list
-        for (int j = 0; j < (causal ? i + 1 : T); ++j) naive_push(p, i, j, keys, n);
-    }
+    pat.keys(i, T, [&](int j) {
+        if (n < MAX_KEYS && ab_allowed(pat, i, j)) keys[n++] = j;
+    });
     const size_t base = (size_t)blockIdx.y * T * C;
     const float* qi = q + base + (size_t)i * C;
     float scores[MAX_KEYS];

@@ -1,7 +1,11 @@
 """Every kernel compiles through NVRTC without a GPU, with the constants injected as -D options."""
+import re
+
 import pytest
 
 from attnbench import compile as kc
+from attnbench.errors import BadInput
+from attnbench.patterns import PATTERNS, make_mask
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -21,22 +25,40 @@ def test_every_standard_build_compiles(arch):
             assert r.spill_stores == 0 and r.spill_loads == 0, f"{r.kernel} spills with {defines}"
 
 
+DENSE = make_mask("dense", 64).device_defines(runtime=True)
+
+
 def test_constants_reach_the_compiler():
     # the dense kernel's score array is MAX_T floats of local memory
-    small = {r.kernel: r for r in kc.compile_only("naive", {"MAX_T": 256, "MAX_KEYS": 1, "C": 64}, "sm_90")}
-    large = {r.kernel: r for r in kc.compile_only("naive", {"MAX_T": 2048, "MAX_KEYS": 1, "C": 64}, "sm_90")}
+    small = {r.kernel: r for r in kc.compile_only("naive", {"MAX_T": 256, "MAX_KEYS": 1, "C": 64, **DENSE}, "sm_90")}
+    large = {r.kernel: r for r in kc.compile_only("naive", {"MAX_T": 2048, "MAX_KEYS": 1, "C": 64, **DENSE}, "sm_90")}
     assert small["naive_dense"].stack == 256 * 4
     assert large["naive_dense"].stack == 2048 * 4
 
 
 def test_missing_constant_is_a_compile_error():
     with pytest.raises(RuntimeError, match="MAX_T must be defined"):
-        kc.compile_only("naive", {"MAX_KEYS": 1, "C": 64}, "sm_90")
+        kc.compile_only("naive", {"MAX_KEYS": 1, "C": 64, **DENSE}, "sm_90")
 
 
 def test_includes_are_expanded_into_the_source():
-    src = kc.source("naive")
+    src = kc.source("naive", DENSE)
     assert '#include "common.cuh"' not in src and "ab_allowed" in src
+    assert not re.search(r"^\s*#\s*include", src, re.M) and "struct ab_dense" in src and "struct ab_window" not in src
+
+
+@pytest.mark.parametrize("name", sorted(PATTERNS))
+def test_every_pattern_has_its_device_predicate(name):
+    """The pattern's struct is compiled in by name: its header exists and compiles in every kernel
+    that takes a pattern at run time."""
+    defines = make_mask(name, 64, **PATTERNS[name].examples(64)[0]).device_defines(runtime=True)
+    assert (kc.kernel_dir() / kc.pattern_header(defines)).is_file()
+    assert [r.kernel for r in kc.compile_only("predicate", defines, "sm_80")] == ["predicate_bits"]
+
+
+def test_a_kernel_without_its_pattern_is_refused():
+    with pytest.raises(BadInput, match="AB_PATTERN_T"):
+        kc.source("predicate", {})
 
 
 def test_cubins_for_an_explicit_arch_are_built_once(tmp_path, monkeypatch):

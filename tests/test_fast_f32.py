@@ -20,23 +20,15 @@ F32 = np.float32
 
 # ---- masks at any T: block sizes that divide T ----------------------------------------------
 def mask_at(pattern: str, T: int, causal: bool = True):
-    """The pattern at T with its defaults, except block sizes that must divide T."""
-    p = {}
-    if pattern in ("block_diagonal", "bigbird"):
-        default = PATTERNS[pattern].defaults()["block"]
-        p["block"] = next(b for b in (default, 8, 7, 4, 2, 1) if T % b == 0)
-    if pattern == "bigbird":
-        p["random_blocks"] = min(3, T // p["block"])
-    if pattern == "streaming":
-        p["sink"] = min(16, T)
-    return make_mask(pattern, T, causal, **p)
+    """The pattern at T with its first example's parameters (block sizes that divide T)."""
+    return make_mask(pattern, T, causal, **PATTERNS[pattern].examples(T)[0])
 
 
 # ---- compile ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("D", [64, 128, 384])
 def test_compiles_without_spills(arch, D):
-    reports = {r.kernel: r for r in compile_only("fast_f32", ff.defines(D), arch)}
+    reports = {r.kernel: r for r in compile_only("fast_f32", ff.defines(D, make_mask("bigbird", 4096)), arch)}
     assert set(reports) == {"fast_f32_split", "fast_f32_merge"}
     for r in reports.values():
         assert r.spill_stores == 0 and r.spill_loads == 0, r
@@ -45,7 +37,7 @@ def test_compiles_without_spills(arch, D):
 
 
 def test_host_shared_memory_size_is_checked_by_the_kernel():
-    bad = dict(ff.defines(128), SMEM_BYTES=ff.smem_bytes(128) + 16)
+    bad = dict(ff.defines(128, make_mask("window", 256)), SMEM_BYTES=ff.smem_bytes(128) + 16)
     with pytest.raises(RuntimeError, match="shared memory size"):
         compile_only("fast_f32", bad, "sm_90")
 

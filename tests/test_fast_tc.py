@@ -15,15 +15,8 @@ DIMS = (64, 128)
 
 
 def _params_for(pattern: str, T: int) -> dict:
-    """Pattern parameters valid at T (block sizes dividing T, not always a multiple of 16)."""
-    if pattern == "streaming":
-        return dict(sink=min(16, T))
-    if pattern not in ("block_diagonal", "bigbird"):
-        return {}
-    block = {1: 1, 7: 7, 100: 20, 1000: 40}.get(T, 64 if pattern == "bigbird" else 16)
-    if pattern == "block_diagonal":
-        return dict(block=block)
-    return dict(block=block, random_blocks=min(3, T // block))
+    """Pattern parameters valid at T: the pattern's first example (block sizes dividing T)."""
+    return PATTERNS[pattern].examples(T)[0]
 
 
 # ---- CPU: NVRTC ----------------------------------------------------------------------------------
@@ -90,7 +83,8 @@ def test_tile_list_is_cached_per_mask_and_shape():
 def test_defines_fix_the_pattern_and_dtype():
     m = make_mask("streaming", 4096, False, sink=4, window=512)
     d = kernel_defines(128, "float16", m)
-    assert (d["HEAD_D"], d["AB_F16"], d["PID"], d["CAUSAL"], d["P0"], d["P1"], d["STRIDE"]) == (128, 1, 2, 0, 4, 512, 1)
+    assert (d["HEAD_D"], d["AB_F16"], d["CAUSAL"], d["STRIDE"]) == (128, 1, 0, 1)
+    assert (d["AB_PATTERN_T"], d["AB_PATTERN_ARGS"]) == ("ab_streaming", "0,4,512")
     assert kernel_defines(64, "bfloat16", m)["AB_F16"] == 0
 
 
@@ -102,17 +96,17 @@ def test_block_patterns_compile_the_causal_clause_alone_when_tiles_divide_their_
     cfg = choose_config(bb, 64, wgmma)
     assert 64 % cfg.BM == 0 and 64 % cfg.BN == 0
     d = kernel_defines(64, "bfloat16", bb, cfg)
-    assert (d["PID"], d["CAUSAL"], d["P0"], d["P3"]) == (0, 1, 0, 0)
+    assert (d["AB_PATTERN_T"], d["AB_PATTERN_ARGS"], d["CAUSAL"]) == ("ab_dense", "1", 1)
     bd = make_mask("block_diagonal", 4096, False, block=16)
     cfg = TileConfig(NWARPS=4, BN=32, STAGES=3, WG=int(wgmma))
     d = kernel_defines(64, "bfloat16", bd, cfg)
-    assert (d["PID"], d["CAUSAL"], d["P0"]) == (3, 0, 16)
+    assert (d["AB_PATTERN_T"], d["AB_PATTERN_ARGS"], d["CAUSAL"]) == ("ab_block_diagonal", "0,16", 0)
 
 
 def test_dilated_runs_as_a_window_on_each_residue_class():
     m = make_mask("dilated", 4096, True, window=512, dilation=3)
     d = kernel_defines(64, "bfloat16", m)
-    assert (d["PID"], d["CAUSAL"], d["P0"], d["STRIDE"]) == (1, 1, 512, 3)
+    assert (d["AB_PATTERN_T"], d["AB_PATTERN_ARGS"], d["STRIDE"]) == ("ab_window", "1,512", 3)
     # the inner window's list: no tile is partial for the stride, only along the diagonal band
     cfg = choose_config(m, 64)
     t = tile_list(m.strided()[1], cfg.BM, cfg.BN)

@@ -27,6 +27,10 @@ def masks(draw, max_T=160):
         ps["sink"] = draw(st.integers(0, min(T, 20)))
     if name == "dilated":
         ps["dilation"] = draw(st.integers(1, 5))
+    if name == "prefix_lm":
+        ps["prefix"] = draw(st.integers(0, T + 3))
+    if name not in ("dense", "window", "streaming", "dilated", "prefix_lm"):  # a pattern this strategy does not know
+        ps = draw(st.sampled_from(PATTERNS[name].examples(T)))
     return make_mask(name, T, causal, **ps)
 
 
@@ -74,10 +78,32 @@ def test_only_dilated_is_strided():
         assert make_mask(name, 1024, True).strided()[0] == 1
 
 
-def test_device_params_follow_the_pattern_ids():
-    assert make_mask("streaming", 128, True, sink=4, window=8).device_params() == (2, 1, 4, 8, 0, 0)
-    assert make_mask("dilated", 128, False, window=8, dilation=3).device_params() == (4, 0, 8, 3, 0, 0)
-    assert make_mask("bigbird", 128, True, block=16).device_params() == (5, 1, 16, 3, 1, 3)
+def test_device_defines_name_the_struct_and_its_fields_in_order():
+    m = make_mask("streaming", 128, True, sink=4, window=8)
+    assert m.device_defines() == {"AB_PATTERN_T": "ab_streaming", "AB_PATTERN_ARGS": "1,4,8"}
+    assert m.device_defines(runtime=True)["AB_PATTERN_ARGS"] == "causal,pargs[0],pargs[1]"
+    assert m.device_args().tolist() == [4, 8]
+    m = make_mask("dilated", 128, False, window=8, dilation=3)
+    assert m.device_defines()["AB_PATTERN_ARGS"] == "0,8,3"
+    m = make_mask("bigbird", 128, True, block=16)  # the seed made the table, which comes last
+    assert m.device_defines()["AB_PATTERN_ARGS"] == "1,16,3,1,3,table"
+    assert make_mask("dense", 8, False).device_args().tolist() == [0]  # never an empty array
+
+
+@pytest.mark.parametrize("T", [1, 7, 100, 4096])
+def test_every_pattern_gives_examples_valid_at_T(T):
+    for name, pat in PATTERNS.items():
+        ex = pat.examples(T)
+        assert ex, f"{name} gives no example at T={T}"
+        for ps in ex:
+            make_mask(name, T, pat.default_causal, **ps)
+
+
+def test_prefix_lm_attends_both_ways_inside_the_prefix_and_causally_after():
+    d = make_mask("prefix_lm", 8, False, prefix=3).dense()
+    assert d[0].tolist() == [1, 1, 1, 0, 0, 0, 0, 0]
+    assert d[5].tolist() == [1, 1, 1, 1, 1, 1, 0, 0]
+    assert (make_mask("prefix_lm", 8, True, prefix=3).dense() == np.tril(np.ones((8, 8), bool))).all()
 
 
 def test_bigbird_table_is_seeded_and_distinct():

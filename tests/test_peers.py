@@ -14,7 +14,7 @@ import pytest
 from attnbench import peers
 from attnbench.check import gate, judge
 from attnbench.impls import Problem, all_impls, get_impl
-from attnbench.patterns import BadInput, make_mask
+from attnbench.patterns import PATTERNS, BadInput, examples, make_mask
 
 PEERS = ("cublas", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flex")
 TORCH_PEERS = PEERS[1:]
@@ -42,6 +42,12 @@ def cases(T, seed=0):
         ("bigbird", True, bigbird),
         ("bigbird", False, bigbird),
     ]
+
+
+def registry_cases(T, seed=0):
+    """cases(T), and the first examples of every registered pattern it does not name."""
+    named = {c[0] for c in cases(T)}
+    return cases(T, seed) + [(n, c, ps) for n, c, ps in examples(T) if n not in named and ps == PATTERNS[n].examples(T)[0]]
 
 
 def _id(case):
@@ -146,7 +152,7 @@ def test_flex_block_64_pins_the_kernel_blocks():
 
 
 # -- the pattern predicate as a FlexAttention mask_mod (needs torch, not a device) ---------------
-MOD_CASES = [(T, c) for T in (48, 64, 100) for c in cases(T, seed=T)] + [
+MOD_CASES = [(T, c) for T in (48, 64, 100) for c in registry_cases(T, seed=T)] + [
     (64, ("streaming", False, dict(sink=0, window=1))),
     (64, ("dilated", True, dict(window=1, dilation=5))),
     (64, ("bigbird", True, dict(block=8, window_blocks=1, global_blocks=0, random_blocks=0))),
@@ -202,7 +208,7 @@ def _ready(name, prob, pin_block=True):
 
 
 # bfloat16 at an odd and a mid size, the other dtypes at one size: every peer compiles per case
-GATE = [(name, T, "bfloat16", c) for T in (7, 1000) for c in cases(T) for name in PEERS]
+GATE = [(name, T, "bfloat16", c) for T in (7, 1000) for c in registry_cases(T) for name in PEERS]
 GATE += [(name, 128, dtype, c) for dtype in ("float16", "float32") for c in cases(128) for name in PEERS]
 GATE += [(name, 4096, "bfloat16", c) for c in cases(4096) for name in PEERS]
 

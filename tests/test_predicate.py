@@ -4,25 +4,16 @@ import numpy as np
 import pytest
 
 from attnbench.compile import compile_only
-from attnbench.patterns import make_mask
+from attnbench.patterns import examples, make_mask
 
-CASES = [
-    ("dense", True, {}), ("dense", False, {}),
-    ("window", True, dict(window=64)), ("window", False, dict(window=33)), ("window", True, dict(window=1)),
-    ("streaming", True, dict(sink=16, window=64)), ("streaming", False, dict(sink=5, window=20)),
-    ("streaming", True, dict(sink=100, window=7)),
-    ("block_diagonal", False, dict(block=16)), ("block_diagonal", True, dict(block=20)),
-    ("block_diagonal", False, dict(block=1)),
-    ("dilated", True, dict(window=8, dilation=3)), ("dilated", False, dict(window=40, dilation=1)),
-    ("bigbird", True, dict(block=20, window_blocks=3, global_blocks=1, random_blocks=2)),
-    ("bigbird", False, dict(block=8, window_blocks=1, global_blocks=2, random_blocks=3)),
-    ("bigbird", True, dict(block=64, window_blocks=3, global_blocks=1, random_blocks=3)),
-]
+T = 320
+CASES = list(examples(T))
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_predicate_kernel_compiles(arch):
-    assert [r.kernel for r in compile_only("predicate", {}, arch)] == ["predicate_bits"]
+    defines = make_mask("streaming", T).device_defines(runtime=True)
+    assert [r.kernel for r in compile_only("predicate", defines, arch)] == ["predicate_bits"]
 
 
 @pytest.mark.gpu
@@ -32,14 +23,14 @@ def test_bits_match_the_pattern(pattern, causal, params):
 
     from attnbench.compile import get_module
 
-    T = 320
     mask = make_mask(pattern, T, causal, **params)
     nw = -(-T // 16) + 1  # one word starting at or past T
     fast = cupy.zeros((T, nw), dtype=cupy.uint32)
     ref = cupy.zeros((T, nw), dtype=cupy.uint32)
     table = cupy.asarray(mask.table if mask.table is not None else np.zeros(1, np.int32), dtype=cupy.int32)
-    kern = get_module("predicate", {}).get_function("predicate_bits")
-    kern((T,), (64,), (*(np.int32(x) for x in mask.device_params()), table, np.int32(T), np.int32(nw), fast, ref))
+    kern = get_module("predicate", mask.device_defines(runtime=True)).get_function("predicate_bits")
+    pargs = cupy.asarray(mask.device_args())
+    kern((T,), (64,), (np.int32(causal), pargs, table, np.int32(T), np.int32(nw), fast, ref))
     fast, ref = fast.get(), ref.get()
     # the truth: the pattern's numpy mask, packed the same way
     dense = np.zeros((T, 16 * nw + 32), dtype=bool)

@@ -26,15 +26,24 @@ def ctx_for(impls, **kw):
 
 # -- plans --------------------------------------------------------------------------------
 
-def test_seed_plan_is_every_pattern_at_its_defaults():
+SEED_PATTERNS = {"dense", "window", "streaming", "block_diagonal", "dilated", "bigbird"}
+
+
+def test_seed_plan_is_every_seed_pattern_at_its_defaults():
     cases = sw.plan("seed")
     assert sorted({c.T for c in cases}) == [128, 256, 512, 1024, 2048, 4096]
     assert {(c.B, c.H, c.D, c.dtype) for c in cases} == {(1, 1, 384, "float32")}
     insts = {c.inst for c in cases}
-    assert {i.pattern for i in insts} == set(PATTERNS)
+    assert {i.pattern for i in insts} == SEED_PATTERNS
     assert all(i.causal for i in insts)
     assert all(i.param_dict == PATTERNS[i.pattern].defaults() for i in insts)
-    assert len(cases) == len(PATTERNS) * 6
+    assert len(cases) == len(SEED_PATTERNS) * 6
+
+
+def test_a_pattern_the_config_does_not_hold_runs_at_its_defaults_and_causal_flag():
+    (inst,) = sw.instances("llm", ("prefix_lm",))
+    assert (inst.param_dict, inst.causal) == (PATTERNS["prefix_lm"].defaults(), False)
+    assert [i.causal for i in sw.instances("seed", ("prefix_lm",))] == [True]  # the seed's tables are causal
 
 
 def test_llm_plan_is_spec_section_5():
@@ -272,14 +281,14 @@ def no_device(monkeypatch):
     (["--T-min", "512", "--T-max", "128"], "T-min"),
     (["--block", "0"], "--block=0 is below its minimum 1"),
     (["--time-budget", "0"], "time-budget"),
-    (["--dtype", "float64"], "dtype='float64' is not supported: choose one of float32"),
-    (["--pattern", "diagonal"], "pattern='diagonal' is unknown: choose one of dense"),
-    (["--config", "huge"], "config='huge' is unknown: choose one of seed, llm"),
+    (["--dtype", "float64"], "'--dtype': 'float64' is not one of 'float32'"),
+    (["--pattern", "diagonal"], "'--pattern': 'diagonal' is not one of 'dense'"),
+    (["--config", "huge"], "'--config': 'huge' is not one of 'seed', 'llm'"),
 ])
 def test_sweep_bad_input_exits_2_before_any_launch(tmp_path, registry, no_device, args, match):
     r = CliRunner().invoke(main, ["sweep", "--out", str(tmp_path / "r.csv")] + args)
     assert r.exit_code == 2, r.output
-    assert "error: " in r.stderr and match in r.stderr
+    assert "error: " in r.stderr.lower() and match in r.stderr
     assert "Traceback" not in r.output
 
 

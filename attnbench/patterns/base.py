@@ -1,0 +1,132 @@
+"""What a pattern is: its declared parameters and the functions every pattern file defines.
+
+A pattern is one unit: ``attnbench/patterns/<name>.py`` (a ``Pattern`` subclass) beside
+``kernels/patterns/<name>.cuh`` (its device predicate, the struct ``ab_<name>``). The Python side
+gives:
+  * ``params``: typed parameters (defaults, minimum, help; the CLI options, sweep axes and CSV
+    columns are generated from them) and ``validate`` for limits that depend on T;
+  * ``allowed(i, j)``: the vectorised predicate (the reference mask); the same code runs on numpy
+    arrays and on torch tensors (``Mask.mask_mod`` hands it to FlexAttention);
+  * ``row_counts(i)``: the exact number of allowed keys of each row, in closed form;
+  * ``intervals(i)``: for each row, a few key intervals ("families") that cover every allowed key;
+    a family marked exact allows every key inside it (``attnbench.tiles`` builds tile lists from them);
+  * ``device_args``: the integers the device struct's fields take after ``causal``, in order;
+  * ``examples(T)``: parameter sets valid at T, over which the tests and ``check`` run.
+The causal clause (``j <= i``) is applied on top of every pattern by ``Mask``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import BadInput
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    default: int
+    minimum: int
+    help: str
+    option: str = ""     # the command-line option (default: the name with dashes)
+    column: bool = True  # a CSV column of its own (every parameter is in the params JSON column)
+
+    @property
+    def flag(self) -> str:
+        return "--" + (self.option or self.name.replace("_", "-"))
+
+
+_HOST = (np.ndarray, np.generic, int, float)
+
+
+def is_torch(x) -> bool:
+    """True for a torch tensor, i.e. anything but a numpy array or a number. torch is never
+    imported here, and a plain isinstance test also holds inside a torch.compile trace."""
+    return not isinstance(x, _HOST)
+
+
+def window_lo_hi(i, T, W, causal):
+    """Keys of row i within distance < W: [lo, hi), clipped to the sequence."""
+    lo = i - W + 1
+    hi = i + 1 if causal else i + W
+    return np.maximum(lo, 0), np.minimum(hi, T)
+
+
+def tiles_divide(block, BM, BN) -> bool:
+    """Every aligned BM x BN tile lies inside one block x block square."""
+    return block % BM == 0 and block % BN == 0
+
+
+def divisors_of(T: int, wanted) -> list[int]:
+    """Those of the wanted block sizes that divide T, else T itself (examples of block patterns)."""
+    return [b for b in wanted if T % b == 0] or [T]
+
+
+class Pattern:
+    name: str = ""
+    params: tuple[Param, ...] = ()
+    summary: str = ""
+    default_causal: bool = True  # what a sweep takes when the causal flag is not forced
+    uses_table: bool = False     # the device struct's last field is the table (make_table)
+
+    # -- per-pattern definition -------------------------------------------------
+    def validate(self, T: int, p: dict) -> None:
+        """Extra checks beyond each parameter's minimum (sizes that do not fit T)."""
+
+    def allowed(self, i, j, T: int, causal: bool, p: dict, table):
+        raise NotImplementedError
+
+    def row_counts(self, i, T: int, causal: bool, p: dict, table):
+        raise NotImplementedError
+
+    def intervals(self, i, T: int, causal: bool, p: dict, table, split: int):
+        """Return (lo, hi, exact): lo/hi int64 arrays [F, len(i)] of half-open key
+        intervals (hi <= lo means empty), exact a bool per family. Causal clipping is
+        applied by the caller. ``split`` > 1 asks patterns whose families are constant
+        over blocks of rows to split them so rows of one query tile do not mix."""
+        raise NotImplementedError
+
+    def examples(self, T: int) -> list[dict]:
+        """Parameter sets valid at T (the defaults first when they are), for tests and the gate."""
+        return [{}]
+
+    def device_args(self, p: dict) -> tuple[int, ...]:
+        """The device struct's fields after ``causal``: every parameter, in declared order."""
+        return tuple(int(p[q.name]) for q in self.params)
+
+    def monotone_run(self, p: dict) -> int | None:
+        """Rows in runs of this length (None: all rows) over which lo and hi of every family
+        never decrease: the tile builder then needs only each run's first and last row."""
+        return None
+
+    def uniform_tiles(self, p: dict, BM: int, BN: int) -> bool:
+        """True when allowed(i, j) before the causal clause is one value over each aligned tile of
+        BM rows and BN keys: a partial tile of such a list is partial only through the causal
+        clause (or the end of the sequence), and a kernel needs dense's predicate there."""
+        return False
+
+    def make_table(self, T: int, p: dict):
+        return None
+
+    def strided(self, p: dict) -> tuple[int, str, dict] | None:
+        """(r, inner pattern, its parameters) when allowed(i, j) holds only for i = j (mod r) and,
+        on each residue class taken as a sequence of its own, equals the inner pattern; kernels
+        then gather rows at stride r and work on dense tiles of the inner pattern."""
+        return None
+
+    def torch_table(self, T: int, p: dict, table, device):
+        """What ``allowed`` reads in place of ``table`` when the indices are torch tensors."""
+        return None
+
+    # -- shared ------------------------------------------------------------------
+    def defaults(self) -> dict:
+        return {q.name: q.default for q in self.params}
+
+    @property
+    def device_struct(self) -> str:
+        """The device predicate's struct, defined in kernels/patterns/<name>.cuh."""
+        return f"ab_{self.name}"
+
+
+__all__ = ["BadInput", "Param", "Pattern", "is_torch", "window_lo_hi", "tiles_divide", "divisors_of"]

@@ -1,0 +1,141 @@
+"""A pattern at a given T, causal flag and parameters, validated: the mask, its counts, its tile
+lists and what a kernel needs to compile its predicate in."""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .base import Pattern, is_torch
+
+
+@dataclass(frozen=True, eq=False)
+class Mask:
+    pattern: Pattern
+    T: int
+    causal: bool
+    params: dict
+    table: np.ndarray | None = None
+    # the pattern's torch_table, kept on the device it was last asked for
+    _torch: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    # -- the mask and its counts ---------------------------------------------------
+    def allowed(self, i, j):
+        """The predicate on index arrays that broadcast: numpy arrays or torch tensors."""
+        table = self._torch_table(i.device) if is_torch(i) else self.table
+        a = self.pattern.allowed(i, j, self.T, self.causal, self.params, table)
+        if self.causal:
+            a = a & (j <= i)
+        return a
+
+    def _torch_table(self, device):
+        t = self._torch.get("table")
+        if t is not None and t.device == device:
+            return t
+        if self.table is None:
+            return None
+        t = self._torch["table"] = self.pattern.torch_table(self.T, self.params, self.table, device)
+        return t
+
+    def mask_mod(self, device=None):
+        """FlexAttention's ``mask_mod(b, h, q_idx, kv_idx)``: this mask's own predicate.
+        Give the device the indices will live on so that any table the predicate reads is
+        placed there now, outside any torch.compile trace."""
+        if device is not None and self.table is not None:
+            import torch
+
+            self._torch_table(torch.device(device))
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return self.allowed(q_idx, kv_idx)
+
+        return mask_mod
+
+    def dense(self, rows=None) -> np.ndarray:
+        """Boolean mask [len(rows), T] for the given rows (all rows by default)."""
+        i = np.arange(self.T) if rows is None else np.asarray(rows)
+        return self.allowed(i[:, None], np.arange(self.T)[None, :])
+
+    def row_counts(self) -> np.ndarray:
+        i = np.arange(self.T, dtype=np.int64)
+        return np.asarray(self.pattern.row_counts(i, self.T, self.causal, self.params, self.table), np.int64)
+
+    @functools.cached_property
+    def pairs(self) -> int:
+        return int(self.row_counts().sum())
+
+    @functools.cached_property
+    def max_keys(self) -> int:
+        return int(self.row_counts().max())
+
+    @property
+    def density(self) -> float:
+        return self.pairs / float(self.T) ** 2
+
+    def label(self) -> str:
+        from . import pattern_label
+
+        return pattern_label(self.pattern.name, self.params)
+
+    def strided(self) -> tuple[int, "Mask"]:
+        """(r, inner): position i belongs to residue class i % r and is row or key i // r of
+        that class, a sequence of ceil((T - i % r) / r) positions; ``inner`` is the mask of
+        every class, built at the longest, ceil(T / r). (1, self) for a pattern with no
+        stride."""
+        from . import make_mask
+
+        s = self.pattern.strided(self.params)
+        if s is None:
+            return 1, self
+        r, name, params = s
+        return r, make_mask(name, -(-self.T // r), self.causal, **params)
+
+    # -- the device predicate --------------------------------------------------------
+    def device_args(self) -> np.ndarray:
+        """int32 values of the device struct's fields after ``causal`` (kernels that take the
+        pattern at run time read them from a small array, ``pargs``)."""
+        return np.asarray(self.pattern.device_args(self.params) or (0,), dtype=np.int32)
+
+    def device_defines(self, runtime: bool = False) -> dict:
+        """The -D constants that compile this pattern's predicate into a kernel: AB_PATTERN_T, the
+        struct of kernels/patterns/<name>.cuh (compile.source includes that file), and
+        AB_PATTERN_ARGS, its initialiser: the values themselves (folded by the compiler), or with
+        ``runtime`` the kernel's own ``causal`` and ``pargs[k]``. A pattern with a table ends with
+        the kernel's ``table`` pointer."""
+        n = len(self.pattern.device_args(self.params))
+        if runtime:
+            args = ["causal"] + [f"pargs[{k}]" for k in range(n)]
+        else:
+            args = [str(int(self.causal))] + [str(int(v)) for v in self.pattern.device_args(self.params)]
+        if self.pattern.uses_table:
+            args.append("table")
+        return {"AB_PATTERN_T": self.pattern.device_struct, "AB_PATTERN_ARGS": ",".join(args)}
+
+    def tile_predicate(self, BM: int, BN: int) -> "Mask":
+        """The mask whose device predicate a kernel needs on the partial tiles of this mask's
+        BM x BN list: itself, or dense with the same causal flag when the pattern is uniform over
+        such tiles (``Pattern.uniform_tiles``: BigBird and block-diagonal with blocks that the
+        tiles divide), which leaves only the causal clause (and j < T) to test."""
+        from . import make_mask
+
+        if self.pattern.uniform_tiles(self.params, BM, BN):
+            return make_mask("dense", self.T, self.causal)
+        return self
+
+    # -- intervals and tiles -------------------------------------------------------
+    def intervals(self, i, split: int = 1):
+        lo, hi, exact = self.pattern.intervals(i, self.T, self.causal, self.params, self.table, split)
+        lo = np.maximum(lo, 0)  # new arrays: a pattern may hand out views of its own (np.clip: 5x slower)
+        np.minimum(lo, self.T, out=lo)
+        hi = np.maximum(hi, 0)
+        np.minimum(hi, self.T, out=hi)
+        if self.causal:
+            np.minimum(hi, i[None] + 1, out=hi)
+        return lo, np.maximum(hi, lo, out=hi), np.asarray(exact, dtype=bool)
+
+    def tiles(self, BM: int, BN: int):
+        """The list of key tiles each BM-row query tile visits (``attnbench.tiles``), built now."""
+        from ..tiles import build
+
+        return build(self, BM, BN)
