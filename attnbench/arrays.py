@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .patterns import BadInput
+from .errors import BadInput
 
 STORAGE = {"float32": "float32", "float16": "float16", "bfloat16": "uint16"}
 

@@ -8,14 +8,13 @@ longest block is a fraction of one SM's share of the work; S = 1 writes the outp
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from .arrays import poison
 from .compile import get_module
-from .impls import Impl, Problem, Runner, register
+from .impls import Impl, Problem, Runner, register, timed
 from .patterns import BadInput, Mask
 from .tiles import setup_times, tile_list
 
@@ -107,11 +106,10 @@ class FastF32Runner(Runner):
         self.setup = {}
         tiles = tile_list(prob.mask, BM, BN)
         self.setup.update(setup_times(tiles))
-        t0 = time.perf_counter()
-        mod = get_module("fast_f32", defines(prob.D, prob.mask))
-        self._split_k = mod.get_function("fast_f32_split")
-        self._merge_k = mod.get_function("fast_f32_merge")
-        self.setup["compile_s"] = time.perf_counter() - t0
+        with timed(self.setup, "compile_s"):
+            mod = get_module("fast_f32", defines(prob.D, prob.mask))
+            self._split_k = mod.get_function("fast_f32_split")
+            self._merge_k = mod.get_function("fast_f32_merge")
         self._smem = smem_bytes(prob.D)
         self._split_k.max_dynamic_shared_size_bytes = self._smem
 
@@ -189,8 +187,7 @@ class FastF32(Impl):
             return f"B*H={prob.B * prob.H} exceeds the grid limit 65535 of fast-f32"
         return None
 
-    def prepare(self, prob: Problem, q, k, v) -> Runner:
-        self.require(prob)
+    def build(self, prob: Problem, q, k, v) -> Runner:
         if self.splits is not None and self.splits < 1:
             raise BadInput(f"splits={self.splits} must be at least 1")
         for name, x in (("q", q), ("k", k), ("v", v)):

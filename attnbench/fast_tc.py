@@ -12,14 +12,13 @@ one grid layer per class, rows gathered at the stride: no tile of it is partial 
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from .arrays import bind
 from .compile import get_module
-from .impls import Impl, Problem, Runner, register
+from .impls import Impl, Problem, Runner, register, timed
 from .patterns import BadInput, Mask
 from .tiles import setup_times, tile_list
 from .tma import TensorMap, head_maps
@@ -193,20 +192,19 @@ class FastTC(Impl):
             return f"dilation={stride} exceeds {MAX_GRID_Z} for {self.name} (one grid layer per residue class)"
         return None
 
-    def prepare(self, prob: Problem, q, k, v, cfg: TileConfig | None = None) -> Runner:
+    def build(self, prob: Problem, q, k, v, cfg: TileConfig | None = None) -> Runner:
         import cupy
 
-        self.require(prob)
         arrays = [bind(x, name, prob.dtype).array for x, name in ((q, "q"), (k, "k"), (v, "v"))]
         for a, name in zip(arrays, "qkv"):
             if tuple(a.shape) != prob.shape:
                 raise BadInput(f"{name} has shape {tuple(a.shape)}, expected {prob.shape}")
-        t0 = time.perf_counter()
-        cfg = cfg or choose_config(prob.mask, prob.D, self.uses_wgmma())
+        setup = {}
+        with timed(setup, "config_s"):  # the lists it looked at included
+            cfg = cfg or choose_config(prob.mask, prob.D, self.uses_wgmma())
         if cfg.WG and cupy.cuda.Device().compute_capability != "90":
             raise BadInput(f"{self.name}: tile shape {cfg} needs an sm_90 GPU (wgmma), "
                            f"this one is sm_{cupy.cuda.Device().compute_capability}")
-        setup = {"config_s": time.perf_counter() - t0}  # the lists it looked at included
         stride, inner = prob.mask.strided()
         tiles = tile_list(inner, cfg.BM, cfg.BN)
         setup.update(setup_times(tiles))
@@ -215,21 +213,19 @@ class FastTC(Impl):
         table = inner.table
         table = cupy.asarray(table if table is not None else np.zeros(1, np.int32), dtype=cupy.int32)
 
-        t0 = time.perf_counter()
-        mod = get_module(KERNEL, kernel_defines(prob.D, prob.dtype, prob.mask, cfg), cfg.arch)
-        kernel = mod.get_function(ENTRY)
-        smem = cfg.smem_bytes(prob.D)
-        if smem > DEFAULT_SMEM:
-            kernel.max_dynamic_shared_size_bytes = smem
-        setup["compile_s"] = time.perf_counter() - t0
+        with timed(setup, "compile_s"):
+            mod = get_module(KERNEL, kernel_defines(prob.D, prob.dtype, prob.mask, cfg), cfg.arch)
+            kernel = mod.get_function(ENTRY)
+            smem = cfg.smem_bytes(prob.D)
+            if smem > DEFAULT_SMEM:
+                kernel.max_dynamic_shared_size_bytes = smem
 
         out = cupy.empty(prob.shape, dtype=arrays[0].dtype)
         nq = -(-inner.T // cfg.BM)
         scale_log2 = np.float32(prob.softmax_scale * LOG2E)
         if uses_tma(cfg, prob.mask):
-            t0 = time.perf_counter()
-            maps = head_maps(arrays + [out], (cfg.BM, cfg.BN, cfg.BN, cfg.BM))
-            setup["tma_maps_s"] = time.perf_counter() - t0
+            with timed(setup, "tma_maps_s"):
+                maps = head_maps(arrays + [out], (cfg.BM, cfg.BN, cfg.BN, cfg.BM))
         else:
             maps = [TensorMap()] * 4  # zeros, not read
         args = (arrays[0], arrays[1], arrays[2], out, head, entries, np.int32(prob.T), scale_log2, table,

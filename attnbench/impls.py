@@ -7,17 +7,19 @@ inputs: compilation, mask or tile-list builds happen there and are recorded in
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass
 
-from .patterns import BadInput, Mask
+from .errors import BadInput
+from .patterns import Mask
 
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 DTYPES = tuple(ITEMSIZE)
 # SPEC section 4: ||out - ref|| / ||ref|| limits
 TOLERANCE = {"float32": 1e-5, "float16": 5e-3, "bfloat16": 1e-2}
-TF32_TOLERANCE = 2e-3
 
 
 @dataclass(frozen=True, eq=False)
@@ -118,8 +120,6 @@ class Impl:
     family: str          # "attnbench" or "peer"
     description: str
     dtypes: tuple[str, ...]
-    tf32: bool = False   # judged by the TF32 tolerance
-    extra: dict = field(default_factory=dict)
 
     def availability(self) -> str | None:
         """None when it can run here, else the reason it cannot."""
@@ -132,9 +132,17 @@ class Impl:
         return None
 
     def tolerance(self, prob: Problem) -> float:
-        return TF32_TOLERANCE if (self.tf32 and prob.dtype == "float32") else prob.tolerance
+        return prob.tolerance
 
-    def prepare(self, prob: Problem, q, k, v) -> Runner:
+    def prepare(self, prob: Problem, q, k, v, **options) -> Runner:
+        """A runner bound to these inputs: the requirements checked once here (BadInput naming
+        what is missing), then ``build``."""
+        self.require(prob)
+        return self.build(prob, q, k, v, **options)
+
+    def build(self, prob: Problem, q, k, v, **options) -> Runner:
+        """Compile, build masks or tile lists, allocate the output; time each such step into the
+        runner's ``setup`` with ``timed``."""
         raise NotImplementedError
 
     def require(self, prob: Problem) -> None:
@@ -147,7 +155,18 @@ class Impl:
             raise BadInput(why)
 
 
+@contextlib.contextmanager
+def timed(setup: dict, key: str):
+    """Adds the seconds the block takes to ``setup[key]`` (a runner's setup columns)."""
+    t0 = time.perf_counter()
+    yield
+    setup[key] = setup.get(key, 0.0) + time.perf_counter() - t0
+
+
 _REGISTRY: dict[str, Impl] = {}
+# the modules that register implementations, in the order lists and plots show them; each also
+# gives the standard builds of its kernels (``standard_builds``), which ``attnbench compile`` compiles
+MODULES = ("naive", "fast_f32", "fast_tc", "peers")
 
 
 def register(impl: Impl) -> Impl:
@@ -157,7 +176,7 @@ def register(impl: Impl) -> Impl:
 
 def _load_all() -> None:
     # each module registers its implementations on import
-    for mod in ("naive", "fast_tc", "fast_f32", "peers"):
+    for mod in MODULES:
         try:
             __import__(f"{__package__}.{mod}")
         except ImportError as e:  # a module not written yet, or an optional dependency

@@ -1,13 +1,11 @@
 """The seed-faithful naive family (kernels/naive.cu): one thread per query, float32."""
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from . import compile as kc
-from .impls import Impl, Problem, Runner, register
-from .patterns import BadInput
+from .impls import Impl, Problem, Runner, register, timed
+from .errors import BadInput
 
 THREADS = 128
 # Every thread keeps MAX_T (dense) or MAX_KEYS (sparse) floats in local memory, and the
@@ -34,12 +32,11 @@ class NaiveRunner(Runner):
     def __init__(self, prob: Problem, q, k, v):
         import cupy
 
-        t0 = time.perf_counter()
-        defines = constants(prob)
-        mod = kc.get_module("naive", defines)
+        self.setup = {}
         dense = prob.mask.pattern.name == "dense"
-        self.fn = mod.get_function("naive_dense" if dense else "naive_sparse")
-        self.setup = {"compile_s": time.perf_counter() - t0}
+        with timed(self.setup, "compile_s"):
+            mod = kc.get_module("naive", constants(prob))
+            self.fn = mod.get_function("naive_dense" if dense else "naive_sparse")
         self._out = cupy.empty(prob.shape, dtype=cupy.float32)
         T = prob.T
         self.grid = ((T + THREADS - 1) // THREADS, prob.B * prob.H)
@@ -67,8 +64,7 @@ class NaiveImpl(Impl):
             return str(e)
         return None
 
-    def prepare(self, prob: Problem, q, k, v) -> Runner:
-        self.require(prob)
+    def build(self, prob: Problem, q, k, v) -> Runner:
         return NaiveRunner(prob, q, k, v)
 
 

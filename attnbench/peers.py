@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .arrays import STORAGE, Bound, poison, unbind
-from .impls import DTYPES, ITEMSIZE, Impl, Problem, Runner, device_problem, register
+from .impls import DTYPES, ITEMSIZE, Impl, Problem, Runner, device_problem, register, timed
 from .patterns import BadInput, Mask
 
 SCRATCH_BYTES = 256 << 20     # cublas: scores and probabilities of one chunk of query rows
@@ -157,10 +157,9 @@ class _CublasRunner(Runner):
         self.full = prob.mask.pairs == T * T  # every key allowed: no mask at all
         self.masks = None
         if not self.full and T * T <= MASK_CACHE_BYTES:
-            t0 = time.perf_counter()
-            self.masks = [self._blocked(r0, r1) for r0, r1 in self.chunks]
-            _sync()
-            self.setup["mask_build_s"] = time.perf_counter() - t0
+            with timed(self.setup, "mask_build_s"):
+                self.masks = [self._blocked(r0, r1) for r0, r1 in self.chunks]
+                _sync()
 
     def _blocked(self, r0, r1):
         """Blocked keys of rows [r0, r1) on the device; None when every key is allowed."""
@@ -237,8 +236,7 @@ class CublasImpl(Impl):
                     f"T={T} needs {T * T >> 20} MiB, and rebuilding it on the host every run would time the host")
         return None
 
-    def prepare(self, prob: Problem, q, k, v) -> Runner:
-        self.require(prob)
+    def build(self, prob: Problem, q, k, v) -> Runner:
         return _CublasRunner(prob, q, k, v)
 
 
@@ -372,11 +370,9 @@ class _SdpaRunner(_TorchRunner):
         self.causal = mode == "causal"
         self.attn_mask = None
         if mode == "mask":
-            t0 = time.perf_counter()
-            with torch.cuda.stream(self.stream()):
+            with timed(self.setup, "mask_build_s"), torch.cuda.stream(self.stream()):
                 self.attn_mask = _sdpa_mask(prob.mask, prob.T, self.q.dtype, self.device, impl.masked_value)
-            _sync()
-            self.setup["mask_build_s"] = time.perf_counter() - t0
+                _sync()
         # first call (cuDNN builds its execution plan here), kept out of the timings
         t0 = time.perf_counter()
         with warnings.catch_warnings(record=True) as caught:
@@ -435,8 +431,7 @@ class SdpaImpl(Impl):
         return _sdpa_probe(self.backend, prob.dtype, prob.D, _probe_T(prob.T), mode, self.masked_value,
                            cupy.cuda.Device().id)
 
-    def prepare(self, prob: Problem, q, k, v) -> Runner:
-        self.require(prob)
+    def build(self, prob: Problem, q, k, v) -> Runner:
         return _SdpaRunner(self, prob, q, k, v)
 
 
@@ -514,8 +509,7 @@ class FlexImpl(Impl):
             return f"{self.name}: head dim D={D} is not a power of two >= 16, which FlexAttention needs"
         return None
 
-    def prepare(self, prob: Problem, q, k, v) -> Runner:
-        self.require(prob)
+    def build(self, prob: Problem, q, k, v) -> Runner:
         return _FlexRunner(prob, q, k, v, self.blocks)
 
 

@@ -48,9 +48,6 @@ class TensorMap:
 
         return CPointer(self.address)
 
-    def bytes(self) -> bytes:
-        return ctypes.string_at(self.address, MAP_BYTES)
-
 
 def encode_tiled_16bit(ptr: int, dims: tuple[int, ...], strides: tuple[int, ...], box: tuple[int, ...]) -> TensorMap:
     """The map of a tensor of 16-bit elements at device address ``ptr``: ``dims`` innermost

@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     from attnbench.fast_tc import IMPL, choose_config
     from attnbench.patterns import make_mask
     from attnbench.results import provenance
-    from attnbench.sweep import _llm_instances
+    from attnbench.configs import LLM
     from attnbench.tiles import DeviceTiles, build
 
     device = not a.no_device
@@ -42,7 +42,7 @@ def main(argv=None) -> int:
             device = False
     prov = provenance() if device else {}
     rows = []
-    for inst in _llm_instances():
+    for inst in LLM.instances:
         mask = make_mask(inst.pattern, a.T, inst.causal, **inst.param_dict)
         for D in (64, 128):
             cfg = choose_config(mask, D, device and IMPL.uses_wgmma())  # the shape fast-tc takes here
