@@ -192,26 +192,69 @@ def _cell(v):
     return v
 
 
+NUMERIC = ("median_ms", "p20_ms", "p80_ms", "tflops", "roofline", "rel_err", "tolerance", "floor_ms")
+INTEGER = ("B", "H", "T", "D")
+
+
 def read_results(path: str | os.PathLike):
-    """The rows of a results CSV as a pandas DataFrame; BadInput when the file is missing or
-    is not a results CSV."""
+    """The rows of a results CSV as a pandas DataFrame; BadInput when the file is missing, is
+    not a results CSV, or holds a row cut short or a value of the wrong kind (naming the
+    column and line). B, H, T and D come back as integers."""
     import pandas as pd
 
     p = Path(path)
+    if p.is_dir():
+        raise BadInput(f"results CSV {p} is a directory")
     if not p.is_file():
-        raise BadInput(f"results CSV {p} does not exist")
+        raise BadInput(f"results CSV {p} does not exist" if not p.exists() else
+                       f"results CSV {p} is not a regular file")
     try:
+        raw = p.read_bytes()
         df = pd.read_csv(p, keep_default_na=False, na_values=[""], dtype={"reason": str, "git_commit": str})
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         raise BadInput(f"{p} is not a results CSV: {e}") from None
+    except OSError as e:
+        raise BadInput(f"results CSV {p} cannot be read: {e.strerror}") from None
+    if not raw.endswith(b"\n"):
+        last = raw.count(b"\n") + 1
+        raise BadInput(f"{p} line {last} is cut short (no newline at its end): "
+                       f"`attnbench sweep --resume` sets it aside")
     needed = ["impl", "family", "pattern", "label", "causal", "B", "H", "T", "D", "dtype", "status", "median_ms"]
     missing = [c for c in needed if c not in df.columns]
     if missing:
         raise BadInput(f"{p} is not a results CSV: missing columns {', '.join(missing)}")
+    _check_cells(df, p)
     df["causal"] = df["causal"].map(lambda v: str(v).strip().lower() in ("true", "1"))
     if "params" in df.columns:  # one spelling of each pattern instance, whoever wrote the row
         df["label"] = [_label(pat, ps, lab) for pat, ps, lab in zip(df["pattern"], df["params"], df["label"])]
     return df
+
+
+def _check_cells(df, p: Path) -> None:
+    """Refuse rows cut short or with a value of the wrong kind; integers as ``int``."""
+    import pandas as pd
+
+    def line(i) -> int:  # the header is line 1 (a row spanning lines shifts this a little)
+        return int(i) + 2
+
+    bad = df.index[~df["status"].isin(STATUSES)]
+    if len(bad):
+        v = df.at[bad[0], "status"]
+        what = "is empty" if pd.isna(v) else f"{v!r} is not one of {', '.join(STATUSES)}"
+        raise BadInput(f"{p} line {line(bad[0])}: column status {what} (a row cut short? "
+                       f"`attnbench sweep --resume` sets such rows aside)")
+    for col in INTEGER + NUMERIC:
+        if col not in df.columns:
+            continue
+        num = pd.to_numeric(df[col], errors="coerce")
+        wrong = df.index[num.isna() & df[col].notna()]
+        if col in INTEGER:
+            wrong = df.index[num.isna() | (num != num.round())]
+        if len(wrong):
+            v = df.at[wrong[0], col]
+            raise BadInput(f"{p} line {line(wrong[0])}: column {col} holds "
+                           f"{'nothing' if pd.isna(v) else repr(v)}, not {'an integer' if col in INTEGER else 'a number'}")
+        df[col] = num.astype("int64") if col in INTEGER else num.astype(float)
 
 
 def _label(pattern, params, fallback):
