@@ -235,17 +235,23 @@ def compile_cmd(archs, hashes):
 @click.option("--D", "D", type=int, multiple=True, help="head dims (repeatable; default: the config's)")
 @click.option("--causal/--no-causal", default=None, help="force the causal flag of every pattern")
 @click.option("--out", "out", default="results.csv", show_default=True, type=click.Path(dir_okay=False))
-@click.option("--resume", is_flag=True, help="add to --out, skipping (configuration, impl) rows it holds")
-@click.option("--overwrite", is_flag=True, help="replace --out if it exists")
+@click.option("--resume", is_flag=True,
+              help="add to --out, skipping (configuration, impl) rows it holds; a last line cut short is "
+                   "set aside in <out>.partial")
+@click.option("--retry-failed", "retry_failed", is_flag=True,
+              help="with --resume: run the failed rows again, replacing them")
+@click.option("--overwrite", is_flag=True,
+              help="replace --out if it exists (it is replaced when the first rows arrive, not before)")
 @click.option("--time-budget", "budget", type=float, default=None,
               help="seconds of timing samples per configuration before the adaptive repeats stop "
                    "(at least the minimum sample count is always taken)")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the random inputs")
 @friendly
 def sweep(config, T_min, T_max, T, patterns, impls, window, sink, block, dilation, dtypes, B, H, D, causal,
-          out, resume, overwrite, budget, seed):
+          out, resume, retry_failed, overwrite, budget, seed):
     """Gate every implementation against the float64 reference, time the ones that pass
-    (interleaved), and append one row per (configuration, implementation) to a CSV."""
+    (interleaved), and append one row per (configuration, implementation) to a CSV.
+    Exit 2 when refused before running (bad input, an unusable --out, no device)."""
     from . import sweep as sw
     from .results import ResultWriter
     from .timing import DEFAULT_BUDGET_S
@@ -258,14 +264,18 @@ def sweep(config, T_min, T_max, T, patterns, impls, window, sink, block, dilatio
                     causal=causal, window=window, sink=sink, block=block, dilation=dilation)
     chosen = sw.select_impls(impls)
     command = "attnbench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    with ResultWriter(out, resume=resume, overwrite=overwrite) as writer:
-        click.echo(f"{len(cases)} configurations x {len(chosen)} implementations "
-                   f"({', '.join(i.name for i in chosen)}) -> {out}", err=True)
-        ctx = sw.device_context(seed=seed, budget_s=budget or DEFAULT_BUDGET_S, command=command,
-                                progress=sw.Progress())
-        p = ctx.peaks
-        click.echo(f"peaks: tensor-core {p.tc_tflops:.1f} TFLOP/s, float32 {p.f32_tflops:.1f} TFLOP/s, "
-                   f"copy {p.copy_tbps:.2f} TB/s on {ctx.provenance['gpu']}", err=True)
+    # looks only: refuses an unusable --out; nothing is written before the device is there
+    writer = ResultWriter(out, resume=resume, overwrite=overwrite, retry_failed=retry_failed,
+                          warn=lambda msg: click.echo(f"warning: {msg}", err=True))
+    ctx = sw.device_context(seed=seed, budget_s=budget or DEFAULT_BUDGET_S, command=command,
+                            progress=sw.Progress())
+    writer.check_gpu(ctx.provenance["gpu"])
+    click.echo(f"{len(cases)} configurations x {len(chosen)} implementations "
+               f"({', '.join(i.name for i in chosen)}) -> {out}", err=True)
+    p = ctx.peaks
+    click.echo(f"peaks: tensor-core {p.tc_tflops:.1f} TFLOP/s, float32 {p.f32_tflops:.1f} TFLOP/s, "
+               f"copy {p.copy_tbps:.2f} TB/s on {ctx.provenance['gpu']}", err=True)
+    with writer:
         counts = sw.run_sweep(cases, chosen, writer, ctx)
     click.echo(", ".join(f"{k} {v}" for k, v in counts.items()) + f" -> {out}", err=True)
 

@@ -362,10 +362,15 @@ class Progress:
 
 def device_context(seed: int = 0, budget_s: float = DEFAULT_BUDGET_S, command: str = "",
                    progress: Callable | None = None) -> Context:
-    """The real thing: provenance, peaks measured once, CUDA-event timing with L2 flushes."""
+    """The real thing: provenance, peaks measured once, CUDA-event timing with L2 flushes.
+    BadInput, before anything is measured, when there is no device to sweep on."""
+    from .impls import device_problem
     from .results import provenance
     from .timing import EventTimer, measure_peaks
 
+    why = device_problem()
+    if why:
+        raise BadInput(f"sweep needs a CUDA device: {why}")
     prov = provenance()
     peaks = measure_peaks()
     timer = EventTimer()
