@@ -5,6 +5,7 @@ import functools
 import json
 import shlex
 import sys
+from typing import NoReturn
 
 import click
 
@@ -13,16 +14,47 @@ from .patterns import PATTERNS, BadInput, make_mask
 DTYPES = ("float32", "float16", "bfloat16")
 
 
+def fail(message: str, code: int = 2) -> NoReturn:
+    """The one way a command stops on an error: one 'error: ...' line on stderr, no traceback.
+    Exit 2: refused (bad input, an unusable path, no device) before anything ran; exit 1: it
+    ran, and no pass can be reported (a check failed, or nothing was checked)."""
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
 def friendly(fn):
-    """Refused input: 'error: ...' on stderr, exit 2, no traceback."""
+    """Refused input and unusable paths: 'error: ...' on stderr, exit 2, no traceback."""
     @functools.wraps(fn)
     def wrapper(*a, **kw):
         try:
             return fn(*a, **kw)
         except BadInput as e:
-            click.echo(f"error: {e}", err=True)
-            sys.exit(2)
+            fail(str(e))
+        except OSError as e:
+            if e.filename is None:
+                raise
+            fail(f"{e.filename}: {e.strerror or type(e).__name__}")
     return wrapper
+
+
+class Cli(click.Group):
+    """click's own usage errors in the same style as attnbench's: one 'error: ...' line, exit 2."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, False, **extra)
+        except click.ClickException as e:
+            if type(e).__name__ == "NoArgsIsHelpError":  # bare `attnbench`: the help, as click shows it
+                e.show()
+                sys.exit(e.exit_code)
+            ctx = getattr(e, "ctx", None)
+            fail(e.format_message() + (f" (see `{ctx.command_path} --help`)" if ctx else ""), e.exit_code)
+        except click.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
 
 
 def pattern_options(fn):
@@ -49,7 +81,7 @@ def pattern_params(kw: dict) -> dict:
     return {k: v for k, v in p.items() if v is not None}
 
 
-@click.group()
+@click.group(cls=Cli)
 @click.version_option(package_name="attnbench")
 def main():
     """attnbench: what sparse attention really costs on your GPU."""
