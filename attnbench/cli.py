@@ -182,15 +182,28 @@ def check_cases(patterns, Ts):
 @click.option("--causal/--no-causal", default=True, show_default=True)
 @friendly
 def check_cmd(impls, patterns, Ts, D, B, H, causal):
-    """The correctness gate over patterns x implementations x sizes; non-zero exit on failure."""
+    """The correctness gate over patterns x implementations x sizes. Exit 1 when a check failed
+    or nothing was checked; 2 when refused (bad input, a named implementation that cannot run)."""
     from .check import gate
     from .impls import Problem, all_impls, get_impl
+    from .results import Tally
 
-    chosen = [get_impl(n) for n in impls] if impls else [i for i in all_impls().values() if i.availability() is None]
+    for opt, values in (("--T", Ts), ("--D", (D,)), ("--B", (B,)), ("--H", (H,))):
+        for v in values:
+            if v < 1:
+                raise BadInput(f"{opt}={v} must be a positive integer")
+    if impls:
+        chosen = [get_impl(n) for n in dict.fromkeys(impls)]
+        for im in chosen:  # asked for by name: refused rather than skipped case by case
+            why = im.availability()
+            if why:
+                raise BadInput(f"impl={im.name} cannot run here: {why}")
+    else:
+        chosen = [i for i in all_impls().values() if i.availability() is None]
     if not chosen:
         raise BadInput("no implementation is available here (see `attnbench list`)")
     Ts = Ts or (1, 7, 128, 1000, 4096)
-    failures = 0
+    tally = Tally()
     click.echo(f"{'impl':<15} {'dtype':<9} {'pattern':<44} {'T':>6} {'rel err':>10}  result")
     for im in chosen:
         for dtype in im.dtypes:
@@ -202,6 +215,7 @@ def check_cmd(impls, patterns, Ts, D, B, H, causal):
                 except BadInput as e:
                     label, why = f"{name}{json.dumps(ps) if ps else ''}", str(e)
                 if why:
+                    tally.add("skipped", why)
                     click.echo(f"{im.name:<15} {dtype:<9} {label:<44} {T:>6} {'':>10}  skipped: {why}")
                     continue
                 try:
@@ -210,10 +224,15 @@ def check_cmd(impls, patterns, Ts, D, B, H, causal):
                     err = f"{res.rel_err:10.2e}"
                 except Exception as e:  # a crash is a failure of this case, the gate goes on
                     res, state, err = None, f"FAILED: {type(e).__name__}: {e}", f"{'':>10}"
-                failures += res is None or not res.ok
+                tally.add("ok" if res is not None and res.ok else "failed", state.removeprefix("FAILED: "))
                 click.echo(f"{im.name:<15} {dtype:<9} {label:<44} {T:>6} {err}  {state}")
-    click.echo(f"{failures} failed" if failures else "all passed")
-    sys.exit(1 if failures else 0)
+    click.echo(tally.summary())
+    for line in tally.reason_lines():
+        click.echo(line)
+    if tally["failed"]:
+        fail(f"{tally['failed']} of {tally.checked} checks failed", 1)
+    if not tally.checked:
+        fail(f"nothing was checked: all {tally['skipped']} cases were skipped (reasons above)", 1)
 
 
 @main.command("compile")
@@ -283,7 +302,7 @@ def sweep(config, T_min, T_max, T, patterns, impls, window, sink, block, dilatio
           out, resume, retry_failed, overwrite, budget, seed):
     """Gate every implementation against the float64 reference, time the ones that pass
     (interleaved), and append one row per (configuration, implementation) to a CSV.
-    Exit 2 when refused before running (bad input, an unusable --out, no device)."""
+    Exit 1 when a row failed or nothing new was checked; 2 when refused before running."""
     from . import sweep as sw
     from .results import ResultWriter
     from .timing import DEFAULT_BUDGET_S
@@ -309,7 +328,13 @@ def sweep(config, T_min, T_max, T, patterns, impls, window, sink, block, dilatio
                f"copy {p.copy_tbps:.2f} TB/s on {ctx.provenance['gpu']}", err=True)
     with writer:
         counts = sw.run_sweep(cases, chosen, writer, ctx)
-    click.echo(", ".join(f"{k} {v}" for k, v in counts.items()) + f" -> {out}", err=True)
+    click.echo(f"{counts.summary()} -> {out}", err=True)
+    for line in counts.reason_lines():
+        click.echo(line, err=True)
+    if counts["failed"]:
+        fail(f"{counts['failed']} of {counts.checked} rows failed (their reasons are in {out})", 1)
+    if not counts.checked and counts["skipped"]:
+        fail(f"nothing was checked: all {counts['skipped']} new rows were skipped (reasons above)", 1)
 
 
 @main.command()

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +48,38 @@ def _norm(col: str, v) -> str:
 def row_key(row: dict) -> tuple:
     """The identity of a row, the same whether it comes from a dict just built or a CSV."""
     return tuple(_norm(c, row[c]) for c in KEY_COLUMNS)
+
+
+class Tally(Counter):
+    """Counts by status (and ``resumed``), with the reasons of the rows not ``ok``."""
+
+    def __init__(self):
+        super().__init__({"ok": 0, "failed": 0, "skipped": 0, "resumed": 0})
+        self.reasons: dict[str, Counter] = {"failed": Counter(), "skipped": Counter()}
+
+    def add(self, status: str, reason: str = "") -> None:
+        self[status] += 1
+        if status in self.reasons:
+            self.reasons[status][reason or "no reason given"] += 1
+
+    @property
+    def checked(self) -> int:
+        return self["ok"] + self["failed"]
+
+    def summary(self) -> str:
+        """``checked 12, passed 12, failed 0, skipped 30`` (and ``resumed N`` when any)."""
+        s = f"checked {self.checked}, passed {self['ok']}, failed {self['failed']}, skipped {self['skipped']}"
+        return s + (f", resumed {self['resumed']}" if self["resumed"] else "")
+
+    def reason_lines(self, most: int = 8) -> list[str]:
+        """The reasons of the failed, then skipped rows, most frequent first, with counts."""
+        out = []
+        for status, reasons in self.reasons.items():
+            ranked = sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))
+            out += [f"  {status} {n}x: {why}" for why, n in ranked[:most]]
+            if len(ranked) > most:
+                out.append(f"  {status}: {len(ranked) - most} other reasons")
+        return out
 
 
 # -- provenance -----------------------------------------------------------------------

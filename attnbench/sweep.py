@@ -23,7 +23,7 @@ from typing import Callable
 from .check import judge, reference_of
 from .impls import Impl, Problem, all_impls, get_impl
 from .patterns import PATTERNS, BadInput, get_pattern, make_mask, pattern_label
-from .results import COLUMNS, ResultWriter, now, params_json, row_key
+from .results import COLUMNS, ResultWriter, Tally, now, params_json, row_key
 from .timing import DEFAULT_BUDGET_S, Peaks, Timing, floor_ms
 
 CONFIGS = ("seed", "llm")
@@ -327,9 +327,10 @@ def run_case(case: Case, impls: list[Impl], ctx: Context, done: Callable[[dict],
     return [out[i.name] for i in todo]
 
 
-def run_sweep(cases: list[Case], impls: list[Impl], writer: ResultWriter, ctx: Context) -> dict:
-    """Run every configuration, writing its rows as soon as it finishes. Returns counts by status."""
-    counts = {"ok": 0, "failed": 0, "skipped": 0, "resumed": 0}
+def run_sweep(cases: list[Case], impls: list[Impl], writer: ResultWriter, ctx: Context) -> Tally:
+    """Run every configuration, writing its rows as soon as it finishes. Returns counts by
+    status (and ``resumed``: rows the CSV already held), with the reasons of the others."""
+    counts = Tally()
     for n, case in enumerate(cases):
         if ctx.progress:
             ctx.progress(n, len(cases), case)
@@ -337,7 +338,7 @@ def run_sweep(cases: list[Case], impls: list[Impl], writer: ResultWriter, ctx: C
         counts["resumed"] += len(impls) - len(rows)
         writer.write(rows)
         for r in rows:
-            counts[r["status"]] += 1
+            counts.add(r["status"], r.get("reason", ""))
     if ctx.progress:
         ctx.progress(len(cases), len(cases), None)
     return counts
