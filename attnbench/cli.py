@@ -5,6 +5,7 @@ import functools
 import json
 import shlex
 import sys
+from typing import NoReturn
 
 import click
 
@@ -13,16 +14,47 @@ from .impls import DTYPES
 from .patterns import PATTERNS, BadInput, all_params, make_mask
 
 
+def fail(message: str, code: int = 2) -> NoReturn:
+    """The one way a command stops on an error: one 'error: ...' line on stderr, no traceback.
+    Exit 2: refused (bad input, an unusable path, no device) before anything ran; exit 1: it
+    ran, and no pass can be reported (a check failed, or nothing was checked)."""
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
 def friendly(fn):
-    """Refused input: 'error: ...' on stderr, exit 2, no traceback."""
+    """Refused input and unusable paths: 'error: ...' on stderr, exit 2, no traceback."""
     @functools.wraps(fn)
     def wrapper(*a, **kw):
         try:
             return fn(*a, **kw)
         except BadInput as e:
-            click.echo(f"error: {e}", err=True)
-            sys.exit(2)
+            fail(str(e))
+        except OSError as e:
+            if e.filename is None:
+                raise
+            fail(f"{e.filename}: {e.strerror or type(e).__name__}")
     return wrapper
+
+
+class Cli(click.Group):
+    """click's own usage errors in the same style as attnbench's: one 'error: ...' line, exit 2."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, False, **extra)
+        except click.ClickException as e:
+            if type(e).__name__ == "NoArgsIsHelpError":  # bare `attnbench`: the help, as click shows it
+                e.show()
+                sys.exit(e.exit_code)
+            ctx = getattr(e, "ctx", None)
+            fail(e.format_message() + (f" (see `{ctx.command_path} --help`)" if ctx else ""), e.exit_code)
+        except click.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
 
 
 def pattern_options(multiple: bool = False):
@@ -44,7 +76,7 @@ def pattern_params(kw: dict) -> dict:
     return {k: v for k, v in p.items() if v not in (None, ())}
 
 
-@click.group()
+@click.group(cls=Cli)
 @click.version_option(package_name="attnbench")
 def main():
     """attnbench: what sparse attention really costs on your GPU."""
@@ -138,15 +170,28 @@ def check_cases(patterns, Ts):
 @click.option("--causal/--no-causal", default=True, show_default=True)
 @friendly
 def check_cmd(impls, patterns, Ts, D, B, H, causal):
-    """The correctness gate over patterns x implementations x sizes; non-zero exit on failure."""
+    """The correctness gate over patterns x implementations x sizes. Exit 1 when a check failed
+    or nothing was checked; 2 when refused (bad input, a named implementation that cannot run)."""
     from .check import gate
     from .impls import Problem, all_impls, get_impl
+    from .results import Tally
 
-    chosen = [get_impl(n) for n in impls] if impls else [i for i in all_impls().values() if i.availability() is None]
+    for opt, values in (("--T", Ts), ("--D", (D,)), ("--B", (B,)), ("--H", (H,))):
+        for v in values:
+            if v < 1:
+                raise BadInput(f"{opt}={v} must be a positive integer")
+    if impls:
+        chosen = [get_impl(n) for n in dict.fromkeys(impls)]
+        for im in chosen:  # asked for by name: refused rather than skipped case by case
+            why = im.availability()
+            if why:
+                raise BadInput(f"impl={im.name} cannot run here: {why}")
+    else:
+        chosen = [i for i in all_impls().values() if i.availability() is None]
     if not chosen:
         raise BadInput("no implementation is available here (see `attnbench list`)")
     Ts = Ts or (1, 7, 128, 1000, 4096)
-    failures = 0
+    tally = Tally()
     click.echo(f"{'impl':<15} {'dtype':<9} {'pattern':<44} {'T':>6} {'rel err':>10}  result")
     for im in chosen:
         for dtype in im.dtypes:
@@ -158,6 +203,7 @@ def check_cmd(impls, patterns, Ts, D, B, H, causal):
                 except BadInput as e:
                     label, why = f"{name}{json.dumps(ps) if ps else ''}", str(e)
                 if why:
+                    tally.add("skipped", why)
                     click.echo(f"{im.name:<15} {dtype:<9} {label:<44} {T:>6} {'':>10}  skipped: {why}")
                     continue
                 try:
@@ -166,10 +212,15 @@ def check_cmd(impls, patterns, Ts, D, B, H, causal):
                     err = f"{res.rel_err:10.2e}"
                 except Exception as e:  # a crash is a failure of this case, the gate goes on
                     res, state, err = None, f"FAILED: {type(e).__name__}: {e}", f"{'':>10}"
-                failures += res is None or not res.ok
+                tally.add("ok" if res is not None and res.ok else "failed", state.removeprefix("FAILED: "))
                 click.echo(f"{im.name:<15} {dtype:<9} {label:<44} {T:>6} {err}  {state}")
-    click.echo(f"{failures} failed" if failures else "all passed")
-    sys.exit(1 if failures else 0)
+    click.echo(tally.summary())
+    for line in tally.reason_lines():
+        click.echo(line)
+    if tally["failed"]:
+        fail(f"{tally['failed']} of {tally.checked} checks failed", 1)
+    if not tally.checked:
+        fail(f"nothing was checked: all {tally['skipped']} cases were skipped (reasons above)", 1)
 
 
 @main.command("compile")
@@ -220,17 +271,23 @@ def compile_cmd(archs, hashes):
 @click.option("--D", "D", type=int, multiple=True, help="head dims (repeatable; default: the config's)")
 @click.option("--causal/--no-causal", default=None, help="force the causal flag of every pattern")
 @click.option("--out", "out", default="results.csv", show_default=True, type=click.Path(dir_okay=False))
-@click.option("--resume", is_flag=True, help="add to --out, skipping (configuration, impl) rows it holds")
-@click.option("--overwrite", is_flag=True, help="replace --out if it exists")
+@click.option("--resume", is_flag=True,
+              help="add to --out, skipping (configuration, impl) rows it holds; a last line cut short is "
+                   "set aside in <out>.partial")
+@click.option("--retry-failed", "retry_failed", is_flag=True,
+              help="with --resume: run the failed rows again, replacing them")
+@click.option("--overwrite", is_flag=True,
+              help="replace --out if it exists (it is replaced when the first rows arrive, not before)")
 @click.option("--time-budget", "budget", type=float, default=None,
               help="seconds of timing samples per configuration before the adaptive repeats stop "
                    "(at least the minimum sample count is always taken)")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the random inputs")
 @friendly
-def sweep(config, T_min, T_max, T, patterns, impls, dtypes, B, H, D, causal, out, resume, overwrite, budget, seed,
-          **kw):
+def sweep(config, T_min, T_max, T, patterns, impls, dtypes, B, H, D, causal, out, resume, retry_failed, overwrite,
+          budget, seed, **kw):
     """Gate every implementation against the float64 reference, time the ones that pass
-    (interleaved), and append one row per (configuration, implementation) to a CSV."""
+    (interleaved), and append one row per (configuration, implementation) to a CSV.
+    Exit 1 when a row failed or nothing new was checked; 2 when refused before running."""
     from . import sweep as sw
     from .results import ResultWriter
     from .timing import DEFAULT_BUDGET_S
@@ -243,16 +300,26 @@ def sweep(config, T_min, T_max, T, patterns, impls, dtypes, B, H, D, causal, out
                     causal=causal, **pattern_params(kw))
     chosen = sw.select_impls(impls)
     command = "attnbench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    with ResultWriter(out, resume=resume, overwrite=overwrite) as writer:
-        click.echo(f"{len(cases)} configurations x {len(chosen)} implementations "
-                   f"({', '.join(i.name for i in chosen)}) -> {out}", err=True)
-        ctx = sw.device_context(seed=seed, budget_s=budget or DEFAULT_BUDGET_S, command=command,
-                                progress=sw.Progress())
-        p = ctx.peaks
-        click.echo(f"peaks: tensor-core {p.tc_tflops:.1f} TFLOP/s, float32 {p.f32_tflops:.1f} TFLOP/s, "
-                   f"copy {p.copy_tbps:.2f} TB/s on {ctx.provenance['gpu']}", err=True)
+    # looks only: refuses an unusable --out; nothing is written before the device is there
+    writer = ResultWriter(out, resume=resume, overwrite=overwrite, retry_failed=retry_failed,
+                          warn=lambda msg: click.echo(f"warning: {msg}", err=True))
+    ctx = sw.device_context(seed=seed, budget_s=budget or DEFAULT_BUDGET_S, command=command,
+                            progress=sw.Progress())
+    writer.check_gpu(ctx.provenance["gpu"])
+    click.echo(f"{len(cases)} configurations x {len(chosen)} implementations "
+               f"({', '.join(i.name for i in chosen)}) -> {out}", err=True)
+    p = ctx.peaks
+    click.echo(f"peaks: tensor-core {p.tc_tflops:.1f} TFLOP/s, float32 {p.f32_tflops:.1f} TFLOP/s, "
+               f"copy {p.copy_tbps:.2f} TB/s on {ctx.provenance['gpu']}", err=True)
+    with writer:
         counts = sw.run_sweep(cases, chosen, writer, ctx)
-    click.echo(", ".join(f"{k} {v}" for k, v in counts.items()) + f" -> {out}", err=True)
+    click.echo(f"{counts.summary()} -> {out}", err=True)
+    for line in counts.reason_lines():
+        click.echo(line, err=True)
+    if counts["failed"]:
+        fail(f"{counts['failed']} of {counts.checked} rows failed (their reasons are in {out})", 1)
+    if not counts.checked and counts["skipped"]:
+        fail(f"nothing was checked: all {counts['skipped']} new rows were skipped (reasons above)", 1)
 
 
 @main.command()

@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from .patterns import BadInput  # noqa: E402
 from .results import read_results  # noqa: E402
+from .safefile import make_dir, write_atomically  # noqa: E402
 
 GROUP = ["dtype", "D", "B", "H"]
 SAME_CONFIG = ["impl", "T", "B", "H", "D", "dtype", "causal"]
@@ -42,7 +43,7 @@ def with_speedup(df):
 def _title(df, what: str) -> str:
     gpus = ", ".join(sorted(set(map(str, df["gpu"])))) if "gpu" in df else "unknown GPU"
     r = df.iloc[0]
-    return f"{what}\n{gpus} - {r['dtype']}, B={r['B']} H={r['H']} D={r['D']}"
+    return f"{what}\n{gpus} - {r['dtype']}, B={_whole(r['B'])} H={_whole(r['H'])} D={_whole(r['D'])}"
 
 
 def _style(ax, xlabel: str, ylabel: str, logy: bool = True):
@@ -120,23 +121,31 @@ def group_figures(df) -> dict[str, "plt.Figure"]:
 
 
 def _save(fig, path: Path) -> Path:
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    """Through a temporary file and an atomic replace: a PNG is whole or as it was."""
+    try:
+        write_atomically(path, lambda f: fig.savefig(f, format="png", dpi=110, bbox_inches="tight"),
+                         binary=True, what="plot")
+    finally:
+        plt.close(fig)
     return path
 
 
+def _whole(v):
+    """384 for 384.0: integer-valued numbers read as floats do not reach file names."""
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
 def group_slug(key) -> str:
-    dtype, D, B, H = key
+    dtype, D, B, H = map(_whole, key)
     return f"{dtype}_D{D}_B{B}_H{H}"
 
 
 def plot_frame(df, out_dir, prefix: str = "") -> list[Path]:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     paths = []
     ok = df[df["status"] == "ok"]
     if not len(ok):
         raise BadInput("the results hold no ok row: nothing to plot")
+    out = make_dir(out_dir, "--out-dir")
     for key, g in sorted(df[df.set_index(GROUP).index.isin(ok.set_index(GROUP).index)].groupby(GROUP),
                          key=lambda kv: tuple(map(str, kv[0]))):
         for kind, fig in group_figures(g).items():

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .patterns import PATTERNS, BadInput
 from .results import read_results
+from .safefile import read_text, write_atomically
 
 START = "<!-- attnbench:summary:start -->"
 END = "<!-- attnbench:summary:end -->"
@@ -169,12 +170,10 @@ def splice(text: str, summary: str, where: str = "README") -> str:
 def update_readme(readme_path, csv_paths: list[str], check: bool = False) -> bool:
     """Rewrite (or with ``check``, only compare) the summary; True when it was or is stale."""
     path = Path(readme_path)
-    if not path.is_file():
-        raise BadInput(f"README {path} does not exist")
-    text = path.read_text()
+    text = read_text(path, "README")
     new = splice(text, render(csv_paths), str(path))
     if new == text:
         return False
     if not check:
-        path.write_text(new)
+        write_atomically(path, lambda f: f.write(new), what="README")
     return True

@@ -24,7 +24,7 @@ from .check import judge, reference_of
 from .configs import Instance, get_config
 from .impls import DTYPES, Impl, Problem, all_impls, get_impl
 from .patterns import BadInput, all_params, get_pattern, make_mask, param_columns, pattern_label
-from .results import COLUMNS, ResultWriter, now, params_json, row_key
+from .results import COLUMNS, ResultWriter, Tally, now, params_json, row_key
 from .timing import DEFAULT_BUDGET_S, Peaks, Timing, floor_ms
 
 
@@ -282,9 +282,10 @@ def run_case(case: Case, impls: list[Impl], ctx: Context, done: Callable[[dict],
     return [out[i.name] for i in todo]
 
 
-def run_sweep(cases: list[Case], impls: list[Impl], writer: ResultWriter, ctx: Context) -> dict:
-    """Run every configuration, writing its rows as soon as it finishes. Returns counts by status."""
-    counts = {"ok": 0, "failed": 0, "skipped": 0, "resumed": 0}
+def run_sweep(cases: list[Case], impls: list[Impl], writer: ResultWriter, ctx: Context) -> Tally:
+    """Run every configuration, writing its rows as soon as it finishes. Returns counts by
+    status (and ``resumed``: rows the CSV already held), with the reasons of the others."""
+    counts = Tally()
     for n, case in enumerate(cases):
         if ctx.progress:
             ctx.progress(n, len(cases), case)
@@ -292,7 +293,7 @@ def run_sweep(cases: list[Case], impls: list[Impl], writer: ResultWriter, ctx: C
         counts["resumed"] += len(impls) - len(rows)
         writer.write(rows)
         for r in rows:
-            counts[r["status"]] += 1
+            counts.add(r["status"], r.get("reason", ""))
     if ctx.progress:
         ctx.progress(len(cases), len(cases), None)
     return counts
@@ -317,10 +318,15 @@ class Progress:
 
 def device_context(seed: int = 0, budget_s: float = DEFAULT_BUDGET_S, command: str = "",
                    progress: Callable | None = None) -> Context:
-    """The real thing: provenance, peaks measured once, CUDA-event timing with L2 flushes."""
+    """The real thing: provenance, peaks measured once, CUDA-event timing with L2 flushes.
+    BadInput, before anything is measured, when there is no device to sweep on."""
+    from .impls import device_problem
     from .results import provenance
     from .timing import EventTimer, measure_peaks
 
+    why = device_problem()
+    if why:
+        raise BadInput(f"sweep needs a CUDA device: {why}")
     prov = provenance()
     peaks = measure_peaks()
     timer = EventTimer()

@@ -114,8 +114,14 @@ def test_writer_refuses_to_clobber_and_resumes_without_duplicates(tmp_path):
         w.write([_row(T=8), _row(T=32)])
     assert sorted(int(r["T"]) for r in csv.DictReader(open(p))) == [8, 16, 32]
     with ResultWriter(p, overwrite=True) as w:
-        pass
-    assert len(list(csv.DictReader(open(p)))) == 0
+        pass  # no row: the old file stays as it was
+    assert len(list(csv.DictReader(open(p)))) == 3
+    with ResultWriter(p, overwrite=True) as w:
+        assert len(list(csv.DictReader(open(p)))) == 3  # untouched until rows arrive
+        w.write([_row(T=64)])
+        assert [int(r["T"]) for r in csv.DictReader(open(p))] == [64]
+    assert [int(r["T"]) for r in csv.DictReader(open(p))] == [64]
+    assert [q.name for q in tmp_path.iterdir()] == ["r.csv"]  # no temporary file left
 
 
 def test_writer_refuses_to_resume_a_csv_of_other_columns(tmp_path):

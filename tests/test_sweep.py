@@ -10,7 +10,6 @@ sys.path.insert(0, str(Path(__file__).parent / "data"))
 
 from fakes import PEAKS, PROVENANCE, FakeImpl, FakeTimer, fake_impls, host_inputs  # noqa: E402
 
-from attnbench import impls as impls_mod  # noqa: E402
 from attnbench import sweep as sw  # noqa: E402
 from attnbench.cli import main  # noqa: E402
 from attnbench.patterns import PATTERNS, BadInput  # noqa: E402
@@ -89,15 +88,6 @@ def test_parameter_options_take_the_product_per_pattern():
 def test_bad_plans_are_refused(kw, match):
     with pytest.raises(BadInput, match=match):
         sw.plan("seed", **kw)
-
-
-@pytest.fixture
-def registry(monkeypatch):
-    """The registry holds the fake implementations only."""
-    reg = {i.name: i for i in fake_impls()}
-    monkeypatch.setattr(impls_mod, "_REGISTRY", reg)
-    monkeypatch.setattr(impls_mod, "_load_all", lambda: None)
-    return reg
 
 
 def test_unknown_impl_names_the_choices(registry):
@@ -313,7 +303,9 @@ def test_sweep_command_end_to_end_with_fakes(tmp_path, registry, monkeypatch):
     r = CliRunner().invoke(main, ["sweep", "--T-min", "32", "--T-max", "64", "--pattern", "dense", "--pattern",
                                   "window", "--window", "8", "--D", "16", "--impl", "fake-exact", "--impl",
                                   "fake-wrong", "--time-budget", "0.5", "--out", str(out)])
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 1, r.output  # fake-wrong failed the gate: no false pass
+    assert "checked 8, passed 4, failed 4, skipped 0 -> " in r.stderr
+    assert r.stderr.rstrip().splitlines()[-1] == f"error: 4 of 8 rows failed (their reasons are in {out})"
     rows = read(out)
     assert [(x["pattern"], x["T"], x["impl"], x["status"]) for x in rows] == [
         ("dense", "32", "fake-exact", "ok"), ("dense", "32", "fake-wrong", "failed"),
