@@ -32,7 +32,8 @@ step() {  # step NAME CMD...: run, log, remember failure, go on
     local name="$1"; shift
     say "$name: $*"
     local t0=$(date +%s)
-    "$@" > >(tee "$work/$name.log") 2>&1
+    # (also appended to OUT_DIR/steps.log as it runs, so a step cut short by a time limit still says where it was)
+    "$@" > >(tee "$work/$name.log" >>"$out/steps.log") 2>&1
     local rc=$?
     say "$name: exit $rc after $(( $(date +%s) - t0 )) s"
     [ $rc -eq 0 ] || status=1
