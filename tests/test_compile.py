@@ -37,6 +37,10 @@ def test_missing_constant_is_a_compile_error():
 def test_includes_are_expanded_into_the_source():
     src = kc.source("naive")
     assert '#include "common.cuh"' not in src and "ab_allowed" in src
+    # fast_tc's parts sit in kernels/tc/ and include each other by paths relative to kernels/
+    src = kc.source("fast_tc")
+    assert "#include" not in src and "struct TcTileList" in src and "TC_SOFTMAX_PROBS" in src
+    assert src.count("struct TcTileList") == 1  # each header once
 
 
 def test_cubins_for_an_explicit_arch_are_built_once(tmp_path, monkeypatch):
