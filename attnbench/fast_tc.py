@@ -2,9 +2,9 @@
 
 A FlashAttention-2-style forward pass that visits only the key tiles of ``Mask.tiles(BM, BN)``
 for each query tile, applying the pattern predicate only on tiles flagged partial. Tile shape,
-warps and pipeline depth are compile-time constants chosen per head dimension (``CONFIGS``); the
+warps and pipeline depth are compile-time constants chosen per head dimension (``SHAPES``); the
 pattern (id, causal flag, parameters) is compiled in too, so each pattern gets its own module.
-``fast-tc`` multiplies with Hopper's warpgroup MMA (wgmma, ``HOPPER_CONFIGS``) on sm_90, its tiles
+``fast-tc`` multiplies with Hopper's warpgroup MMA (wgmma, the "wgmma" shapes) on sm_90, its tiles
 moved by bulk tensor copies (TMA, maps from ``attnbench.tma``), and with mma.sync elsewhere;
 ``fast-tc-sync`` is the mma.sync kernel with cp.async on every GPU.
 A strided pattern (``Mask.strided``: dilated) runs as its inner pattern on every residue class,
@@ -62,69 +62,82 @@ class TileConfig:
         return 2 * D * (self.BM + 2 * self.STAGES * self.BN) + (8 * (self.STAGES + 1) if self.TMA else 0)
 
 
-# Per head dimension: the default shape, the shape for wide patterns (many full tiles per query
-# tile: two m16 tiles per warp amortise each K/V fragment over 32 rows; at D=128 with Q read from
-# shared memory and 32-key tiles in 3 stages, 243 registers and no spills with any predicate on
-# sm_80 and sm_90, two blocks per SM) and for patterns whose every visited tile is partial (32-key
-# tiles: less masked work; at D=64 2-warp blocks, 8 per SM). Chosen from interleaved timings on an
-# H200 (docs/PERF.md, v2, v4, v6 and v7 sweeps).
-CONFIGS: dict[int, TileConfig] = {
-    64: TileConfig(NWARPS=4, BN=64, STAGES=2, MINB=4, QREG=0),
-    128: TileConfig(NWARPS=4, BN=64, STAGES=2),
+# The tile shapes, one table: (products, role, D) -> (shape, why). Products "sync" (mma.sync, also
+# fast-tc-sync) or "wgmma" (sm_90: wgmma with bulk tensor copies, TMA); roles "default", "wide"
+# (rows averaging >= WIDE_KEYS_PER_ROW[D] allowed keys), "partial" (every tile of the default list
+# is partial) and "strided" (not a shape: the blocks per SM asked for strided patterns, which load
+# by cp.async on sm_90). Chosen from interleaved timings on an H200; the history of each choice
+# is in docs/PERF.md ("Shape table (moved from fast_tc.py)").
+SHAPES: dict[tuple[str, str, int], tuple[TileConfig | int, str]] = {
+    ("sync", "default", 64): (TileConfig(NWARPS=4, BN=64, STAGES=2, MINB=4, QREG=0),
+                              "64-key tiles in 2 stages, Q read from shared memory: 4 blocks per SM"),
+    ("sync", "default", 128): (TileConfig(NWARPS=4, BN=64, STAGES=2),
+                               "64-key tiles in 2 stages, Q held in registers"),
+    ("sync", "wide", 64): (TileConfig(NWARPS=4, BN=64, STAGES=2, MT=2),
+                           "two m16 tiles per warp amortise each K/V fragment over 32 rows"),
+    ("sync", "wide", 128): (TileConfig(NWARPS=4, BN=32, STAGES=3, MT=2, QREG=0),
+                            "MT 2 with Q from shared memory, 32-key tiles in 3 stages: 2 blocks per SM, no spills"),
+    ("sync", "partial", 64): (TileConfig(NWARPS=2, BN=32, STAGES=3, MINB=8),
+                              "32-key tiles (less masked work) in 2-warp blocks, 8 per SM"),
+    ("sync", "partial", 128): (TileConfig(NWARPS=4, BN=32, STAGES=3),
+                               "32-key tiles (less masked work) in 3 stages"),
+    ("wgmma", "default", 64): (TileConfig(NWARPS=4, BN=64, STAGES=2, MINB=4, QREG=0, WG=1, TMA=1),
+                               "64-key tiles in 2 stages: with TMA loads, 5 blocks' shared memory beat 3 stages"),
+    ("wgmma", "default", 128): (TileConfig(NWARPS=4, BN=64, STAGES=3, QREG=0, WG=1, TMA=1),
+                                "64-key tiles in 3 stages"),
+    ("wgmma", "wide", 64): (TileConfig(NWARPS=4, BN=64, STAGES=2, MINB=4, QREG=0, WG=1, TMA=1),
+                            "the default: 128-key tiles were within 1% on dense, 4% slower on window 4096"),
+    ("wgmma", "wide", 128): (TileConfig(NWARPS=4, BN=64, STAGES=3, QREG=0, WG=1, TMA=1),
+                             "the default"),
+    ("wgmma", "partial", 64): (TileConfig(NWARPS=4, BN=64, STAGES=2, MINB=4, QREG=0, WG=1, TMA=1),
+                               "the default: with the lazy softmax 32-key tiles lost their lead"),
+    ("wgmma", "partial", 128): (TileConfig(NWARPS=4, BN=32, STAGES=3, MINB=2, QREG=0, WG=1, TMA=1),
+                                "32-key tiles (less masked work) in 3 stages, 2 blocks per SM"),
+    ("wgmma", "strided", 64): (5, "cp.async addressing took 106 registers at 4 blocks per SM; 5 holds it to 92, faster"),
 }
-WIDE_CONFIGS: dict[int, TileConfig] = {
-    64: TileConfig(NWARPS=4, BN=64, STAGES=2, MT=2),
-    128: TileConfig(NWARPS=4, BN=32, STAGES=3, MT=2, QREG=0),
-}
-PARTIAL_CONFIGS: dict[int, TileConfig] = {
-    64: TileConfig(NWARPS=2, BN=32, STAGES=3, MINB=8),
-    128: TileConfig(NWARPS=4, BN=32, STAGES=3),
-}
-# The same three roles on sm_90 with wgmma (WG=1: each warpgroup multiplies 64 rows; Q, K and V
-# read from shared memory by the tensor cores, no ldmatrix) and bulk tensor copies (TMA=1), from
-# interleaved timings on an H200 (docs/PERF.md v8, v9, v12): at D=64 64-key tiles in 2 stages for
-# every role (with the copy engine doing the loads, 2 stages and 5 blocks per SM's worth of shared
-# memory beat 3 stages; 128-key tiles were within 1% on dense and 4% slower on window 4096; since
-# the exponentials skip the tile's max, 32-key tiles lost their lead on all-partial lists:
-# streaming 16+64 0.091 against 0.099 ms); at D=128 64-key tiles in 3 stages, 32-key tiles for
-# all-partial lists.
-HOPPER_CONFIGS: dict[int, TileConfig] = {
-    64: TileConfig(NWARPS=4, BN=64, STAGES=2, MINB=4, QREG=0, WG=1, TMA=1),
-    128: TileConfig(NWARPS=4, BN=64, STAGES=3, QREG=0, WG=1, TMA=1),
-}
-HOPPER_WIDE_CONFIGS: dict[int, TileConfig] = dict(HOPPER_CONFIGS)
-HOPPER_PARTIAL_CONFIGS: dict[int, TileConfig] = {
-    64: HOPPER_CONFIGS[64],
-    128: TileConfig(NWARPS=4, BN=32, STAGES=3, MINB=2, QREG=0, WG=1, TMA=1),
-}
-# Strided patterns keep cp.async on sm_90 (a residue class is no box of the bulk copies' view), whose
-# address arithmetic costs registers: at D=64 the default shape took 106 (4 blocks per SM); asking
-# the allocator for 5 blocks holds it to 92 without spills, and dilated W=512 r=2 at T=32768 went
-# from 0.2275 to 0.2156 ms in the same run (docs/PERF.md v11). The unstrided shapes keep MINB=4: their
-# 94 registers already fit 5 blocks.
-HOPPER_STRIDED_MINB: dict[int, int] = {64: 5}
-# rows averaging at least this many allowed keys take the wide shape (at D=128 it paid from
-# streaming 4+1024 up, about 1000 keys a row; at D=64 only from window 4096 up)
+# rows averaging at least this many allowed keys take the wide shape (D=128: it paid from
+# streaming 4+1024 up, about 1000 keys a row; D=64: only from window 4096 up)
 WIDE_KEYS_PER_ROW: dict[int, int] = {64: 2048, 128: 512}
 
 
+def shape(products: str, role: str, D: int) -> TileConfig:
+    """The table's shape for these products ("sync" or "wgmma"), role and head dimension."""
+    cfg = SHAPES[(products, role, D)][0]
+    assert isinstance(cfg, TileConfig)
+    return cfg
+
+
+def _role_table(products: str, role: str) -> dict[int, TileConfig]:
+    return {D: cfg for (p, r, D), (cfg, _) in SHAPES.items() if (p, r) == (products, role)}
+
+
+# The table by role, under the names the tests and scripts use.
+CONFIGS = _role_table("sync", "default")
+WIDE_CONFIGS = _role_table("sync", "wide")
+PARTIAL_CONFIGS = _role_table("sync", "partial")
+HOPPER_CONFIGS = _role_table("wgmma", "default")
+HOPPER_WIDE_CONFIGS = _role_table("wgmma", "wide")
+HOPPER_PARTIAL_CONFIGS = _role_table("wgmma", "partial")
+HOPPER_STRIDED_MINB: dict[int, int] = _role_table("wgmma", "strided")  # type: ignore[assignment]
+
+
 def choose_config(mask: Mask, D: int, wgmma: bool = False) -> TileConfig:
-    """The tile shape for a pattern (its inner pattern when strided), from the mma.sync tables or
-    with ``wgmma`` the Hopper ones: wide when rows average >= WIDE_KEYS_PER_ROW[D] allowed keys,
-    32-key tiles when every tile of the default list is partial, else the default; strided
-    patterns on sm_90 at least HOPPER_STRIDED_MINB[D] blocks per SM."""
-    default, wide, partial = ((HOPPER_CONFIGS, HOPPER_WIDE_CONFIGS, HOPPER_PARTIAL_CONFIGS) if wgmma
-                              else (CONFIGS, WIDE_CONFIGS, PARTIAL_CONFIGS))
+    """The tile shape for a pattern (its inner pattern when strided), from SHAPES for mma.sync or
+    with ``wgmma`` for sm_90: wide when rows average >= WIDE_KEYS_PER_ROW[D] allowed keys, partial
+    when every tile of the default list is partial, else the default; strided patterns on sm_90
+    with at least the "strided" blocks per SM."""
+    products = "wgmma" if wgmma else "sync"
     stride, mask = mask.strided()
     if mask.pairs >= WIDE_KEYS_PER_ROW[D] * mask.T:
-        cfg = wide[D]
+        cfg = shape(products, "wide", D)
     else:
-        cfg = default[D]
+        cfg = shape(products, "default", D)
         t = tile_list(mask, cfg.BM, cfg.BN)
         if t.n_visited and t.n_partial == t.n_visited:
-            cfg = partial[D]
-    if wgmma and stride > 1 and cfg.MINB < HOPPER_STRIDED_MINB.get(D, 0):
-        cfg = replace(cfg, MINB=HOPPER_STRIDED_MINB[D])
+            cfg = shape(products, "partial", D)
+    minb = SHAPES.get((products, "strided", D), (0, ""))[0]
+    if stride > 1 and cfg.MINB < minb:
+        cfg = replace(cfg, MINB=minb)
     return cfg
 
 
@@ -251,7 +264,7 @@ SYNC_IMPL = register(FastTC(
     wgmma=False,
 ))
 
-__all__ = ["CONFIGS", "WIDE_CONFIGS", "PARTIAL_CONFIGS", "HOPPER_CONFIGS", "HOPPER_WIDE_CONFIGS",
+__all__ = ["SHAPES", "shape", "CONFIGS", "WIDE_CONFIGS", "PARTIAL_CONFIGS", "HOPPER_CONFIGS", "HOPPER_WIDE_CONFIGS",
            "HOPPER_PARTIAL_CONFIGS", "choose_config", "TileConfig", "FastTC", "IMPL", "SYNC_IMPL",
            "kernel_defines", "tile_list"]
 

@@ -1,0 +1,68 @@
+// fast_tc's compile-time constants (-D, with their defaults) and the shapes derived from them.
+//
+// HEAD_D (64 or 128), BN (keys per tile, multiple of 16), STRIDE, QREG, WG, NWARPS, MT, MINB
+// (blocks per SM for __launch_bounds__), STAGES (>= 2), TMA, AB_F16 (1: float16, 0: bfloat16),
+// LAZY (default WG), and the pattern itself: CAUSAL, AB_PATTERN_T and AB_PATTERN_ARGS
+// (Mask.device_defines() of Mask.tile_predicate(BM, BN); kernels/common.cuh), its parameters as
+// constants so that its divisions become multiplications by constants.
+#pragma once
+
+#ifndef HEAD_D
+#define HEAD_D 64
+#endif
+#ifndef BN
+#define BN 64
+#endif
+#ifndef NWARPS
+#define NWARPS 4
+#endif
+#ifndef STAGES
+#define STAGES 3
+#endif
+#ifndef AB_F16
+#define AB_F16 0
+#endif
+#ifndef CAUSAL
+#define CAUSAL 1
+#endif
+
+#ifndef MT
+#define MT 1
+#endif
+#ifndef STRIDE
+#define STRIDE 1
+#endif
+#ifndef QREG
+#define QREG 1
+#endif
+#ifndef MINB
+#define MINB 1
+#endif
+#ifndef WG
+#define WG 0
+#endif
+#ifndef TMA
+#define TMA 0
+#endif
+// LAZY 1: the exponentials against the running max first (WG builds; the mma.sync builds spill
+// with it at D=64 and take the tile's max on every tile); tc/softmax.cuh
+#ifndef LAZY
+#define LAZY WG
+#endif
+
+#define THREADS (NWARPS * 32)
+#define RW (MT * 16)  // query rows per warp
+#define BM (NWARPS * RW)
+#define CH (HEAD_D / 8)  // 16-byte chunks per row
+#define TILE_BYTES (BN * HEAD_D * 2)
+
+static_assert(HEAD_D % 64 == 0, "HEAD_D must be a multiple of 64");
+static_assert(BN % 16 == 0, "BN must be a multiple of 16");
+static_assert(STAGES >= 2, "STAGES must be at least 2");
+#if WG
+static_assert(MT == 1 && NWARPS % 4 == 0, "WG: one m16 tile per warp, whole warpgroups");
+static_assert(BN == 32 || BN == 64 || BN == 128, "WG: BN 32, 64 or 128");
+#endif
+#if TMA
+static_assert(WG && STRIDE == 1, "TMA: with WG, on unstrided patterns");
+#endif

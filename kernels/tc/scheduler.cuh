@@ -1,0 +1,66 @@
+// Which work a block does, and the walk over its query tile's list of key tiles.
+//
+// Today one work item per block: query tile qt = nq - 1 - blockIdx.x (the longest lists, causal:
+// the last tiles, first), batch * head blockIdx.y, residue class blockIdx.z (strided patterns,
+// Mask.strided: dilated with r > 1; row or key a of the kernel is position c + STRIDE * a of the
+// sequence, and the tile list and the predicate are those of the inner pattern on a class, which
+// holds Tc = ceil((T - c) / STRIDE) positions). A persistent scheduler, loading the next work item
+// while the current one computes, would replace tc_block_work.
+//
+// Interface:
+//   TcWork tc_block_work(T_all): the block's work item (qt, bh, T, base).
+//   TcTileList: init(thead, tent, qt) reads the list head and the entries of the first STAGES
+//   tiles; next(tent, it, ahead) moves to tile `it`, returning its entry, with `ahead` the entry of
+//   tile it + STAGES - 1 (the one loaded now; 0 past the list) and reading the entry a tile further;
+//   tc_entry_tile(ent): its key tile. (tent comes in each time: kept in the struct, the kernel
+//   lost its __restrict__ and the cubins changed.)
+// Lists (tiles.py): entry = key_tile << 1 | partial; tent holds the lists one after another,
+// thead[qt] = {first entry's index, count, first entry, second entry}, so that a block starts its
+// first loads after one 16-byte read.
+#pragma once
+#include "tc/common.cuh"
+
+struct TcWork {
+    int qt;       // query tile
+    int bh;       // batch * head
+    int T;        // positions in this block's residue class (STRIDE 1: the whole sequence)
+    size_t base;  // element offset of the class's first row in Q, K, V and O
+};
+
+__device__ __forceinline__ TcWork tc_block_work(int T_all) {
+    TcWork w;
+    const int nq = gridDim.x;
+    w.qt = nq - 1 - (int)blockIdx.x;  // the longest lists (causal: last tiles) first
+    w.bh = blockIdx.y;
+    // this block's residue class and its length (STRIDE 1: the whole sequence)
+    w.T = (T_all - (int)blockIdx.z + STRIDE - 1) / STRIDE;
+    w.base = (size_t)blockIdx.y * (size_t)T_all * HEAD_D + (size_t)blockIdx.z * HEAD_D;
+    return w;
+}
+
+__device__ __forceinline__ int tc_entry_tile(int ent) { return ent >> 1; }
+
+struct TcTileList {
+    int e0, n;        // the list's first entry's index in tent, its length
+    int ring[STAGES];  // ring[s]: the entry of tile it + s (0 past the list), shifted down once per tile
+
+    __device__ __forceinline__ void init(const int4* __restrict__ thead, const int* __restrict__ tent, int qt) {
+        const int4 head = thead[qt];
+        e0 = head.x;
+        n = head.y;
+        ring[0] = head.z;
+        ring[1] = head.w;
+#pragma unroll
+        for (int s = 2; s < STAGES; ++s) ring[s] = s < n ? tent[e0 + s] : 0;
+    }
+
+    __device__ __forceinline__ int next(const int* __restrict__ tent, int it, int& ahead) {
+        const int nx = it + STAGES - 1;
+        const int ent = ring[0];
+        ahead = ring[STAGES - 1];
+#pragma unroll
+        for (int s = 0; s < STAGES - 1; ++s) ring[s] = ring[s + 1];
+        ring[STAGES - 1] = nx + 1 < n ? tent[e0 + nx + 1] : 0;  // read a tile ahead of its use
+        return ent;
+    }
+};
