@@ -76,7 +76,29 @@ def pattern_params(kw: dict) -> dict:
     return {k: v for k, v in p.items() if v not in (None, ())}
 
 
-@click.group(cls=Cli)
+class ImplName(click.ParamType):
+    """An implementation's name, checked against the registry when the option is read (the
+    registry loads its modules on first use, so the choices are not fixed at import)."""
+    name = "impl"
+
+    def get_metavar(self, param, *args, **kwargs):
+        from .impls import all_impls
+
+        return "[" + "|".join(all_impls()) + "]"
+
+    def convert(self, value, param, ctx):
+        from .impls import all_impls
+
+        names = list(all_impls())
+        if value in names:
+            return value
+        self.fail(f"{value!r} is not one of {', '.join(map(repr, names))}", param, ctx)
+
+
+IMPL = ImplName()
+
+
+@click.group(cls=Cli, context_settings={"show_default": True})
 @click.version_option(package_name="attnbench")
 def main():
     """attnbench: what sparse attention really costs on your GPU."""
@@ -108,7 +130,7 @@ def list_cmd():
 @click.option("--H", "H", type=int, default=1, show_default=True)
 @click.option("--D", "D", type=int, default=384, show_default=True, help="head dimension (the constant C)")
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
-@click.option("--impl", default="naive", show_default=True)
+@click.option("--impl", default="naive", show_default=True, type=IMPL)
 @click.option("--max-t", type=int, default=None, help="compile-time MAX_T (default: T rounded up)")
 @click.option("--max-keys", type=int, default=None, help="compile-time MAX_KEYS (default: from the pattern)")
 @click.option("--causal/--no-causal", default=True, show_default=True)
@@ -161,7 +183,7 @@ def check_cases(patterns, Ts):
 
 
 @main.command("check")
-@click.option("--impl", "impls", multiple=True, help="implementations (default: every available one)")
+@click.option("--impl", "impls", multiple=True, type=IMPL, help="implementations (repeatable; default: every available one)")
 @click.option("--pattern", "patterns", multiple=True, type=click.Choice(list(PATTERNS)))
 @click.option("--T", "Ts", type=int, multiple=True, help="sizes (default: 1 7 128 1000 4096)")
 @click.option("--D", "D", type=int, default=64, show_default=True)
@@ -232,7 +254,10 @@ def compile_cmd(archs, hashes):
     """Compile every kernel with the standard configurations' constants (no GPU needed)."""
     from . import compile as kc
 
+    for arch in archs:
+        kc.check_arch(arch)
     failed = 0
+    refused = set()
     click.echo(f"{'arch':<6} {'source':<9} {'kernel':<28} {'constants':<36} {'regs':>5} {'spill st/ld':>12} "
                f"{'stack':>6} {'smem':>7}")
     for arch in archs:
@@ -240,6 +265,12 @@ def compile_cmd(archs, hashes):
             consts = " ".join(f"{k}={v}" for k, v in sorted(defines.items()))
             target = kc.target_arch(defines, arch)
             if target is None:
+                continue
+            why = kc.unbuildable(name, target)
+            if why:
+                if (name, target) not in refused:
+                    refused.add((name, target))
+                    click.echo(f"skipped: {why}", err=True)
                 continue
             try:
                 reports = kc.compile_only(name, defines, target)
@@ -262,14 +293,16 @@ def compile_cmd(archs, hashes):
 @click.option("--T", "T", type=int, multiple=True, help="explicit T values (repeatable; wins over the range)")
 @click.option("--pattern", "patterns", multiple=True, type=click.Choice(list(PATTERNS)),
               help="patterns to sweep (repeatable; default: all of the config)")
-@click.option("--impl", "impls", multiple=True, help="implementations (repeatable; default: every registered one)")
+@click.option("--impl", "impls", multiple=True, type=IMPL,
+              help="implementations (repeatable; default: every registered one)")
 @pattern_options(multiple=True)
 @click.option("--dtype", "dtypes", multiple=True, type=click.Choice(DTYPES),
               help="(repeatable; default: the config's)")
 @click.option("--B", "B", type=int, help="batch (default: the config's)")
 @click.option("--H", "H", type=int, help="heads (default: the config's)")
 @click.option("--D", "D", type=int, multiple=True, help="head dims (repeatable; default: the config's)")
-@click.option("--causal/--no-causal", default=None, help="force the causal flag of every pattern")
+@click.option("--causal/--no-causal", default=None,
+              help="force the causal flag of every pattern (default: the config's, else each pattern's own)")
 @click.option("--out", "out", default="results.csv", show_default=True, type=click.Path(dir_okay=False))
 @click.option("--resume", is_flag=True,
               help="add to --out, skipping (configuration, impl) rows it holds; a last line cut short is "

@@ -182,8 +182,7 @@ def parse_ptxas(log: str, source_name: str) -> list[KernelReport]:
 def compile_only(name: str, defines: dict, arch: str) -> list[KernelReport]:
     """Compile kernels/<name>.cu to a cubin for ``arch`` (e.g. sm_90) through NVRTC, with no
     device; return ptxas' per-kernel report. Raises RuntimeError with the compiler log."""
-    if not re.fullmatch(r"sm_\d+a?", arch):
-        raise BadInput(f"arch={arch!r} must look like sm_80 or sm_90")
+    check_arch(arch)
     import hashlib
 
     cubin, log = _nvrtc(name, source(name, defines), list(options(defines)) + [f"-arch={arch}", "-Xptxas=-v"])
@@ -192,6 +191,24 @@ def compile_only(name: str, defines: dict, arch: str) -> list[KernelReport]:
     for r in reports:
         r.cubin_sha256 = digest
     return reports
+
+
+# the oldest target each kernel family builds for, and why (older targets are refused by name)
+MIN_SM = {"fast_tc": (80, "mma.sync on bfloat16 and cp.async need sm_80 or newer"),
+          "fast_f32": (80, "cp.async needs sm_80 or newer")}
+
+
+def check_arch(arch: str) -> str:
+    """The arch as given, when it looks like sm_80 or sm_90a; BadInput otherwise."""
+    if not re.fullmatch(r"sm_\d+a?", arch):
+        raise BadInput(f"arch={arch!r} must look like sm_80 or sm_90")
+    return arch
+
+
+def unbuildable(name: str, arch: str) -> str | None:
+    """Why kernels/<name>.cu cannot build for ``arch`` (None: it can)."""
+    sm, why = MIN_SM.get(name, (0, ""))
+    return f"{name} is not built for {arch}: {why}" if int(re.sub(r"\D", "", arch)) < sm else None
 
 
 def target_arch(defines: dict, arch: str) -> str | None:

@@ -299,16 +299,31 @@ def run_sweep(cases: list[Case], impls: list[Impl], writer: ResultWriter, ctx: C
     return counts
 
 
-class Progress:
-    """One stderr line, rewritten in place on a terminal: configurations done / left, current."""
+def _duration(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
-    def __init__(self, stream=None):
+
+class Progress:
+    """One stderr line, rewritten in place on a terminal: configurations done / left, the time
+    spent, an estimate of the time left (the mean of the configurations done so far), current."""
+
+    def __init__(self, stream=None, clock: Callable[[], float] | None = None):
+        import time
+
         self.stream = stream or sys.stderr
         self.tty = getattr(self.stream, "isatty", lambda: False)()
+        self.clock = clock or time.monotonic
+        self.t0 = None
 
     def __call__(self, done: int, total: int, case: Case | None) -> None:
+        now = self.clock()
+        if self.t0 is None:
+            self.t0 = now
+        spent = now - self.t0
+        eta = f", about {_duration(spent / done * (total - done))} left" if 0 < done < total else ""
         what = case.describe() if case is not None else "finished"
-        line = f"[{done}/{total} done, {total - done} left] {what}"
+        line = f"[{done}/{total} done, {total - done} left, {_duration(spent)} spent{eta}] {what}"
         if self.tty:
             self.stream.write("\r\033[K" + line + ("\n" if case is None else ""))
         else:

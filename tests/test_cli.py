@@ -30,7 +30,7 @@ def test_list_shows_patterns_and_implementations():
     (["run", "--pattern", "window", "--dilation", "2"], ["dilation"]),
     (["run", "--pattern", "streaming", "--T", "2048", "--max-keys", "32"], ["max_keys=32", "80"]),
     (["run", "--dtype", "bfloat16"], ["dtype=bfloat16", "naive"]),
-    (["run", "--impl", "nope"], ["impl='nope'"]),
+    (["run", "--impl", "nope"], ["'--impl': 'nope' is not one of", "'naive'"]),
     (["run", "--D", "0"], ["D=0"]),
 ])
 def test_bad_input_is_refused_by_name_before_any_launch(args, words, no_launch, monkeypatch):
@@ -60,3 +60,19 @@ def test_compile_reports_every_kernel():
 def test_compile_rejects_a_bad_arch():
     r = CliRunner().invoke(main, ["compile", "--arch", "ampere"])
     assert r.exit_code == 2 and "arch='ampere'" in r.output
+
+
+def test_compile_refuses_by_name_the_families_an_arch_cannot_build(monkeypatch):
+    from attnbench import compile as kc
+
+    monkeypatch.setattr(kc, "standard_builds", lambda: [("tiles", {}), ("fast_f32", {"C": 64})])
+    r = CliRunner().invoke(main, ["compile", "--arch", "sm_75"])
+    assert r.exit_code == 0, r.output
+    assert "skipped: fast_f32 is not built for sm_75: cp.async needs sm_80 or newer" in r.stderr
+    assert "expand_tiles" in r.stdout and "ptxas" not in r.output
+
+
+@pytest.mark.parametrize("command", ["run", "check", "sweep", "plot", "readme", "compile"])
+def test_every_help_shows_the_defaults(command):
+    r = CliRunner().invoke(main, [command, "--help"])
+    assert r.exit_code == 0 and "[default: " in r.output, r.output

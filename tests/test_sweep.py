@@ -1,4 +1,5 @@
 """Sweeps without a GPU: plans, gating, skip and failure rows, interleaved timing, resume, CLI."""
+import re
 import csv
 import sys
 from pathlib import Path
@@ -267,7 +268,7 @@ def no_device(monkeypatch):
 
 
 @pytest.mark.parametrize("args, match", [
-    (["--impl", "nope"], "impl='nope' is unknown: choose one of fake-exact"),
+    (["--impl", "nope"], "'--impl': 'nope' is not one of 'fake-exact'"),
     (["--T-min", "512", "--T-max", "128"], "T-min"),
     (["--block", "0"], "--block=0 is below its minimum 1"),
     (["--time-budget", "0"], "time-budget"),
@@ -314,4 +315,25 @@ def test_sweep_command_end_to_end_with_fakes(tmp_path, registry, monkeypatch):
         ("window", "64", "fake-exact", "ok"), ("window", "64", "fake-wrong", "failed")]
     assert made["ctx"].budget_s == 0.5
     assert all(x["command"].startswith("attnbench ") for x in rows)
-    assert "[4/4 done, 0 left]" in r.stderr
+    assert re.search(r"\[4/4 done, 0 left, 0m\d\ds spent\] finished", r.stderr)
+
+
+def test_progress_says_time_spent_and_an_estimate_of_what_is_left():
+    lines, t = [], iter([0.0, 30.0, 60.0, 90.0])
+
+    class Stream:
+        def write(self, s):
+            lines.append(s)
+
+        def flush(self):
+            pass
+
+    p = sw.Progress(Stream(), clock=lambda: next(t))
+    case = sw.plan("seed", patterns=("dense",), T=(128,))[0]
+    p(0, 3, case)
+    p(1, 3, case)
+    p(2, 3, case)
+    p(3, 3, None)
+    assert lines[1].startswith("[1/3 done, 2 left, 0m30s spent, about 1m00s left] dense causal T=128")
+    assert lines[2].startswith("[2/3 done, 1 left, 1m00s spent, about 0m30s left]")
+    assert lines[3].startswith("[3/3 done, 0 left, 1m30s spent] finished")
