@@ -12,7 +12,7 @@
 // No CUDA headers are included, so the same source compiles through NVRTC with or without a device.
 #pragma once
 
-#define AB_NEG_INF (-__int_as_float(0x7f800000))
+#define AB_NEG_INF __int_as_float(0xff800000)  // -inf, the one spelling every kernel uses
 
 __device__ __forceinline__ int ab_abs(int x) { return x < 0 ? -x : x; }
 

@@ -70,7 +70,6 @@ constexpr int SMEM_FLOATS = RING_OFF + 2 * RING;
 static_assert(SMEM_FLOATS * 4 == SMEM_BYTES, "host and kernel disagree on the shared memory size");
 #endif
 
-#define NEG_INF (__int_as_float(0xff800000u))
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -145,7 +144,7 @@ fast_f32_split(const float* __restrict__ q, const float* __restrict__ k, const f
     float4 o[RM][DG];
 #pragma unroll
     for (int a = 0; a < RM; ++a) {
-        m[a] = NEG_INF;
+        m[a] = AB_NEG_INF;
         l[a] = 0.f;
 #pragma unroll
         for (int g = 0; g < DG; ++g) o[a][g] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -205,12 +204,12 @@ fast_f32_split(const float* __restrict__ q, const float* __restrict__ k, const f
 #pragma unroll
                 for (int a = 0; a < RM; ++a) {
                     const int i = q0 + ty * RM + a;
-                    float mt = NEG_INF;
+                    float mt = AB_NEG_INF;
 #pragma unroll
                     for (int b = 0; b < RN; ++b) {
                         const int j = kt * BN + tx + TX * b;
                         float x = s[a][b] * scale;
-                        if (partial && !(i < T && j < T && ab_allowed(pat, i, j))) x = NEG_INF;
+                        if (partial && !(i < T && j < T && ab_allowed(pat, i, j))) x = AB_NEG_INF;
                         s[a][b] = x;
                         mt = fmaxf(mt, x);
                     }
@@ -218,12 +217,12 @@ fast_f32_split(const float* __restrict__ q, const float* __restrict__ k, const f
                     for (int w = TX / 2; w > 0; w /= 2) mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, w));
                     const float mn = fmaxf(m[a], mt);
                     // mn == -inf: no key for this row yet; nothing to rescale, every p is 0
-                    const float alpha = (mn == NEG_INF) ? 1.f : expf(m[a] - mn);
+                    const float alpha = (mn == AB_NEG_INF) ? 1.f : expf(m[a] - mn);
                     m[a] = mn;
                     float ls = 0.f;
 #pragma unroll
                     for (int b = 0; b < RN; ++b) {
-                        const float p = (mn == NEG_INF) ? 0.f : expf(s[a][b] - mn);
+                        const float p = (mn == AB_NEG_INF) ? 0.f : expf(s[a][b] - mn);
                         ls += p;
                         sP[(ty * RM + a) * PS + tx + TX * b] = p;
                     }
@@ -318,15 +317,15 @@ fast_f32_merge(float* __restrict__ out, const float* __restrict__ ws_o, const fl
     const int qt = i / BM, r = i % BM;
     const size_t first = ((size_t)bh * nq + qt) * splits;
 
-    float mx = NEG_INF;
+    float mx = AB_NEG_INF;
     for (int s = 0; s < splits; ++s) mx = fmaxf(mx, ws_ml[(first + s) * BM + r].x);
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     float den = 0.f;
-    if (mx != NEG_INF) {
+    if (mx != AB_NEG_INF) {
         for (int s = 0; s < splits; ++s) {
             const size_t wr = (first + s) * BM + r;
             const float2 ml = ws_ml[wr];
-            if (ml.x == NEG_INF) continue;
+            if (ml.x == AB_NEG_INF) continue;
             const float w = expf(ml.x - mx);
             den = fmaf(w, ml.y, den);
             const float4 x = reinterpret_cast<const float4*>(ws_o + wr * C)[c4];

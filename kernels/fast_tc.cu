@@ -100,7 +100,7 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
     float mrow[MT][2], lrow[MT][2];
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
-        mrow[m][0] = mrow[m][1] = TC_NEG_INF;
+        mrow[m][0] = mrow[m][1] = AB_NEG_INF;
         lrow[m][0] = lrow[m][1] = 0.f;
     }
     bool have_max = false;  // every row of this warp has a finite running max

@@ -21,7 +21,6 @@
 #include "wgmma.cuh"
 #include "tma.cuh"
 
-#define TC_NEG_INF __int_as_float(0xff800000)
 
 typedef unsigned short u16;
 typedef unsigned int u32;

@@ -39,7 +39,7 @@
             _Pragma("unroll") for (int jj = 0; jj < 4 && 4 * w + jj < BN / 8; ++jj) {                  \
                 _Pragma("unroll") for (int e = 0; e < 4; ++e) {                                        \
                     const bool ok = (((e < 2) ? ba : bb) >> (8 * jj + (e & 1))) & 1u;                  \
-                    S[4 * w + jj][e] = ok ? S[4 * w + jj][e] : TC_NEG_INF;                             \
+                    S[4 * w + jj][e] = ok ? S[4 * w + jj][e] : AB_NEG_INF;                             \
                 }                                                                                      \
             }                                                                                          \
         }                                                                                              \

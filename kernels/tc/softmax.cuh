@@ -52,7 +52,7 @@
             bool grow = false;                                                                                                    \
             _Pragma("unroll") for (int m = 0; m < MT; ++m) {                                                                      \
                 _Pragma("unroll") for (int r = 0; r < 2; ++r) {                                                                   \
-                    float mx = TC_NEG_INF;                                                                                        \
+                    float mx = AB_NEG_INF;                                                                                        \
                     _Pragma("unroll") for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[m][j][2 * r], s[m][j][2 * r + 1])); \
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));                                                          \
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));                                                          \
@@ -67,7 +67,7 @@
                     _Pragma("unroll") for (int r = 0; r < 2; ++r) {                                                               \
                         const float mx = fmaxf(mrow[m][r], tmax[m][r]);                                                           \
                         /* no allowed key yet: alpha stays 1 (l and acc are 0 anyway), never NaN */                               \
-                        const float alpha = mx == TC_NEG_INF ? 1.f : tc_exp2((mrow[m][r] - mx) * scale_log2);                     \
+                        const float alpha = mx == AB_NEG_INF ? 1.f : tc_exp2((mrow[m][r] - mx) * scale_log2);                     \
                         mrow[m][r] = mx;                                                                                          \
                         if (it > 0) {                                                                                             \
                             lrow[m][r] *= alpha;                                                                                  \
@@ -81,14 +81,14 @@
             }                                                                                                                     \
             if (LAZY) {                                                                                                           \
                 bool fin = true;                                                                                                  \
-                _Pragma("unroll") for (int m = 0; m < MT; ++m) fin &= mrow[m][0] != TC_NEG_INF && mrow[m][1] != TC_NEG_INF;       \
+                _Pragma("unroll") for (int m = 0; m < MT; ++m) fin &= mrow[m][0] != AB_NEG_INF && mrow[m][1] != AB_NEG_INF;       \
                 have_max = __all_sync(0xffffffffu, fin);                                                                          \
             }                                                                                                                     \
         }                                                                                                                         \
         _Pragma("unroll") for (int m = 0; m < MT; ++m) {                                                                          \
             _Pragma("unroll") for (int r = 0; r < 2; ++r) {                                                                       \
                 /* no allowed key yet: subtract 0 instead of -inf so exp2 gives 0, never NaN */                                   \
-                const float ms = (mrow[m][r] == TC_NEG_INF) ? 0.f : mrow[m][r] * scale_log2;                                      \
+                const float ms = (mrow[m][r] == AB_NEG_INF) ? 0.f : mrow[m][r] * scale_log2;                                      \
                 float sum = 0.f;                                                                                                  \
                 _Pragma("unroll") for (int j = 0; j < BN / 8; ++j) {                                                              \
                     const float a = tc_exp2(fmaf(s[m][j][2 * r], scale_log2, -ms));                                               \
