@@ -343,7 +343,7 @@ def sweep(config, T_min, T_max, T, patterns, impls, dtypes, B, H, D, causal, out
                f"({', '.join(i.name for i in chosen)}) -> {out}", err=True)
     p = ctx.peaks
     click.echo(f"peaks: tensor-core {p.tc_tflops:.1f} TFLOP/s, float32 {p.f32_tflops:.1f} TFLOP/s, "
-               f"copy {p.copy_tbps:.2f} TB/s on {ctx.provenance['gpu']}", err=True)
+               f"copy {p.copy_tbps:.2f} TB/s, read {p.read_tbps:.2f} TB/s on {ctx.provenance['gpu']}", err=True)
     with writer:
         counts = sw.run_sweep(cases, chosen, writer, ctx)
     click.echo(f"{counts.summary()} -> {out}", err=True)

@@ -185,7 +185,7 @@ def _base_row(case: Case, impl: Impl, ctx: Context, prob: Problem | None) -> dic
     row.update(config=case.config, command=ctx.command, impl=impl.name, family=impl.family,
                pattern=case.inst.pattern, causal=case.inst.causal, params=params_json(p),
                B=case.B, H=case.H, T=case.T, D=case.D, dtype=case.dtype,
-               peak_tflops=ctx.peaks.matrix_tflops(case.dtype), peak_tbps=ctx.peaks.copy_tbps)
+               peak_tflops=ctx.peaks.matrix_tflops(case.dtype), peak_tbps=ctx.peaks.bytes_tbps)
     for name in param_columns():
         row[name] = p.get(name)
     if prob is not None:

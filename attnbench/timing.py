@@ -165,9 +165,16 @@ class Peaks:
     tc_tflops: float     # float16 tensor-core matmul (stands for the 16-bit dtypes)
     f32_tflops: float    # float32 matmul, TF32 off
     copy_tbps: float     # device-to-device copy, read + write
+    read_tbps: float = 0.0  # reading alone (kernels/bandwidth.cu); 0 when not measured
 
     def matrix_tflops(self, dtype: str) -> float:
         return self.f32_tflops if dtype == "float32" else self.tc_tflops
+
+    @property
+    def bytes_tbps(self) -> float:
+        """The bandwidth of the bytes floor: the better of copy and read, so that a kernel that
+        mostly reads cannot run faster than its floor."""
+        return max(self.copy_tbps, self.read_tbps)
 
 
 def floor_ms(flops: float, bytes_floor: float, peak_tflops: float, peak_tbps: float) -> float:
@@ -208,8 +215,28 @@ def measure_peaks(matmul_n: int = 8192, f32_n: int = 4096, copy_bytes: int = 1 <
     src = cupy.ones(copy_bytes // 4, dtype=cupy.float32)
     dst = cupy.empty_like(src)
     copy_ms = _best_ms(timer, lambda: dst.data.copy_from_device_async(src.data, copy_bytes))
-    del src, dst
+    del dst
+    read_ms = _best_ms(timer, read_kernel(src))
+    del src
     cupy.get_default_memory_pool().free_all_blocks()
     return Peaks(tc_tflops=2 * matmul_n ** 3 / (tc_ms * 1e-3) / 1e12,
                  f32_tflops=2 * f32_n ** 3 / (f32_ms * 1e-3) / 1e12,
-                 copy_tbps=2 * copy_bytes / (copy_ms * 1e-3) / 1e12)
+                 copy_tbps=2 * copy_bytes / (copy_ms * 1e-3) / 1e12,
+                 read_tbps=copy_bytes / (read_ms * 1e-3) / 1e12)
+
+
+def read_kernel(src, blocks_per_sm: int = 8, threads: int = 256):
+    """A launch of kernels/bandwidth.cu's read_sum over ``src`` (float32, a multiple of 4)."""
+    import cupy
+
+    from .compile import get_module
+
+    fn = get_module("bandwidth", {}).get_function("read_sum")
+    sink = cupy.zeros(1, dtype=cupy.float32)
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    args = (src, np.int64(src.size // 4), sink)
+    return lambda: fn((sms * blocks_per_sm,), (threads,), args)
+
+
+def standard_builds() -> list[tuple[str, dict]]:
+    return [("bandwidth", {})]

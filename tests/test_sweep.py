@@ -337,3 +337,18 @@ def test_progress_says_time_spent_and_an_estimate_of_what_is_left():
     assert lines[1].startswith("[1/3 done, 2 left, 0m30s spent, about 1m00s left] dense causal T=128")
     assert lines[2].startswith("[2/3 done, 1 left, 1m00s spent, about 0m30s left]")
     assert lines[3].startswith("[3/3 done, 0 left, 1m30s spent] finished")
+
+
+def test_the_bytes_floor_takes_the_better_of_copy_and_read_bandwidth():
+    """A kernel that mostly reads can beat the copy bandwidth: the floor must not be below it."""
+    import dataclasses
+
+    impls = [FakeImpl("fake-exact")]
+    case = sw.plan("seed", patterns=("window",), T=(64,), B=1, H=1, D=(16,))[0]
+    for read, expect in ((0.0, PEAKS.copy_tbps), (3.0 * PEAKS.copy_tbps, 3.0 * PEAKS.copy_tbps)):
+        ctx, _ = ctx_for(impls)
+        ctx.peaks = dataclasses.replace(PEAKS, read_tbps=read)
+        (row,) = sw.run_case(case, impls, ctx)
+        assert row["peak_tbps"] == expect
+        mem_ms = row["bytes_floor"] / (expect * 1e12) * 1e3
+        assert row["floor_ms"] == max(row["flops"] / (row["peak_tflops"] * 1e12) * 1e3, mem_ms)

@@ -77,6 +77,8 @@ def test_peaks_are_ordered_as_on_any_tensor_core_gpu():
     p = measure_peaks()
     assert p.tc_tflops > p.f32_tflops > 0
     assert p.copy_tbps > 0.1
+    # reading alone moves at least as many bytes a second as a copy's reads plus writes, roughly
+    assert p.read_tbps > 0.8 * p.copy_tbps and p.bytes_tbps == max(p.copy_tbps, p.read_tbps)
 
 
 def test_a_short_sweep_end_to_end(tmp_path):
