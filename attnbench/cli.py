@@ -202,6 +202,8 @@ def check_cmd(impls, patterns, Ts, D, B, H, causal):
         for v in values:
             if v < 1:
                 raise BadInput(f"{opt}={v} must be a positive integer")
+    for T in Ts:  # the masks' own limits too, before any implementation is asked whether it can run here
+        make_mask("dense", T)
     if impls:
         chosen = [get_impl(n) for n in dict.fromkeys(impls)]
         for im in chosen:  # asked for by name: refused rather than skipped case by case
@@ -221,7 +223,7 @@ def check_cmd(impls, patterns, Ts, D, B, H, causal):
                 try:
                     prob = Problem(make_mask(name, T, causal, **ps), B, H, D, dtype)
                     label = prob.mask.label()
-                    why = im.availability() or im.unsupported(prob)
+                    why = im.unsupported(prob) or im.availability()
                 except BadInput as e:
                     label, why = f"{name}{json.dumps(ps) if ps else ''}", str(e)
                 if why:

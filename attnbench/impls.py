@@ -146,13 +146,14 @@ class Impl:
         raise NotImplementedError
 
     def require(self, prob: Problem) -> None:
-        """Raise BadInput if this implementation cannot run the problem here."""
+        """Raise BadInput if this implementation cannot run the problem here: the problem against
+        its limits first, then the machine."""
+        why = self.unsupported(prob)  # the input first, so a machine without a GPU reports it too
+        if why:
+            raise BadInput(why)
         why = self.availability()
         if why:
             raise BadInput(f"impl={self.name} cannot run here: {why}")
-        why = self.unsupported(prob)
-        if why:
-            raise BadInput(why)
 
 
 @contextlib.contextmanager

@@ -231,7 +231,7 @@ def run_case(case: Case, impls: list[Impl], ctx: Context, done: Callable[[dict],
     out: dict[str, dict] = {}
     candidates = []
     for impl in todo:
-        why = impl.availability() or impl.unsupported(prob)
+        why = impl.unsupported(prob) or impl.availability()
         if why:
             out[impl.name] = _finish(rows[impl.name], "skipped", why)
         else:

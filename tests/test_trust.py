@@ -20,6 +20,7 @@ from attnbench import impls as impls_mod  # noqa: E402
 from attnbench import sweep as sw  # noqa: E402
 from attnbench.check import GateResult  # noqa: E402
 from attnbench.cli import main  # noqa: E402
+from attnbench.errors import BadInput  # noqa: E402
 from attnbench.results import COLUMNS, ResultWriter, read_results, row_key  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
@@ -361,3 +362,27 @@ def test_integer_columns_read_as_floats_do_not_reach_file_names(tmp_path):
     names = sorted(p.name for p in (tmp_path / "p").iterdir())
     assert "f_float32_D16_B1_H2_runtime.png" in names and not any(".0_" in n for n in names)
     assert read_results(tmp_path / "f.csv")["D"].dtype == "int64"
+
+
+@pytest.mark.parametrize("args, words", [
+    (["run", "--impl", "fake-absent", "--pattern", "bigbird", "--T", "1000000000000"],
+     ["T=1000000000000 exceeds 268435456"]),
+    (["check", "--impl", "fake-absent", "--T", "1000000000000"], ["T=1000000000000 exceeds"]),
+    (["run", "--pattern", "bigbird", "--T", "16777216", "--impl", "fake-absent"], ["block mask", "262144 x 262144"]),
+    (["run", "--impl", "fake-f16", "--dtype", "float16", "--D", "16", "--pattern", "bigbird", "--T", "100"],
+     ["T=100 is not a multiple of block=64"]),
+])
+def test_bad_input_is_reported_as_such_on_a_machine_without_a_gpu(registry, args, words):
+    """Input first, device second: the same refusal a GPU machine gives, no MemoryError."""
+    r = CliRunner().invoke(main, args)
+    one_error(r, *words)
+
+
+def test_an_implementation_s_own_limits_come_before_the_machine(monkeypatch):
+    from attnbench.impls import Problem, get_impl
+    from attnbench.patterns import make_mask
+
+    impl = get_impl("fast-tc")
+    monkeypatch.setattr(type(impl), "availability", lambda self: "no CUDA device (test)")
+    with pytest.raises(BadInput, match="D=100 is not supported by fast-tc"):
+        impl.require(Problem(make_mask("dense", 64), 1, 1, 100, "bfloat16"))

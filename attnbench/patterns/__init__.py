@@ -31,6 +31,9 @@ REGISTERED: tuple[Pattern, ...] = (
     PrefixLM(),
 )
 PATTERNS: dict[str, Pattern] = {pat.name: pat for pat in REGISTERED}
+# the longest sequence a mask is made for: its host-side row counts and tile lists take tens of
+# bytes a row (and the kernels index rows with 32-bit integers)
+MAX_T = 1 << 28
 
 
 def all_params() -> dict[str, list[tuple[Pattern, Param]]]:
@@ -66,6 +69,9 @@ def make_mask(pattern: str, T: int, causal: bool = True, **params) -> Mask:
     pat = get_pattern(pattern)
     if not isinstance(T, (int, np.integer)) or T < 1:
         raise BadInput(f"T={T} must be a positive integer")
+    if T > MAX_T:
+        raise BadInput(f"T={T} exceeds {MAX_T}: the host side of a mask (row counts, tile lists) takes tens of "
+                       f"bytes a row")
     known = {q.name for q in pat.params}
     extra = sorted(k for k, v in params.items() if v is not None and k not in known)
     if extra:

@@ -9,6 +9,9 @@ import numpy as np
 from .base import BadInput, Param, Pattern, divisors_of, is_torch, tiles_divide
 
 
+BLOCK_MASK_LIMIT = 1 << 32  # bytes of the [T / block]^2 boolean block mask the reference and counts use
+
+
 class BigBird(Pattern):
     name = "bigbird"
     params = (Param("block", 64, 1, "block size Bk; T must be a multiple"),
@@ -26,6 +29,9 @@ class BigBird(Pattern):
         nb = T // p["block"]
         if p["random_blocks"] > nb:
             raise BadInput(f"random_blocks={p['random_blocks']} exceeds the {nb} key blocks of T={T}")
+        if nb * nb > BLOCK_MASK_LIMIT:
+            raise BadInput(f"bigbird at T={T} with block={p['block']} has {nb} key blocks: its block mask of "
+                           f"{nb} x {nb} bytes is above {BLOCK_MASK_LIMIT >> 30} GiB (take a larger block)")
 
     def examples(self, T):
         out = []
