@@ -15,7 +15,9 @@
 #   dev: scripts/fast_tc_dev.py with DEV_ARGS (fast-tc against Flex and SDPA, interleaved)
 #   tilebuild: tile-list build times at T=131072, host and device (scripts/tile_build_times.py)
 #
-# GPU_TESTS (optional) narrows the tests step to given files or -k expressions; LLM_FROM and
+# GPU_TESTS (optional) narrows the tests step to given files or -k expressions (the whole GPU suite
+# takes about 6 minutes on a warm H100, more on a fresh machine: split it over calls under a
+# 10-minute limit, e.g. tests/test_fast_tc.py tests/test_predicate.py, then the rest); LLM_FROM and
 # LLM_ARGS (optional) resume and narrow the llm sweep, so it can be spread over several runs.
 # OUT_DIR defaults to $OUT, else ./out. Everything is also packed into OUT_DIR/gpu_check.tar.
 set -uo pipefail
@@ -45,7 +47,8 @@ pack() {  # after every step, so a run cut short still leaves what it finished
     for f in "$work"/*.csv; do [ -e "$f" ] && cp "$f" "$out/"; done
 }
 
-# provenance: ATTNBENCH_GIT_COMMIT when set, else the commit from git, else (a copy of the tree
+# provenance: ATTNBENCH_GIT_COMMIT when set (set it where the copy's git metadata may be stale: a
+# copied working tree can carry an older .git than its files), else the commit from git, else (a copy of the tree
 # without its git metadata) a file .provenance written beside it before the copy (one line)
 if [ -n "${ATTNBENCH_GIT_COMMIT:-}" ]; then
     commit="$ATTNBENCH_GIT_COMMIT"
