@@ -327,7 +327,8 @@ def sweep(config, T_min, T_max, T, patterns, impls, dtypes, B, H, D, causal, out
 @click.option("--out-dir", default="plots", show_default=True, type=click.Path(file_okay=False))
 @friendly
 def plot(csv_path, out_dir):
-    """PNG figures from a results CSV: runtime, speedup over dense, TFLOP/s and roofline vs T."""
+    """PNG figures from a results CSV, per (dtype, D, B, H): runtime, speedup-over-dense, tflops and
+    share-of-floor vs T (a panel per pattern), and best-attnbench-vs-dense (the README's headline)."""
     from .plot import plot_csv
 
     for path in plot_csv(csv_path, out_dir):
