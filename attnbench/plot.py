@@ -122,6 +122,14 @@ def _style(ax, xlabel: str, ylabel: str, logy: bool = True):
     ax.grid(True, which="both", alpha=0.3)
 
 
+def _t_ticks(ax, Ts) -> None:
+    """A labelled tick at each measured T, no others."""
+    if Ts:
+        ax.set_xticks(Ts)
+        ax.set_xticklabels([str(t) for t in Ts], rotation=45 if len(Ts) > 4 else 0, fontsize="small")
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+
+
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 
@@ -159,10 +167,7 @@ def _panels(df, y: str, ylabel: str, what: str, logy: bool = True, ref: float | 
         if ref is not None:
             ax.axhline(ref, color="grey", linewidth=0.8)
         ax.set_title(inst, fontsize="small")
-        if Ts:
-            ax.set_xticks(Ts)
-            ax.set_xticklabels([str(t) for t in Ts], rotation=45 if len(Ts) > 4 else 0, fontsize="small")
-            ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        _t_ticks(ax, Ts)
     for ax in list(axes.flat)[len(insts):]:
         ax.set_visible(False)
     handles = [plt.Line2D([], [], markersize=5, **st) for st in styles.values()]
@@ -234,10 +239,7 @@ def best_vs_dense(rows, impl: str):
     rt.set_title("Runtime: dense and each pattern", fontsize="medium")
     sp.set_title("Speedup over dense (same implementation, T, causal flag)", fontsize="medium")
     for ax in (rt, sp):
-        if Ts:
-            ax.set_xticks(Ts)
-            ax.set_xticklabels([str(t) for t in Ts], rotation=45 if len(Ts) > 4 else 0, fontsize="small")
-            ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        _t_ticks(ax, Ts)
     handles, names = rt.get_legend_handles_labels()
     fig.legend(handles, names, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(names), 5),
                fontsize="small")
