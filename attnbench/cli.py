@@ -362,7 +362,8 @@ def sweep(config, T_min, T_max, T, patterns, impls, dtypes, B, H, D, causal, out
 @click.option("--out-dir", default="plots", show_default=True, type=click.Path(file_okay=False))
 @friendly
 def plot(csv_path, out_dir):
-    """PNG figures from a results CSV: runtime, speedup over dense, TFLOP/s and roofline vs T."""
+    """PNG figures from a results CSV, per (dtype, D, B, H): runtime, speedup-over-dense, tflops and
+    share-of-floor vs T (a panel per pattern), and best-attnbench-vs-dense (the README's headline)."""
     from .plot import plot_csv
 
     for path in plot_csv(csv_path, out_dir):
@@ -371,22 +372,30 @@ def plot(csv_path, out_dir):
 
 @main.command()
 @click.argument("csv_paths", metavar="RESULTS.csv...", nargs=-1, required=True)
-@click.option("--readme", "readme_path", default="README.md", show_default=True, type=click.Path(dir_okay=False))
-@click.option("--check", is_flag=True, help="exit 1 if the README's summary differs from the CSVs")
+@click.option("--readme", "readme_paths", multiple=True, default=("README.md", "results/README.md"),
+              show_default=True, type=click.Path(dir_okay=False),
+              help="a file to update (repeatable): its headline and/or full-table markers are filled")
+@click.option("--check", is_flag=True, help="exit 1 if a file's generated parts differ from the CSVs")
 @friendly
-def readme(csv_paths, readme_path, check):
-    """Rewrite the README summary between its attnbench:summary markers from results CSVs."""
-    from .readme import update_readme
+def readme(csv_paths, readme_paths, check):
+    """Rewrite the generated parts of the README (headline tables and figures) and of results/README.md
+    (the full tables), between their attnbench markers, from results CSVs."""
+    from pathlib import Path
 
-    changed = update_readme(readme_path, list(csv_paths), check=check)
-    if check:
-        if changed:
+    from .readme import update_files
+
+    stale = update_files(readme_paths, list(csv_paths), check=check)
+    for readme_path in readme_paths:
+        changed = Path(readme_path) in stale
+        if check and changed:
             click.echo(f"error: {readme_path} is stale: run `attnbench readme {' '.join(csv_paths)} "
                        f"--readme {readme_path}`", err=True)
-            sys.exit(1)
-        click.echo(f"{readme_path} is up to date", err=True)
-    else:
-        click.echo(f"{readme_path} {'updated' if changed else 'already up to date'}", err=True)
+        elif check:
+            click.echo(f"{readme_path} is up to date", err=True)
+        else:
+            click.echo(f"{readme_path} {'updated' if changed else 'already up to date'}", err=True)
+    if check and stale:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

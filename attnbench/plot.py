@@ -1,11 +1,16 @@
 """Figures from a results CSV (matplotlib's Agg backend: no display, no GPU needed).
 
-For every (dtype, D, B, H) group of ``ok`` rows, four PNGs of small multiples (a panel per
-pattern instance, a line per implementation, peers dashed, one colour per implementation):
-  * runtime vs T, log-log;
-  * speedup over dense (same implementation, T, B, H, D, dtype and causal flag) vs T;
-  * share of the roofline vs T;
-  * useful TFLOP/s vs T.
+For every (dtype, D, B, H) group of ``ok`` rows, PNGs named ``<csv stem>_<group>_<kind>.png``.
+Four kinds are small multiples (a panel per pattern instance, a line per implementation, one colour
+each; attnbench's solid, peers dashed and marked "(peer)"; legend in family order, attnbench first):
+  * ``runtime``: median ms vs T, log-log;
+  * ``speedup-over-dense``: dense ms / pattern ms of the same implementation (same T, B, H, D,
+    dtype and causal flag) vs T;
+  * ``tflops``: useful TFLOP/s vs T;
+  * ``share-of-floor``: floor time / measured time vs T (the ``roofline`` column, in %).
+The fifth, ``best-attnbench-vs-dense``, is the README's headline figure: for the fastest
+attnbench implementation of the group, dense and each pattern's runtime vs T (log-log) beside each
+pattern's speedup over that dense.
 """
 from __future__ import annotations
 
@@ -23,6 +28,58 @@ from .safefile import make_dir, write_atomically  # noqa: E402
 
 GROUP = ["dtype", "D", "B", "H"]
 SAME_CONFIG = ["impl", "T", "B", "H", "D", "dtype", "causal"]
+HEADLINE = "best-attnbench-vs-dense"
+KINDS = ("runtime", "speedup-over-dense", "tflops", "share-of-floor", HEADLINE)
+
+
+def impl_order(df) -> list[str]:
+    """The implementations of ``df`` by family (attnbench first, peers last), then in the order
+    the CSV first names them (the registry's order, as the sweep runs them)."""
+    fam = dict(zip(df["impl"], df["family"]))
+    rank = {"attnbench": 0, "peer": 2}
+    first = list(dict.fromkeys(df["impl"]))
+    return sorted(first, key=lambda i: (rank.get(fam[i], 1), first.index(i)))
+
+
+def impl_label(impl: str, family: str) -> str:
+    """``flex (peer)`` for a peer; attnbench's own implementations by their name."""
+    return f"{impl} (peer)" if family == "peer" else impl
+
+
+# How the headline names a pattern instance: the values of its parameters in this form; a pattern
+# not listed joins its values with commas.
+SHORT = {"streaming": "{sink}+{window}", "dilated": "{window}/{dilation}",
+         "bigbird": "{block}:{window_blocks}+{global_blocks}+{random_blocks}"}
+SHORT_KEY = {"streaming": "sink+window", "dilated": "window/dilation",
+             "bigbird": "block:window+global+random blocks"}
+
+
+def short_label(pattern: str, params: dict, causal: bool) -> str:
+    """``streaming 16+64``: the pattern and its parameter values (the mask seed left out)."""
+    from .patterns import get_pattern
+
+    names = [q.name for q in get_pattern(pattern).params if q.name != "seed" and q.name in params]
+    vals = SHORT[pattern].format(**params) if pattern in SHORT else ",".join(str(params[n]) for n in names)
+    return f"{pattern}{' ' + vals if names else ''}{'' if causal else ', non-causal'}"
+
+
+def best_own_impl(df) -> str | None:
+    """The fastest attnbench implementation of ``df``'s ``ok`` rows: the smallest geometric mean
+    of median ms over the configurations every attnbench implementation timed (failing that, the
+    one with the most ok rows); None when no attnbench implementation has an ok row."""
+    import numpy as np
+
+    own = df[(df["status"] == "ok") & (df["family"] == "attnbench")]
+    if not len(own):
+        return None
+    key = ["T", "label", "causal"]
+    times = own.pivot_table(index=key, columns="impl", values="median_ms", aggfunc="min").dropna()
+    order = impl_order(own)
+    if len(times):
+        score = {i: float(np.log(times[i]).mean()) for i in order}
+    else:
+        score = {i: -float((own["impl"] == i).sum()) for i in order}
+    return min(order, key=lambda i: (score[i], order.index(i)))
 
 
 def series_name(label: str, causal: bool, impl: str) -> str:
@@ -46,32 +103,49 @@ def _title(df, what: str) -> str:
     return f"{what}\n{gpus} - {r['dtype']}, B={_whole(r['B'])} H={_whole(r['H'])} D={_whole(r['D'])}"
 
 
+class _Plain(matplotlib.ticker.LogFormatter):
+    """Log-axis labels as plain numbers (0.05, not 5e-02); matplotlib chooses which ticks get one
+    (minor ticks only on axes of under 2 decades)."""
+
+    def __call__(self, x, pos=None):
+        return f"{x:g}" if super().__call__(x, pos) else ""
+
+
 def _style(ax, xlabel: str, ylabel: str, logy: bool = True):
     ax.set_xscale("log", base=2)
     if logy:
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(_Plain())
+        ax.yaxis.set_minor_formatter(_Plain(labelOnlyBase=False, minor_thresholds=(2, 0.4)))
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(True, which="both", alpha=0.3)
+
+
+def _t_ticks(ax, Ts) -> None:
+    """A labelled tick at each measured T, no others."""
+    if Ts:
+        ax.set_xticks(Ts)
+        ax.set_xticklabels([str(t) for t in Ts], rotation=45 if len(Ts) > 4 else 0, fontsize="small")
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
 
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 
 def _instances(df) -> list[str]:
-    """Pattern instances (label and causal flag), dense first."""
-    names = {series_name(l, c, "")[:-3]: p for l, c, p in zip(df["label"], df["causal"], df["pattern"])}
-    return sorted(names, key=lambda n: (names[n] != "dense", n))
+    """Pattern instances (label and causal flag), dense first, then in the patterns' order."""
+    return [series_name(l, c, "")[:-3] for l, c in instance_labels(df)]
 
 
 def _impl_styles(df) -> dict:
-    """A colour and marker per implementation, the same in every panel; peers dashed."""
-    impls = sorted(set(df["impl"]), key=lambda i: (i.startswith(("cublas", "sdpa", "flex")), i))
-    fam = dict(zip(df["impl"], df["family"])) if "family" in df else {}
+    """A colour and marker per implementation, the same in every panel, in family order;
+    attnbench's solid, peers dashed."""
+    fam = dict(zip(df["impl"], df["family"]))
     cmap = plt.get_cmap("tab10")
     return {i: dict(color=cmap(n % 10), marker=MARKERS[n % len(MARKERS)],
-                    linestyle="--" if fam.get(i) == "peer" else "-")
-            for n, i in enumerate(impls)}
+                    linestyle="--" if fam[i] == "peer" else "-")
+            for n, i in enumerate(impl_order(df))}
 
 
 def _panels(df, y: str, ylabel: str, what: str, logy: bool = True, ref: float | None = None):
@@ -93,15 +167,14 @@ def _panels(df, y: str, ylabel: str, what: str, logy: bool = True, ref: float | 
         if ref is not None:
             ax.axhline(ref, color="grey", linewidth=0.8)
         ax.set_title(inst, fontsize="small")
-        if Ts:
-            ax.set_xticks(Ts)
-            ax.set_xticklabels([str(t) for t in Ts], rotation=45 if len(Ts) > 4 else 0, fontsize="small")
-            ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        _t_ticks(ax, Ts)
     for ax in list(axes.flat)[len(insts):]:
         ax.set_visible(False)
     handles = [plt.Line2D([], [], markersize=5, **st) for st in styles.values()]
-    fig.legend(handles, list(styles), loc="upper center", bbox_to_anchor=(0.5, 0.0),
-               ncol=min(len(styles), 8), fontsize="small")
+    fam = dict(zip(df["impl"], df["family"]))
+    fig.legend(handles, [impl_label(i, fam[i]) for i in styles], loc="upper center", bbox_to_anchor=(0.5, 0.0),
+               ncol=min(len(styles), 8), fontsize="small", title="solid: attnbench · dashed: peers",
+               title_fontsize="small")
     fig.suptitle(_title(df, what))
     fig.tight_layout()
     return fig
@@ -112,12 +185,67 @@ def group_figures(df) -> dict[str, "plt.Figure"]:
     ok = df[df["status"] == "ok"]
     figs = {"runtime": _panels(ok, "median_ms", "runtime (ms, median)", "Runtime vs T")}
     sp = with_speedup(df)
-    figs["speedup"] = _panels(sp, "speedup", "speedup over dense (x)",
-                              "Speedup over dense (same implementation) vs T", ref=1.0)
-    figs["throughput"] = _panels(ok.assign(roofline_pct=100 * ok["roofline"]), "roofline_pct",
-                                 "roofline share (%)", "Share of the roofline (floor time / measured) vs T")
+    figs["speedup-over-dense"] = _panels(
+        sp, "speedup", "dense ms / pattern ms (x)",
+        "Speedup over dense = dense time / pattern time, each implementation against its own dense "
+        "(same T, causal flag) vs T", ref=1.0)
     figs["tflops"] = _panels(ok, "tflops", "useful TFLOP/s", "Useful TFLOP/s (4*D*pairs*B*H / median) vs T")
+    figs["share-of-floor"] = _panels(
+        ok.assign(roofline_pct=100 * ok["roofline"]), "roofline_pct", "share of the floor (%)",
+        "Share of the floor = floor time / measured time vs T\n(floor: max of FLOPs / matmul peak, "
+        "bytes / copy bandwidth)")
+    best = best_own_impl(df)
+    if best is not None:
+        figs[HEADLINE] = best_vs_dense(ok[ok["impl"] == best], best)
     return figs
+
+
+def instance_labels(df) -> dict:
+    """Short label per (label, causal) of ``df``, dense first, then in the patterns' order."""
+    import json
+
+    from .patterns import PATTERNS
+
+    names = list(PATTERNS)
+    seen = {}
+    params = df["params"] if "params" in df else ["{}"] * len(df)
+    for pat, lab, c, ps in zip(df["pattern"], df["label"], df["causal"], params):
+        seen.setdefault((lab, c), (pat, short_label(pat, json.loads(ps) if isinstance(ps, str) else {}, c)))
+    order = sorted(seen, key=lambda k: (names.index(seen[k][0]) if seen[k][0] in names else len(names),
+                                        seen[k][1]))
+    return {k: seen[k][1] for k in order}
+
+
+def best_vs_dense(rows, impl: str):
+    """The headline figure for one implementation's ``ok`` rows: runtime of dense and of each
+    pattern vs T (log-log), and each pattern's speedup over that dense vs T."""
+    fig, (rt, sp) = plt.subplots(1, 2, figsize=(12, 4.6))
+    labels = instance_labels(rows)
+    speed = with_speedup(rows)
+    cmap = plt.get_cmap("tab10")
+    Ts = sorted(set(rows["T"]))
+    for n, ((lab, causal), short) in enumerate(labels.items()):
+        dense = lab == "dense"
+        st = dict(color="black" if dense else cmap(n % 10), marker=MARKERS[n % len(MARKERS)], markersize=4,
+                  linewidth=2.2 if dense else 1.4, label=short)
+        s = rows[(rows["label"] == lab) & (rows["causal"] == causal)].sort_values("T")
+        rt.plot(s["T"], s["median_ms"], **st)
+        s = speed[(speed["label"] == lab) & (speed["causal"] == causal)].sort_values("T")
+        if len(s):
+            sp.plot(s["T"], s["speedup"], **st)
+    _style(rt, "T (tokens)", "runtime (ms, median)")
+    _style(sp, "T (tokens)", f"dense ms / pattern ms, both {impl} (x)")
+    sp.axhline(1.0, color="grey", linewidth=0.8)
+    rt.set_title("Runtime: dense and each pattern", fontsize="medium")
+    sp.set_title("Speedup over dense (same implementation, T, causal flag)", fontsize="medium")
+    for ax in (rt, sp):
+        _t_ticks(ax, Ts)
+    handles, names = rt.get_legend_handles_labels()
+    fig.legend(handles, names, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(names), 5),
+               fontsize="small")
+    fig.suptitle(_title(rows, f"{impl} (the fastest attnbench implementation here): patterns against dense"))
+    fig.tight_layout()
+    return fig
 
 
 def _save(fig, path: Path) -> Path:
@@ -140,6 +268,15 @@ def group_slug(key) -> str:
     return f"{dtype}_D{D}_B{B}_H{H}"
 
 
+def png_name(csv_path, key, kind: str) -> str:
+    """The file name ``plot_csv`` gives a kind of figure of group ``key`` of a CSV."""
+    return _file_name(f"{Path(csv_path).stem}_", key, kind)
+
+
+def _file_name(prefix: str, key, kind: str) -> str:
+    return f"{prefix}{group_slug(key)}_{kind}.png"
+
+
 def plot_frame(df, out_dir, prefix: str = "") -> list[Path]:
     paths = []
     ok = df[df["status"] == "ok"]
@@ -149,7 +286,7 @@ def plot_frame(df, out_dir, prefix: str = "") -> list[Path]:
     for key, g in sorted(df[df.set_index(GROUP).index.isin(ok.set_index(GROUP).index)].groupby(GROUP),
                          key=lambda kv: tuple(map(str, kv[0]))):
         for kind, fig in group_figures(g).items():
-            paths.append(_save(fig, out / f"{prefix}{group_slug(key)}_{kind}.png"))
+            paths.append(_save(fig, out / _file_name(prefix, key, kind)))
     return paths
 
 

@@ -1,22 +1,33 @@
-"""The README's summary tables, generated from results CSVs.
+"""The README's generated parts, from results CSVs; a file gets each part whose markers it holds.
 
-The text between ``<!-- attnbench:summary:start -->`` and ``<!-- attnbench:summary:end -->``
-is replaced by a section per CSV: the GPU, date, commit and command, then per (dtype, D, B, H)
-group and per implementation a table per pattern instance with T, dense ms, pattern ms,
-speedup, relative error, roofline share and the best peer. The output depends on the CSVs
-only (no clock, sorted everywhere), so running it twice changes nothing.
+* Between ``<!-- attnbench:headline:start -->`` and ``<!-- attnbench:headline:end -->`` (the
+  README): per CSV and (dtype, D, B, H) group, one table at one representative T (the largest T
+  at which the most rows were timed): a row per pattern instance, a column per implementation
+  (attnbench's first, then the peers), median ms, and the best peer's time over attnbench's best;
+  below it the group's ``best-attnbench-vs-dense`` figure (``attnbench plot`` writes it beside the CSV).
+* Between ``<!-- attnbench:summary:start -->`` and ``<!-- attnbench:summary:end -->``
+  (``results/README.md``): a section per CSV: the GPU, date, commit and command, links to the
+  group's figures, then per group and per implementation a table per pattern instance with T,
+  dense ms, pattern ms, speedup, relative error, roofline share and the best peer.
+
+The output depends on the CSVs only (no clock, sorted everywhere), so running it twice changes nothing.
 """
 from __future__ import annotations
 
 import math
+import os
+from numbers import Number
 from pathlib import Path
 
 from .patterns import PATTERNS, BadInput
+from .plot import GROUP, HEADLINE, KINDS, SHORT_KEY, best_own_impl, impl_label, impl_order, instance_labels, png_name
 from .results import read_results
 from .safefile import read_text, write_atomically
 
 START = "<!-- attnbench:summary:start -->"
 END = "<!-- attnbench:summary:end -->"
+HEAD_START = "<!-- attnbench:headline:start -->"
+HEAD_END = "<!-- attnbench:headline:end -->"
 NONE = "—"
 
 
@@ -55,9 +66,12 @@ def _cell(row) -> str:
     return _ms(row["median_ms"]) if row["status"] == "ok" else row["status"]
 
 
-def _table(lines: list[str], header: list[str], rows: list[list[str]]) -> None:
+def _table(lines: list[str], header: list[str], rows: list[list[str]], left: int = -1) -> None:
+    """A markdown table, numbers right-aligned, column ``left`` left-aligned."""
     lines.append("| " + " | ".join(header) + " |")
-    lines.append("|" + "|".join(["---:"] * (len(header) - 1) + [":---"]) + "|")
+    align = ["---:"] * len(header)
+    align[left] = ":---"
+    lines.append("|" + "|".join(align) + "|")
     for r in rows:
         lines.append("| " + " | ".join(r) + " |")
     lines.append("")
@@ -92,7 +106,94 @@ def _dense_of(df) -> dict:
             for _, r in ok.iterrows()}
 
 
-def _section(df, title: str) -> list[str]:
+def _groups(df):
+    """The (dtype, D, B, H) groups of ``df``, in a fixed order (numbers as numbers: D=64 before 128)."""
+    return sorted(df.groupby(GROUP), key=lambda kv: tuple(v if isinstance(v, Number) else str(v) for v in kv[0]))
+
+
+def _link(csv_path, key, kind: str, base) -> str:
+    """The path of a figure ``attnbench plot`` writes beside the CSV, relative to ``base``."""
+    return Path(os.path.relpath(Path(csv_path).parent / png_name(csv_path, key, kind), base)).as_posix()
+
+
+def _figure_links(df, csv_path, key, base) -> str:
+    kinds = [k for k in KINDS if k != HEADLINE or best_own_impl(df) is not None]
+    return " · ".join(f"[{k}]({_link(csv_path, key, k, base)})" for k in kinds)
+
+
+def headline_T(df) -> int:
+    """The largest T at which the most rows of ``df`` were timed."""
+    counts = df[df["status"] == "ok"].groupby("T").size()
+    return max(counts.index, key=lambda t: (counts[t], t))
+
+
+def _ratio(x: float) -> str:
+    return f"{x:.0f}x" if x >= 10 else f"{x:.2g}x"
+
+
+RATIO = "best peer / best attnbench"
+
+
+def _headline_table(g, gpu: str, config: str) -> list[str]:
+    """One group's table at its representative T."""
+    T = headline_T(g)
+    at = g[g["T"] == T]
+    fam = dict(zip(g["impl"], g["family"]))
+    # an implementation that ran at T gets a column, failures included; one only skipped gets a line
+    ran = at[at["status"] != "skipped"]
+    shown = [i for i in impl_order(at) if (ran["impl"] == i).any()]
+    dtype, D, B, H = (g[c].iloc[0] for c in GROUP)
+    lines = [f"**{config}: {dtype}, B={B} H={H} D={D}, T={T}** ({gpu}), median ms, fastest in bold:", ""]
+    header = ["pattern"] + [impl_label(i, fam[i]) for i in shown] + [RATIO]
+    rows = []
+    for (label, causal), short in instance_labels(at).items():
+        inst = at[(at["label"] == label) & (at["causal"] == causal)]
+        status = {r["impl"]: r for _, r in inst.iterrows()}
+        ms = {i: status[i]["median_ms"] for i in shown if i in status and status[i]["status"] == "ok"}
+        fastest = min(ms, key=lambda i: (ms[i], shown.index(i))) if ms else None
+        cells = [short]
+        for i in shown:
+            if i in ms:
+                cells.append(f"**{_ms(ms[i])}**" if i == fastest else _ms(ms[i]))
+            else:
+                cells.append("failed" if i in status and status[i]["status"] == "failed" else NONE)
+        own = [v for i, v in ms.items() if fam[i] == "attnbench"]
+        peer = [v for i, v in ms.items() if fam[i] == "peer"]
+        cells.append(_ratio(min(peer) / min(own)) if own and peer else NONE)
+        rows.append(cells)
+    _table(lines, header, rows, left=0)
+    for status, title in (("failed", "Failed"), ("skipped", "Not run")):
+        bad = at[at["status"] == status]
+        why = [f"{impl_label(i, fam[i])}: {'; '.join(sorted(set(bad[bad['impl'] == i]['reason'].fillna('no reason given'))))}"
+               for i in impl_order(bad) if status == "failed" or i not in shown]
+        if why:
+            lines += [f"{title} at T={T}: " + "; ".join(why) + ".", ""]
+    return lines
+
+
+def _headline(frames, base) -> str:
+    lines = []
+    present = set()
+    for path, df in frames:
+        config = ", ".join(_uniq(df, "config")) or "results"
+        gpu = ", ".join(_uniq(df, "gpu")) or "unknown GPU"
+        present |= set(df["pattern"])
+        for key, g in _groups(df):
+            if not (g["status"] == "ok").any():
+                continue
+            lines += _headline_table(g, gpu, config)
+            best = best_own_impl(g)
+            if best is not None:
+                lines += [f"![{config}, {key[0]} D={key[1]}: {best}, runtime of dense and each pattern vs T, "
+                          f"and speedup over dense]({_link(path, key, HEADLINE, base)})", ""]
+    keys = [f"{p} {SHORT_KEY[p]}" for p in PATTERNS if p in present and p in SHORT_KEY]
+    note = (f"Cells: median GPU time in ms; failed: ran and did not pass (why: below its table); {NONE}: not "
+            f"run for this pattern (the CSV row's `reason` says why); {RATIO}: the fastest peer's time over attnbench's fastest (above 1x: attnbench is "
+            f"faster). Labels give the parameters" + (f" ({', '.join(keys)})" if keys else "") + ".")
+    return _generated(frames, [note, ""] + lines)
+
+
+def _section(df, title: str, csv_path=None, base=None) -> list[str]:
     lines = [f"### {title}", ""]
     meta = [("GPU", ", ".join(_uniq(df, "gpu")) or NONE)]
     dates = sorted(str(t)[:10] for t in df["timestamp"] if isinstance(t, str)) if "timestamp" in df else []
@@ -109,8 +210,12 @@ def _section(df, title: str) -> list[str]:
     dense = _dense_of(df)
     own = df[df["family"] != "peer"]
     shown = own if len(own) else df
-    for (dtype, D, B, H), g in sorted(shown.groupby(["dtype", "D", "B", "H"]), key=lambda kv: tuple(map(str, kv[0]))):
+    for (dtype, D, B, H), g in _groups(shown):
         untimed = []
+        if csv_path is not None and (g["status"] == "ok").any():
+            lines += [f"Figures for {dtype}, B={B} H={H} D={D}: "
+                      + _figure_links(df[(df[GROUP] == [dtype, D, B, H]).all(axis=1)], csv_path, (dtype, D, B, H), base),
+                      ""]
         for impl, gi in sorted(g.groupby("impl"), key=lambda kv: kv[0]):
             family = gi["family"].iloc[0]
             if not (gi["status"] == "ok").any():
@@ -146,34 +251,75 @@ def _section(df, title: str) -> list[str]:
     return lines
 
 
-def render(csv_paths: list[str]) -> str:
-    """The markdown summary of the given CSVs (a section each, in the order given)."""
-    lines = [f"<!-- generated by `attnbench readme {' '.join(map(str, csv_paths))}`: edit the CSVs, not this -->", ""]
-    for p in csv_paths:
-        df = read_results(p)
-        config = ", ".join(_uniq(df, "config")) or "results"
-        lines += _section(df, f"{config}: `{Path(p).as_posix()}`")
+def _load(csv_paths) -> list:
+    return [(p, read_results(p)) for p in csv_paths]
+
+
+def _generated(frames, body: list[str]) -> str:
+    lines = [f"<!-- generated by `attnbench readme {' '.join(str(p) for p, _ in frames)}`: edit the CSVs, not this -->",
+             ""] + body
     while lines and lines[-1] == "":
         lines.pop()
     return "\n".join(lines) + "\n"
 
 
-def splice(text: str, summary: str, where: str = "README") -> str:
+def _tables(frames, base) -> str:
+    lines = []
+    for p, df in frames:
+        config = ", ".join(_uniq(df, "config")) or "results"
+        lines += _section(df, f"{config}: `{Path(p).as_posix()}`", p, base)
+    return _generated(frames, lines)
+
+
+def render(csv_paths: list[str], base=".") -> str:
+    """The full tables of the given CSVs (a section each, in the order given); figure links are
+    relative to the folder ``base`` of the file they go into."""
+    return _tables(_load(csv_paths), base)
+
+
+def render_headline(csv_paths: list[str], base=".") -> str:
+    """The headline tables and figures of the given CSVs, links relative to ``base``."""
+    return _headline(_load(csv_paths), base)
+
+
+PARTS = ((HEAD_START, HEAD_END, _headline), (START, END, _tables))
+
+
+def splice(text: str, summary: str, where: str = "README", start: str = START, end: str = END) -> str:
     """``text`` with the part between the markers replaced by ``summary``."""
-    s, e = text.find(START), text.find(END)
+    s, e = text.find(start), text.find(end)
     if s < 0 or e < 0 or e < s:
-        raise BadInput(f"{where} lacks the summary markers {START} and {END} (start before end): add them "
-                       f"where the tables belong")
-    return text[:s + len(START)] + "\n" + summary + text[e:]
+        raise BadInput(f"{where} lacks the markers {start} and {end} (start before end): add them "
+                       f"where the generated part belongs")
+    return text[:s + len(start)] + "\n" + summary + text[e:]
+
+
+def _filled(path: Path, frames) -> tuple[str, str]:
+    """A file's text, and its text with every generated part whose markers it holds filled in."""
+    text = read_text(path, "README")
+    parts = [(s, e, make) for s, e, make in PARTS if s in text or e in text]
+    if not parts:
+        raise BadInput(f"{path} holds no attnbench markers: add {HEAD_START} and {HEAD_END} where the headline "
+                       f"belongs, or {START} and {END} where the full tables belong")
+    new = text
+    for s, e, make in parts:
+        new = splice(new, make(frames, path.parent), str(path), s, e)
+    return text, new
+
+
+def update_files(paths, csv_paths: list[str], check: bool = False) -> list[Path]:
+    """Rewrite (or with ``check``, only compare) the generated parts of each file (headline, full
+    tables: those whose markers it holds); the files that were or are stale. Every file is read and
+    rendered before any is written, so a refused one leaves all as they were."""
+    frames = _load(csv_paths)
+    plans = [(Path(p), *_filled(Path(p), frames)) for p in paths]
+    stale = [(p, new) for p, old, new in plans if new != old]
+    if not check:
+        for p, new in stale:
+            write_atomically(p, lambda f, new=new: f.write(new), what="README")
+    return [p for p, _ in stale]
 
 
 def update_readme(readme_path, csv_paths: list[str], check: bool = False) -> bool:
-    """Rewrite (or with ``check``, only compare) the summary; True when it was or is stale."""
-    path = Path(readme_path)
-    text = read_text(path, "README")
-    new = splice(text, render(csv_paths), str(path))
-    if new == text:
-        return False
-    if not check:
-        write_atomically(path, lambda f: f.write(new), what="README")
-    return True
+    """``update_files`` for one file: True when it was or is stale."""
+    return bool(update_files([readme_path], csv_paths, check))

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from attnbench.cli import main
 from attnbench.patterns import BadInput
-from attnbench.plot import GROUP, group_figures, plot_csv, with_speedup
+from attnbench.plot import GROUP, HEADLINE, KINDS, best_own_impl, group_figures, impl_order, plot_csv, with_speedup
 from attnbench.results import read_results
 
 SMALL = Path(__file__).parent / "data" / "small.csv"
@@ -19,8 +19,13 @@ def test_one_set_of_pngs_per_group(tmp_path):
     df = read_results(SMALL)
     groups = df[df["status"] == "ok"].groupby(GROUP).ngroups
     assert groups == 2
-    assert len(paths) == 4 * groups
-    assert {p.name for p in paths} >= {"small_float32_D16_B1_H2_runtime.png", "small_float16_D32_B1_H2_speedup.png"}
+    assert len(paths) == 5 * groups
+    # each file named for what it shows, none by the old names (throughput, speedup)
+    assert {p.name for p in paths} == {f"small_{dtype}_D{D}_B1_H2_{kind}.png" for dtype, D in (("float32", 16),
+                                                                                               ("float16", 32))
+                                       for kind in ("runtime", "speedup-over-dense", "tflops", "share-of-floor",
+                                                    "best-attnbench-vs-dense")}
+    assert set(KINDS) == {p.name.split("_")[-1][:-4] for p in paths}
     for p in paths:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 10_000
 
@@ -45,12 +50,13 @@ def test_figures_have_labelled_log_axes_a_title_and_a_line_per_implementation():
             assert len(ax.get_lines()) == rows["impl"].nunique()  # a line per implementation
         # one legend naming every implementation once
         (legend,) = fig.legends
-        assert sorted(t.get_text() for t in legend.get_texts()) == sorted(ok["impl"].unique())
-        for kind, word in (("throughput", "roofline"), ("tflops", "TFLOP/s"), ("speedup", "dense")):
+        assert sorted(t.get_text().removesuffix(" (peer)") for t in legend.get_texts()) == sorted(ok["impl"].unique())
+        for kind, word in (("share-of-floor", "floor"), ("tflops", "TFLOP/s"), ("speedup-over-dense", "dense ms / pattern ms")):
             ax = next(a for a in figs[kind].axes if a.get_visible())
             assert word in ax.get_ylabel()
+        assert "dense time / pattern time" in figs["speedup-over-dense"]._suptitle.get_text()
         # speedup: a panel per non-dense instance that has a dense match
-        sp = [a for a in figs["speedup"].axes if a.get_visible()]
+        sp = [a for a in figs["speedup-over-dense"].axes if a.get_visible()]
         assert len(sp) == with_speedup(g).groupby(["label", "causal"]).ngroups
     finally:
         for f in figs.values():
@@ -82,3 +88,59 @@ def test_plot_refuses_a_missing_csv_or_one_without_ok_rows(tmp_path):
     df.to_csv(tmp_path / "bad.csv", index=False)
     with pytest.raises(BadInput, match="no ok row"):
         plot_csv(tmp_path / "bad.csv", tmp_path)
+
+
+def test_legend_lists_attnbench_first_then_peers_marked_and_dashed():
+    """In family order (attnbench, then peers), each family in the CSV's order, not alphabetically."""
+    df = read_results(SMALL)
+    g = df[df["dtype"] == "float32"]
+    ok = g[g["status"] == "ok"]
+    order = impl_order(ok)
+    assert order == ["fake-exact", "fake-slow", "fake-peer"] and sorted(order) != order
+    figs = group_figures(g)
+    try:
+        for kind in KINDS[:4]:
+            (legend,) = figs[kind].legends
+            assert [t.get_text() for t in legend.get_texts()] == ["fake-exact", "fake-slow", "fake-peer (peer)"]
+            assert [h.get_linestyle() for h in legend.legend_handles] == ["-", "-", "--"]
+            assert "attnbench" in legend.get_title().get_text() and "peers" in legend.get_title().get_text()
+            ax = next(a for a in figs[kind].axes if a.get_visible())
+            styles = {line.get_label(): line.get_linestyle() for line in ax.get_lines() if line.get_label() in order}
+            assert styles == {"fake-exact": "-", "fake-slow": "-", "fake-peer": "--"}
+    finally:
+        for f in figs.values():
+            plt.close(f)
+    # a peer named first in the CSV still comes last
+    moved = pd.concat([ok[ok["impl"] == "fake-peer"], ok[ok["impl"] != "fake-peer"]])
+    assert impl_order(moved) == ["fake-exact", "fake-slow", "fake-peer"]
+
+
+def test_headline_figure_is_the_best_attnbench_implementation_against_its_dense():
+    df = read_results(SMALL)
+    g = df[df["dtype"] == "float32"]
+    assert best_own_impl(g) == "fake-exact"  # fake-slow is 4x slower; fake-peer is no attnbench implementation
+    figs = group_figures(g)
+    try:
+        fig = figs[HEADLINE]
+        rt, sp = fig.axes
+        assert fig._suptitle.get_text().startswith("fake-exact")
+        assert rt.get_xscale() == rt.get_yscale() == "log" and "ms" in rt.get_ylabel()
+        assert "dense ms / pattern ms" in sp.get_ylabel() and "fake-exact" in sp.get_ylabel()
+        names = [line.get_label() for line in rt.get_lines()]
+        assert names == ["dense", "window 16", "streaming 4+16", "block_diagonal 16", "block_diagonal 64"]
+        ok = g[(g["status"] == "ok") & (g["impl"] == "fake-exact")]
+        dense = rt.get_lines()[0]
+        assert list(dense.get_ydata()) == list(ok[ok["pattern"] == "dense"].sort_values("T")["median_ms"])
+        sp_names = [line.get_label() for line in sp.get_lines() if not line.get_label().startswith("_")]
+        assert sp_names == names[1:]  # speedup: every pattern with a dense of its causal flag
+    finally:
+        for f in figs.values():
+            plt.close(f)
+    # no attnbench implementation timed: no headline figure
+    peers = g[g["family"] == "peer"]
+    figs = group_figures(peers)
+    try:
+        assert best_own_impl(peers) is None and HEADLINE not in figs and "runtime" in figs
+    finally:
+        for f in figs.values():
+            plt.close(f)

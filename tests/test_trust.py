@@ -240,7 +240,7 @@ def test_readme_and_plot_write_through_a_temporary_file(tmp_path, monkeypatch):
     assert replaced == ["README.md"] and readme.stat().st_mode & 0o777 == 0o640
     r = CliRunner().invoke(main, ["plot", str(SMALL), "--out-dir", str(tmp_path / "p")])
     assert r.exit_code == 0, r.output
-    assert len(replaced) == 1 + 8 and all(n.endswith(".png") for n in replaced[1:])
+    assert len(replaced) == 1 + 10 and all(n.endswith(".png") for n in replaced[1:])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "p"]
     assert not [p for p in (tmp_path / "p").iterdir() if p.name.startswith(".")]
 
