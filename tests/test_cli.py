@@ -76,3 +76,20 @@ def test_compile_refuses_by_name_the_families_an_arch_cannot_build(monkeypatch):
 def test_every_help_shows_the_defaults(command):
     r = CliRunner().invoke(main, [command, "--help"])
     assert r.exit_code == 0 and "[default: " in r.output, r.output
+
+
+def test_every_option_the_readme_names_exists():
+    """An option named in the README's prose or tables (`--name`) is an option of some command."""
+    import re
+    from pathlib import Path
+
+    import click
+
+    names = set()
+    for cmd in main.commands.values():
+        for p in cmd.params:
+            if isinstance(p, click.Option):
+                names.update(o for o in p.opts + p.secondary_opts if o.startswith("--"))
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    named = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", text))
+    assert named and sorted(named - names) == []
