@@ -11,6 +11,7 @@ import click
 
 from .configs import CONFIGS
 from .impls import DTYPES
+from .timing import MAX_SAMPLES
 from .patterns import PATTERNS, BadInput, all_params, make_mask
 
 
@@ -74,6 +75,29 @@ def pattern_params(kw: dict) -> dict:
     """The pattern parameters the options gave (popped from ``kw``), by parameter name."""
     p = {k[len("param_"):]: kw.pop(k) for k in [k for k in kw if k.startswith("param_")]}
     return {k: v for k, v in p.items() if v not in (None, ())}
+
+
+TILE_CONFIG_HELP = ("a fast-tc tile shape: FIELD=N,... of NWARPS, BN, STAGES, MT, MINB, QREG, WG, TMA (the fields "
+                    "left out as fast-tc chooses them for each configuration), or all by position "
+                    "NWARPS,BN,STAGES[,MT,MINB,QREG,WG,TMA]")
+
+
+def tile_specs(texts) -> list:
+    """``--tile-config`` values parsed (BadInput naming the option and the limit), in order, once each."""
+    if not texts:
+        return []
+    from .fast_tc import parse_tile_config
+
+    return list(dict.fromkeys(parse_tile_config(t) for t in texts))
+
+
+def check_samples(samples: int | None, budget: float | None) -> None:
+    if samples is None:
+        return
+    if not 1 <= samples <= MAX_SAMPLES:
+        raise BadInput(f"--samples={samples} must be from 1 to {MAX_SAMPLES}")
+    if budget is not None:
+        raise BadInput("--samples and --time-budget exclude each other (a fixed count, or an adaptive one)")
 
 
 @click.group(cls=Cli)
@@ -281,10 +305,17 @@ def compile_cmd(archs, hashes):
 @click.option("--time-budget", "budget", type=float, default=None,
               help="seconds of timing samples per configuration before the adaptive repeats stop "
                    "(at least the minimum sample count is always taken)")
+@click.option("--samples", type=int, default=None, metavar="N",
+              help=f"exactly N timing samples per implementation instead of the adaptive time budget "
+                   f"(1 to {MAX_SAMPLES})")
+@click.option("--tile-config", "tile_configs", multiple=True, metavar="SPEC", help=TILE_CONFIG_HELP
+              + "; each shape adds a row per configuration for every fast-tc implementation swept, named "
+                "e.g. fast-tc[BN=32,STAGES=3], timed with the others; its setup_s records the whole shape "
+                "(repeatable)")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the random inputs")
 @friendly
 def sweep(config, T_min, T_max, T, patterns, impls, dtypes, B, H, D, causal, out, resume, retry_failed, overwrite,
-          budget, seed, **kw):
+          budget, samples, tile_configs, seed, **kw):
     """Gate every implementation against the float64 reference, time the ones that pass
     (interleaved), and append one row per (configuration, implementation) to a CSV.
     Exit 1 when a row failed or nothing new was checked; 2 when refused before running."""
@@ -296,15 +327,17 @@ def sweep(config, T_min, T_max, T, patterns, impls, dtypes, B, H, D, causal, out
         raise BadInput("--resume and --overwrite exclude each other")
     if budget is not None and budget <= 0:
         raise BadInput(f"--time-budget={budget} must be positive")
+    check_samples(samples, budget)
+    specs = tile_specs(tile_configs)
     cases = sw.plan(config, patterns=patterns, T=T, T_min=T_min, T_max=T_max, B=B, H=H, D=D, dtype=dtypes,
                     causal=causal, **pattern_params(kw))
-    chosen = sw.select_impls(impls)
+    chosen = sw.select_impls(impls, specs)
     command = "attnbench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     # looks only: refuses an unusable --out; nothing is written before the device is there
     writer = ResultWriter(out, resume=resume, overwrite=overwrite, retry_failed=retry_failed,
                           warn=lambda msg: click.echo(f"warning: {msg}", err=True))
     ctx = sw.device_context(seed=seed, budget_s=budget or DEFAULT_BUDGET_S, command=command,
-                            progress=sw.Progress())
+                            progress=sw.Progress(), samples=samples)
     writer.check_gpu(ctx.provenance["gpu"])
     click.echo(f"{len(cases)} configurations x {len(chosen)} implementations "
                f"({', '.join(i.name for i in chosen)}) -> {out}", err=True)
