@@ -355,6 +355,83 @@ def sweep(config, T_min, T_max, T, patterns, impls, dtypes, B, H, D, causal, out
         fail(f"nothing was checked: all {counts['skipped']} new rows were skipped (reasons above)", 1)
 
 
+@main.command("profile")
+@click.option("--impl", default="fast-tc", show_default=True)
+@click.option("--pattern", default="streaming", show_default=True, type=click.Choice(list(PATTERNS)))
+@click.option("--T", "T", type=int, default=32768, show_default=True, help="sequence length")
+@pattern_options()
+@click.option("--B", "B", type=int, default=1, show_default=True)
+@click.option("--H", "H", type=int, default=16, show_default=True)
+@click.option("--D", "D", type=int, default=64, show_default=True, help="head dimension")
+@click.option("--dtype", type=click.Choice(DTYPES), default="bfloat16", show_default=True)
+@click.option("--causal/--no-causal", default=True, show_default=True)
+@click.option("--tile-config", "tile_config", default=None, metavar="SPEC",
+              help=TILE_CONFIG_HELP + " (fast-tc and fast-tc-sync)")
+@click.option("--seed", type=int, default=1, show_default=True, help="seed of the random inputs")
+@friendly
+def profile_cmd(impl, pattern, T, B, H, D, dtype, causal, tile_config, seed, **kw):
+    """One launch of one case for Nsight Compute: prepare, gate, a warm-up launch, then one launch
+    inside the NVTX range profile/<impl>, e.g. `ncu --nvtx --nvtx-include "profile/" --set full
+    attnbench profile --pattern window --window 256`. Exit 1 when the gate fails (nothing profiled)."""
+    from .devtools import PROFILE_RANGE, profile_launch
+    from .impls import Problem, get_impl
+
+    specs = tile_specs([tile_config] if tile_config is not None else [])
+    im = get_impl(impl)
+    for spec in specs:
+        variant = im.tile_variant(spec)
+        if variant is None:
+            raise BadInput(f"--tile-config: impl={im.name} takes no tile shape (fast-tc and fast-tc-sync do)")
+        im = variant
+    prob = Problem(make_mask(pattern, T, causal, **pattern_params(kw)), B, H, D, dtype)
+    res, setup = profile_launch(im, prob, seed)
+    what = (f"{im.name} {prob.mask.label()} {'causal' if causal else 'non-causal'} T={T} B={B} H={H} D={D} "
+            f"{dtype}" + (f" tile {setup['tile_config']}" if "tile_config" in setup else ""))
+    if not res.ok:
+        fail(f"{what}: the gate failed ({res.reason}); nothing was profiled", 1)
+    click.echo(f"{what}: gate ok (rel err {res.rel_err:.2e}); one launch in NVTX range {PROFILE_RANGE}/{im.name}")
+
+
+@main.command("tiles")
+@click.option("--config", "config", default="llm", show_default=True, type=click.Choice(list(CONFIGS)),
+              help="the configuration whose pattern instances are built")
+@click.option("--T", "T", type=int, default=131072, show_default=True, help="sequence length")
+@click.option("--D", "Ds", type=int, multiple=True, help="head dims (repeatable; default: the config's)")
+@click.option("--repeat", type=int, default=15, show_default=True, help="host builds of each list")
+@click.option("--wgmma/--no-wgmma", default=None,
+              help="the tile shapes fast-tc takes with wgmma (sm_90) or mma.sync (default: as the device "
+                   "says; mma.sync without one)")
+@click.option("--no-device", is_flag=True, help="host builds only, even where a device is")
+@click.option("--out", "out", default=None, type=click.Path(dir_okay=False), help="also write the rows to this CSV")
+@friendly
+def tiles_cmd(config, T, Ds, repeat, wgmma, no_device, out):
+    """Tile-list build times for the configuration's pattern instances at T, with the tile shape
+    fast-tc takes for each D: the host build (first, median, min of --repeat) and, where a device
+    is, the list's expansion on it."""
+    from .devtools import tile_build_times, tile_header, tile_options, tile_row_line
+    from .impls import device_problem
+
+    tile_options(config, T, Ds, repeat)  # refused before any build
+    if out is not None:
+        from .safefile import probe
+
+        probe(out, "--out")
+    why = "--no-device" if no_device else device_problem()
+    if why:
+        click.echo(f"host builds only ({why})", err=True)
+    click.echo(tile_header(not why))
+    rows = tile_build_times(config, T, Ds, repeat, device=not why, wgmma=wgmma,
+                            report=lambda row: click.echo(tile_row_line(row)),
+                            skip=lambda label, reason: click.echo(f"{label:<68} skipped: {reason}"))
+    if out is not None:
+        import pandas as pd
+
+        from .safefile import write_atomically
+
+        write_atomically(out, lambda f: pd.DataFrame(rows).to_csv(f, index=False), what="--out")
+        click.echo(f"{len(rows)} rows -> {out}", err=True)
+
+
 @main.command()
 @click.argument("csv_path", metavar="RESULTS.csv")
 @click.option("--out-dir", default="plots", show_default=True, type=click.Path(file_okay=False))

@@ -189,3 +189,145 @@ def test_a_fast_tc_tile_variant_runs_its_shape_passes_the_gate_and_records_the_s
         assert runner.setup["tile_config"] == runner.cfg.spec
         assert base.prepare(prob, q, k, v).setup["tile_config"] == base.shape_for(prob.mask, 64).spec
         assert judge(variant, prob, runner, q, k, v).ok
+
+
+# -- attnbench profile -------------------------------------------------------------------------------
+
+class RecordingNvtx:
+    """Stands in for cupy.cuda.nvtx: the ranges pushed and popped, with the runner's launch count."""
+
+    def __init__(self, runner_calls):
+        self.events, self.calls = [], runner_calls
+
+    def RangePush(self, name):
+        self.events.append(("push", name, self.calls()))
+
+    def RangePop(self):
+        self.events.append(("pop", self.calls()))
+
+
+def test_profile_gates_warms_up_then_launches_once_inside_the_nvtx_range():
+    from fakes import FakeImpl
+
+    from attnbench.devtools import profile_launch
+    from attnbench.impls import Problem
+
+    impl = FakeTiledImpl()
+    made = []
+    prepare = impl.prepare
+    impl.prepare = lambda *a: made.append(prepare(*a)) or made[-1]
+    nvtx = RecordingNvtx(lambda: made[0].calls)
+    prob = Problem(make_mask("window", 64, True, window=8), 1, 2, 16, "float32")
+    res, setup = profile_launch(impl, prob, inputs=host_inputs, nvtx=nvtx, synchronize=lambda: None)
+    assert res.ok and setup["tile_config"] == impl.base.spec
+    # the gate's launch and the warm-up before the range, one launch inside it
+    assert nvtx.events == [("push", "profile", 2), ("push", "fake-tiled", 2), ("pop", 3), ("pop", 3)]
+    wrong = FakeImpl("fake-wrong", factor=1.5)
+    nvtx.events.clear()
+    res, _ = profile_launch(wrong, prob, inputs=host_inputs, nvtx=nvtx, synchronize=lambda: None)
+    assert not res.ok and nvtx.events == []  # a failed gate is not profiled
+
+
+def profile(*args):
+    return CliRunner().invoke(main, ["profile", *map(str, args)])
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--impl", "nope"], ("impl='nope' is unknown",)),
+    (["--tile-config", "BN=20"], ("--tile-config 'BN=20'", "multiple of 16 from 16 to 256")),
+    (["--impl", "fake-exact", "--tile-config", "BN=32"], ("--tile-config", "impl=fake-exact takes no tile shape")),
+    (["--impl", "fake-exact", "--D", "0"], ("D=0 must be a positive integer",)),
+    (["--impl", "fake-exact", "--T", "0"], ("T=0 must be a positive integer",)),
+    (["--impl", "fake-exact", "--pattern", "window", "--window", "0"], ("window",)),
+    (["--impl", "fake-f16"], ("dtype=bfloat16 is not supported by fake-f16",)),
+    (["--impl", "fake-absent"], ("impl=fake-absent cannot run here",)),
+])
+def test_profile_refuses_bad_input_before_any_launch(registry, monkeypatch, args, words):
+    from attnbench import devtools
+
+    monkeypatch.setattr(devtools, "_device_inputs", lambda *a: pytest.fail("inputs were made"))
+    one_error(profile(*args), *words)
+
+
+def test_profile_without_nvtx_says_so(registry, monkeypatch):
+    from types import SimpleNamespace
+
+    from attnbench import devtools
+
+    monkeypatch.setattr(devtools, "_device_inputs", lambda *a: pytest.fail("inputs were made"))
+    monkeypatch.setitem(sys.modules, "cupy.cuda.nvtx", SimpleNamespace(available=False))
+    monkeypatch.setattr(sys.modules["cupy.cuda"], "nvtx", sys.modules["cupy.cuda.nvtx"], raising=False)
+    one_error(profile("--impl", "fake-exact", "--dtype", "float32"), "cupy.cuda.nvtx is not available")
+
+
+def test_profile_on_a_machine_without_a_device_is_refused():
+    from attnbench.impls import device_problem
+
+    if device_problem() is None:
+        pytest.skip("a device is here")
+    one_error(profile(), "impl=fast-tc cannot run here")
+
+
+# -- attnbench tiles ----------------------------------------------------------------------------------
+
+def tiles(*args):
+    return CliRunner().invoke(main, ["tiles", *map(str, args)])
+
+
+def test_tiles_prints_host_build_times_and_writes_the_csv(tmp_path, monkeypatch):
+    import pandas as pd
+
+    from attnbench import impls as impls_mod
+    from attnbench.configs import LLM
+
+    monkeypatch.setattr(impls_mod, "device_problem", lambda: "no CUDA device (test)")
+    out = tmp_path / "sub" / "tiles.csv"
+    r = tiles("--T", 4096, "--repeat", 2, "--out", out)
+    assert r.exit_code == 0, r.output
+    assert "host builds only (no CUDA device (test))" in r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert lines[0].split()[:3] == ["pattern", "D", "BMxBN"] and "dev med" not in lines[0]
+    assert len(lines) == 1 + 2 * len(LLM.instances)  # every instance at D 64 and 128
+    df = pd.read_csv(out)
+    assert len(df) == 2 * len(LLM.instances) and sorted(set(df["D"])) == [64, 128]
+    assert (df["T"] == 4096).all() and (df["host_min_ms"] > 0).all() and (df["entries"] > 0).all()
+    assert (df["host_min_ms"] <= df["host_median_ms"]).all()
+    assert "device_median_ms" not in df.columns
+    dense = df[(df["pattern"] == "dense") & (df["D"] == 64)].iloc[0]
+    cfg = choose_config(make_mask("dense", 4096, True), 64, False)  # mma.sync shapes without a device
+    assert (dense["BM"], dense["BN"], dense["tile_config"]) == (cfg.BM, cfg.BN, cfg.spec)
+    wg = tiles("--T", 4096, "--repeat", 1, "--D", 128, "--wgmma", "--no-device")
+    assert wg.exit_code == 0, wg.output
+    want = choose_config(make_mask("dense", 4096, True), 128, True)
+    assert f"{want.BM}x{want.BN}" in wg.stdout.splitlines()[1]
+
+
+def test_tiles_skips_an_instance_that_does_not_fit():
+    r = tiles("--T", 64, "--D", 64, "--repeat", 1, "--no-device")
+    assert r.exit_code == 0, r.output
+    assert "block_diagonal(block=128)" in r.stdout and "skipped: T=64 is not a multiple of block=128" in r.stdout
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--T", "0"], ("--T=0 must be from 1 to 536870911",)),
+    (["--T", str(2 ** 29)], ("--T=536870912 must be from 1 to 536870911",)),
+    (["--repeat", "0"], ("--repeat=0 must be a positive integer",)),
+    (["--D", "96"], ("--D=96", "D in 64, 128")),
+    (["--config", "seed"], ("the seed config's D=384", "D in 64, 128")),
+    (["--config", "huge"], ("'--config': 'huge' is not one of",)),
+])
+def test_tiles_refuses_bad_input_before_any_build(monkeypatch, args, words):
+    from attnbench import tiles as tiles_mod
+
+    monkeypatch.setattr(tiles_mod, "build", lambda *a: pytest.fail("built"))
+    r = tiles(*args)
+    one_error(r, *words)
+    assert r.stdout == ""
+
+
+def test_tiles_refuses_an_unwritable_out_before_any_build(tmp_path, monkeypatch):
+    from attnbench import tiles as tiles_mod
+
+    monkeypatch.setattr(tiles_mod, "build", lambda *a: pytest.fail("built"))
+    (tmp_path / "f").write_text("x")
+    one_error(tiles("--no-device", "--out", tmp_path / "f" / "t.csv"), "--out", "is not a directory")
