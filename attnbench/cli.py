@@ -11,6 +11,7 @@ import click
 
 from .configs import CONFIGS
 from .impls import DTYPES
+from .timing import MAX_SAMPLES
 from .patterns import PATTERNS, BadInput, all_params, make_mask
 
 
@@ -98,6 +99,29 @@ class ImplName(click.ParamType):
 IMPL = ImplName()
 
 
+TILE_CONFIG_HELP = ("a fast-tc tile shape: FIELD=N,... of NWARPS, BN, STAGES, MT, MINB, QREG, WG, TMA (the fields "
+                    "left out as fast-tc chooses them for each configuration), or all by position "
+                    "NWARPS,BN,STAGES[,MT,MINB,QREG,WG,TMA]")
+
+
+def tile_specs(texts) -> list:
+    """``--tile-config`` values parsed (BadInput naming the option and the limit), in order, once each."""
+    if not texts:
+        return []
+    from .fast_tc import parse_tile_config
+
+    return list(dict.fromkeys(parse_tile_config(t) for t in texts))
+
+
+def check_samples(samples: int | None, budget: float | None) -> None:
+    if samples is None:
+        return
+    if not 1 <= samples <= MAX_SAMPLES:
+        raise BadInput(f"--samples={samples} must be from 1 to {MAX_SAMPLES}")
+    if budget is not None:
+        raise BadInput("--samples and --time-budget exclude each other (a fixed count, or an adaptive one)")
+
+
 @click.group(cls=Cli, context_settings={"show_default": True})
 @click.version_option(package_name="attnbench")
 def main():
@@ -122,15 +146,26 @@ def list_cmd():
         click.echo(f"  {'':<15} {im.description}")
 
 
+def case_options(impl: str, T: int, H: int, D: int, dtype: str):
+    """The options of one case (run, profile), with the command's own defaults."""
+    def deco(fn):
+        for o in reversed([
+            click.option("--pattern", default="streaming", type=click.Choice(list(PATTERNS))),
+            click.option("--T", "T", type=int, default=T, help="sequence length"),
+            pattern_options(),
+            click.option("--B", "B", type=int, default=1),
+            click.option("--H", "H", type=int, default=H),
+            click.option("--D", "D", type=int, default=D, help="head dimension (the constant C of naive)"),
+            click.option("--dtype", type=click.Choice(DTYPES), default=dtype),
+            click.option("--impl", default=impl, type=IMPL),
+        ]):
+            fn = o(fn)
+        return fn
+    return deco
+
+
 @main.command("run")
-@click.option("--pattern", default="streaming", show_default=True, type=click.Choice(list(PATTERNS)))
-@click.option("--T", "T", type=int, default=2048, show_default=True, help="sequence length")
-@pattern_options()
-@click.option("--B", "B", type=int, default=1, show_default=True)
-@click.option("--H", "H", type=int, default=1, show_default=True)
-@click.option("--D", "D", type=int, default=384, show_default=True, help="head dimension (the constant C)")
-@click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
-@click.option("--impl", default="naive", show_default=True, type=IMPL)
+@case_options(impl="naive", T=2048, H=1, D=384, dtype="float32")
 @click.option("--max-t", type=int, default=None, help="compile-time MAX_T (default: T rounded up)")
 @click.option("--max-keys", type=int, default=None, help="compile-time MAX_KEYS (default: from the pattern)")
 @click.option("--causal/--no-causal", default=True, show_default=True)
@@ -316,10 +351,17 @@ def compile_cmd(archs, hashes):
 @click.option("--time-budget", "budget", type=float, default=None,
               help="seconds of timing samples per configuration before the adaptive repeats stop "
                    "(at least the minimum sample count is always taken)")
+@click.option("--samples", type=int, default=None, metavar="N",
+              help=f"exactly N timing samples per implementation instead of the adaptive time budget "
+                   f"(1 to {MAX_SAMPLES})")
+@click.option("--tile-config", "tile_configs", multiple=True, metavar="SPEC", help=TILE_CONFIG_HELP
+              + "; each shape adds a row per configuration for every fast-tc implementation swept, named "
+                "e.g. fast-tc[BN=32,STAGES=3], timed with the others; its setup_s records the whole shape "
+                "(repeatable)")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the random inputs")
 @friendly
 def sweep(config, T_min, T_max, T, patterns, impls, dtypes, B, H, D, causal, out, resume, retry_failed, overwrite,
-          budget, seed, **kw):
+          budget, samples, tile_configs, seed, **kw):
     """Gate every implementation against the float64 reference, time the ones that pass
     (interleaved), and append one row per (configuration, implementation) to a CSV.
     Exit 1 when a row failed or nothing new was checked; 2 when refused before running."""
@@ -331,15 +373,17 @@ def sweep(config, T_min, T_max, T, patterns, impls, dtypes, B, H, D, causal, out
         raise BadInput("--resume and --overwrite exclude each other")
     if budget is not None and budget <= 0:
         raise BadInput(f"--time-budget={budget} must be positive")
+    check_samples(samples, budget)
+    specs = tile_specs(tile_configs)
     cases = sw.plan(config, patterns=patterns, T=T, T_min=T_min, T_max=T_max, B=B, H=H, D=D, dtype=dtypes,
                     causal=causal, **pattern_params(kw))
-    chosen = sw.select_impls(impls)
+    chosen = sw.select_impls(impls, specs)
     command = "attnbench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     # looks only: refuses an unusable --out; nothing is written before the device is there
     writer = ResultWriter(out, resume=resume, overwrite=overwrite, retry_failed=retry_failed,
                           warn=lambda msg: click.echo(f"warning: {msg}", err=True))
     ctx = sw.device_context(seed=seed, budget_s=budget or DEFAULT_BUDGET_S, command=command,
-                            progress=sw.Progress())
+                            progress=sw.Progress(), samples=samples)
     writer.check_gpu(ctx.provenance["gpu"])
     click.echo(f"{len(cases)} configurations x {len(chosen)} implementations "
                f"({', '.join(i.name for i in chosen)}) -> {out}", err=True)
@@ -355,6 +399,76 @@ def sweep(config, T_min, T_max, T, patterns, impls, dtypes, B, H, D, causal, out
         fail(f"{counts['failed']} of {counts.checked} rows failed (their reasons are in {out})", 1)
     if not counts.checked and counts["skipped"]:
         fail(f"nothing was checked: all {counts['skipped']} new rows were skipped (reasons above)", 1)
+
+
+@main.command("profile")
+@case_options(impl="fast-tc", T=32768, H=16, D=64, dtype="bfloat16")
+@click.option("--causal/--no-causal", default=True, show_default=True)
+@click.option("--tile-config", "tile_config", default=None, metavar="SPEC",
+              help=TILE_CONFIG_HELP + " (fast-tc and fast-tc-sync)")
+@click.option("--seed", type=int, default=1, show_default=True, help="seed of the random inputs")
+@friendly
+def profile_cmd(impl, pattern, T, B, H, D, dtype, causal, tile_config, seed, **kw):
+    """One launch of one case for Nsight Compute: prepare, gate, a warm-up launch, then one launch
+    inside the NVTX range profile/<impl>, e.g. `ncu --nvtx --nvtx-include "profile/" --set full
+    attnbench profile --pattern window --window 256`. Exit 1 when the gate fails (nothing profiled)."""
+    from .devtools import PROFILE_RANGE, profile_launch
+    from .impls import Problem, get_impl
+
+    specs = tile_specs([tile_config] if tile_config is not None else [])
+    im = get_impl(impl)
+    for spec in specs:
+        variant = im.tile_variant(spec)
+        if variant is None:
+            raise BadInput(f"--tile-config: impl={im.name} takes no tile shape (fast-tc and fast-tc-sync do)")
+        im = variant
+    prob = Problem(make_mask(pattern, T, causal, **pattern_params(kw)), B, H, D, dtype)
+    res, setup = profile_launch(im, prob, seed)
+    what = (f"{im.name} {prob.mask.label()} {'causal' if causal else 'non-causal'} T={T} B={B} H={H} D={D} "
+            f"{dtype}" + (f" tile {setup['tile_config']}" if "tile_config" in setup else ""))
+    if not res.ok:
+        fail(f"{what}: the gate failed ({res.reason}); nothing was profiled", 1)
+    click.echo(f"{what}: gate ok (rel err {res.rel_err:.2e}); one launch in NVTX range {PROFILE_RANGE}/{im.name}")
+
+
+@main.command("tiles")
+@click.option("--config", "config", default="llm", show_default=True, type=click.Choice(list(CONFIGS)),
+              help="the configuration whose pattern instances are built")
+@click.option("--T", "T", type=int, default=131072, show_default=True, help="sequence length")
+@click.option("--D", "Ds", type=int, multiple=True, help="head dims (repeatable; default: the config's)")
+@click.option("--repeat", type=int, default=15, show_default=True, help="host builds of each list")
+@click.option("--wgmma/--no-wgmma", default=None,
+              help="the tile shapes fast-tc takes with wgmma (sm_90) or mma.sync (default: as the device "
+                   "says; mma.sync without one)")
+@click.option("--no-device", is_flag=True, help="host builds only, even where a device is")
+@click.option("--out", "out", default=None, type=click.Path(dir_okay=False), help="also write the rows to this CSV")
+@friendly
+def tiles_cmd(config, T, Ds, repeat, wgmma, no_device, out):
+    """Tile-list build times for the configuration's pattern instances at T, with the tile shape
+    fast-tc takes for each D: the host build (first, median, min of --repeat) and, where a device
+    is, the list's expansion on it."""
+    from .devtools import tile_build_times, tile_header, tile_options, tile_row_line
+    from .impls import device_problem
+
+    tile_options(config, T, Ds, repeat)  # refused before any build
+    if out is not None:
+        from .safefile import probe
+
+        probe(out, "--out")
+    why = "--no-device" if no_device else device_problem()
+    if why:
+        click.echo(f"host builds only ({why})", err=True)
+    click.echo(tile_header(not why))
+    rows = tile_build_times(config, T, Ds, repeat, device=not why, wgmma=wgmma,
+                            report=lambda row: click.echo(tile_row_line(row)),
+                            skip=lambda label, reason: click.echo(f"{label:<68} skipped: {reason}"))
+    if out is not None:
+        import pandas as pd
+
+        from .safefile import write_atomically
+
+        write_atomically(out, lambda f: pd.DataFrame(rows).to_csv(f, index=False), what="--out")
+        click.echo(f"{len(rows)} rows -> {out}", err=True)
 
 
 @main.command()

@@ -12,7 +12,7 @@ one grid layer per class, rows gathered at the stride: no tile of it is partial 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -60,6 +60,82 @@ class TileConfig:
     def smem_bytes(self, D: int) -> int:
         # with TMA, an 8-byte mbarrier for Q and one per stage after the tiles
         return 2 * D * (self.BM + 2 * self.STAGES * self.BN) + (8 * (self.STAGES + 1) if self.TMA else 0)
+
+    @property
+    def spec(self) -> str:
+        """Every field, in the ``--tile-config`` form: 'NWARPS=4,BN=64,STAGES=2,MT=1,...'."""
+        return ",".join(f"{f}={getattr(self, f)}" for f in TILE_FIELDS)
+
+    def problem(self) -> str | None:
+        """Why the kernel cannot be built with this shape (kernels/tc/config.cuh), or None."""
+        if self.WG and (self.MT != 1 or self.NWARPS % 4):
+            return "WG=1 needs MT=1 and NWARPS a multiple of 4 (whole warpgroups)"
+        if self.WG and self.BN not in (32, 64, 128):
+            return "WG=1 needs BN 32, 64 or 128"
+        if self.TMA and not self.WG:
+            return "TMA=1 needs WG=1"
+        return None
+
+
+TILE_FIELDS = tuple(f.name for f in fields(TileConfig))
+# (least, most, step) of each field on the command line; the kernel's own rules in TileConfig.problem
+TILE_LIMITS = {"NWARPS": (1, 32, 1), "BN": (16, 256, 16), "STAGES": (2, 8, 1), "MT": (1, 4, 1),
+               "MINB": (1, 32, 1), "QREG": (0, 1, 1), "WG": (0, 1, 1), "TMA": (0, 1, 1)}
+
+
+@dataclass(frozen=True)
+class TileSpec:
+    """Tile shape fields given on the command line (``--tile-config``); the fields not given come
+    from the shape fast-tc chooses for each configuration (``choose_config``)."""
+    given: tuple  # (field, value) pairs in TILE_FIELDS order
+
+    def __str__(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in self.given)
+
+    def apply(self, cfg: TileConfig) -> TileConfig:
+        return replace(cfg, **dict(self.given))
+
+
+def parse_tile_config(text: str, option: str = "--tile-config") -> TileSpec:
+    """'FIELD=N,...' (any of NWARPS, BN, STAGES, MT, MINB, QREG, WG, TMA; the others as fast-tc
+    chooses them) or the positional 'NWARPS,BN,STAGES[,MT[,MINB[,QREG[,WG[,TMA]]]]]' (a whole shape,
+    the fields left out at TileConfig's defaults). BadInput naming ``option`` and the limit."""
+    where = f"{option} {text!r}"
+    parts = [p.strip() for p in str(text).split(",")]
+    if not parts or not all(parts):
+        raise BadInput(f"{where}: expected FIELD=N,... or NWARPS,BN,STAGES[,MT,MINB,QREG,WG,TMA]")
+    if all("=" not in p for p in parts):  # positional: a whole shape
+        if not 3 <= len(parts) <= len(TILE_FIELDS):
+            raise BadInput(f"{where}: the positional form takes 3 to {len(TILE_FIELDS)} numbers "
+                           f"({','.join(TILE_FIELDS)}), got {len(parts)}")
+        defaults = {f.name: f.default for f in fields(TileConfig)}
+        pairs = list(zip(TILE_FIELDS, parts)) + [(f, str(defaults[f])) for f in TILE_FIELDS[len(parts):]]
+    elif all("=" in p for p in parts):
+        pairs = [tuple(x.strip() for x in p.split("=", 1)) for p in parts]
+    else:
+        raise BadInput(f"{where}: give every field as FIELD=N, or all of them by position")
+    given = {}
+    for key, value in pairs:
+        name = key.upper()
+        if name not in TILE_LIMITS:
+            raise BadInput(f"{where}: unknown field {key!r} (fields: {', '.join(TILE_FIELDS)})")
+        if name in given:
+            raise BadInput(f"{where}: {name} given twice")
+        try:
+            v = int(value)
+        except ValueError:
+            raise BadInput(f"{where}: {name}={value!r} is not an integer") from None
+        lo, hi, step = TILE_LIMITS[name]
+        if not lo <= v <= hi or v % step:
+            limit = "0 or 1" if (lo, hi) == (0, 1) else f"{f'a multiple of {step} ' if step > 1 else ''}from {lo} to {hi}"
+            raise BadInput(f"{where}: {name}={v} must be {limit}")
+        given[name] = v
+    spec = TileSpec(tuple((f, given[f]) for f in TILE_FIELDS if f in given))
+    if len(given) == len(TILE_FIELDS):  # a whole shape: the kernel's rules are known now
+        why = TileConfig(**given).problem()
+        if why:
+            raise BadInput(f"{where}: {why}")
+    return spec
 
 
 # The tile shapes, one table: (products, role, D) -> (shape, why). Products "sync" (mma.sync, also
@@ -185,6 +261,17 @@ class FastTCRunner(Runner):
 @dataclass(eq=False)
 class FastTC(Impl):
     wgmma: bool = True  # take the Hopper shapes on sm_90
+    tile: TileSpec | None = None  # fields of the chosen shape fixed (``--tile-config``)
+
+    def tile_variant(self, spec: TileSpec) -> "FastTC":
+        """Named '<name>[<spec>]': the shape it chooses with ``spec``'s fields fixed."""
+        return replace(self, name=f"{self.name}[{spec}]", tile=spec,
+                       description=f"{self.name} with the tile shape fields {spec} (the others as it chooses)")
+
+    def shape_for(self, mask: Mask, D: int, wgmma: bool | None = None) -> TileConfig:
+        """The shape it runs ``mask`` with at head dimension ``D`` (``wgmma`` None: as the device says)."""
+        cfg = choose_config(mask, D, self.uses_wgmma() if wgmma is None else wgmma)
+        return self.tile.apply(cfg) if self.tile is not None else cfg
 
     def uses_wgmma(self) -> bool:
         import cupy
@@ -214,7 +301,11 @@ class FastTC(Impl):
                 raise BadInput(f"{name} has shape {tuple(a.shape)}, expected {prob.shape}")
         setup = {}
         with timed(setup, "config_s"):  # the lists it looked at included
-            cfg = cfg or choose_config(prob.mask, prob.D, self.uses_wgmma())
+            cfg = cfg or self.shape_for(prob.mask, prob.D)
+        why = cfg.problem()
+        if why:
+            raise BadInput(f"{self.name}: tile shape {cfg.spec}: {why}")
+        setup["tile_config"] = cfg.spec  # the shape it ran (the setup_s column)
         if cfg.WG and cupy.cuda.Device().compute_capability != "90":
             raise BadInput(f"{self.name}: tile shape {cfg} needs an sm_90 GPU (wgmma), "
                            f"this one is sm_{cupy.cuda.Device().compute_capability}")
@@ -265,7 +356,7 @@ SYNC_IMPL = register(FastTC(
 ))
 
 __all__ = ["SHAPES", "shape", "CONFIGS", "WIDE_CONFIGS", "PARTIAL_CONFIGS", "HOPPER_CONFIGS", "HOPPER_WIDE_CONFIGS",
-           "HOPPER_PARTIAL_CONFIGS", "choose_config", "TileConfig", "FastTC", "IMPL", "SYNC_IMPL",
+           "HOPPER_PARTIAL_CONFIGS", "choose_config", "TileConfig", "TileSpec", "parse_tile_config", "FastTC", "IMPL", "SYNC_IMPL",
            "kernel_defines", "tile_list"]
 
 

@@ -145,6 +145,11 @@ class Impl:
         runner's ``setup`` with ``timed``."""
         raise NotImplementedError
 
+    def tile_variant(self, spec) -> "Impl | None":
+        """This implementation with the tile shape fields of ``spec`` (``fast_tc.TileSpec``) fixed,
+        under a name of its own; None when it has no tile shapes."""
+        return None
+
     def require(self, prob: Problem) -> None:
         """Raise BadInput if this implementation cannot run the problem here: the problem against
         its limits first, then the machine."""

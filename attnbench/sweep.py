@@ -136,14 +136,26 @@ def plan(config: str = "seed", *, patterns=(), T=(), T_min=None, T_max=None, B=N
             for dt in dtypes for dd in Ds for t in Ts for inst in insts]
 
 
-def select_impls(names=()) -> list[Impl]:
-    """The implementations named (BadInput naming the choices for an unknown one), else all."""
+def select_impls(names=(), tile_configs=()) -> list[Impl]:
+    """The implementations named (BadInput naming the choices for an unknown one), else all;
+    after each one with tile shapes (``Impl.tile_variant``), one variant per ``tile_configs``
+    entry (``TileSpec``: fast-tc's ``--tile-config``), timed with the others as its own row."""
     if names:
-        return [get_impl(n) for n in dict.fromkeys(names)]
-    impls = list(all_impls().values())
+        impls = [get_impl(n) for n in dict.fromkeys(names)]
+    else:
+        impls = list(all_impls().values())
     if not impls:
         raise BadInput("no implementation is registered")
-    return impls
+    if not tile_configs:
+        return impls
+    out = []
+    for impl in impls:
+        out.append(impl)
+        out += [v for v in (impl.tile_variant(spec) for spec in dict.fromkeys(tile_configs)) if v is not None]
+    if len(out) == len(impls):
+        raise BadInput(f"--tile-config: none of the implementations ({', '.join(i.name for i in impls)}) "
+                       "takes a tile shape (fast-tc and fast-tc-sync do)")
+    return out
 
 
 # -- running ------------------------------------------------------------------------------
@@ -172,6 +184,11 @@ class Context:
     budget_s: float = DEFAULT_BUDGET_S
     command: str = ""
     progress: Callable | None = None
+    samples: int | None = None  # a fixed sample count per implementation instead of the budget
+
+    def timing_options(self) -> dict:
+        """The keywords ``time`` takes: the budget, or the fixed sample count when one is set."""
+        return {"budget_s": self.budget_s} if self.samples is None else {"samples": self.samples}
 
 
 def _reason(e: BaseException) -> str:
@@ -266,7 +283,7 @@ def run_case(case: Case, impls: list[Impl], ctx: Context, done: Callable[[dict],
             else:
                 out[impl.name] = _finish(row, "failed", g.reason)
     if runners:
-        timings = ctx.time({n: r.run for n, r in runners.items()}, budget_s=ctx.budget_s)
+        timings = ctx.time({n: r.run for n, r in runners.items()}, **ctx.timing_options())
         for name, t in timings.items():
             row = rows[name]
             if isinstance(t, Timing):
@@ -332,7 +349,7 @@ class Progress:
 
 
 def device_context(seed: int = 0, budget_s: float = DEFAULT_BUDGET_S, command: str = "",
-                   progress: Callable | None = None) -> Context:
+                   progress: Callable | None = None, samples: int | None = None) -> Context:
     """The real thing: provenance, peaks measured once, CUDA-event timing with L2 flushes.
     BadInput, before anything is measured, when there is no device to sweep on."""
     from .impls import device_problem
@@ -346,7 +363,7 @@ def device_context(seed: int = 0, budget_s: float = DEFAULT_BUDGET_S, command: s
     peaks = measure_peaks()
     timer = EventTimer()
     return Context(time=timer.time, peaks=peaks, provenance=prov, seed=seed, budget_s=budget_s,
-                   command=command, progress=progress)
+                   command=command, progress=progress, samples=samples)
 
 
 __all__ = ["Instance", "Case", "Context", "plan", "instances", "t_values", "select_impls", "run_case",

@@ -58,7 +58,7 @@ def time_interleaved(runs: dict[str, Callable[[], None]], sample: Callable[[Call
                      *, budget_s: float = DEFAULT_BUDGET_S, min_samples: int = MIN_SAMPLES,
                      max_samples: int = MAX_SAMPLES, target_spread: float = TARGET_SPREAD,
                      warmup: int = WARMUP_RUNS, clock: Callable[[], float] = time.perf_counter,
-                     ) -> dict[str, Timing | BaseException]:
+                     samples: int | None = None) -> dict[str, Timing | BaseException]:
     """Time several launches of the same configuration against each other.
 
     Each name gets ``warmup`` untimed calls, then rounds: one sample of every name still
@@ -66,23 +66,28 @@ def time_interleaved(runs: dict[str, Callable[[], None]], sample: Callable[[Call
     settles at ``min_samples`` samples with a relative spread <= ``target_spread``, or at
     ``max_samples``; once ``budget_s`` seconds of sampling have passed, the loop stops as
     soon as every name has ``min_samples``. An exception from one name ends that name
-    (its value is the exception) and the others go on.
+    (its value is the exception) and the others go on. ``samples``: exactly that many samples
+    of each name instead (the budget and the spread are not looked at).
     """
+    if samples is not None:
+        if not 1 <= samples <= MAX_SAMPLES:
+            raise ValueError(f"samples={samples} must be from 1 to {MAX_SAMPLES}")
+        min_samples = max_samples = samples  # stops at the count, whatever the spread or the clock
     out: dict[str, Timing | BaseException] = {}
-    samples: dict[str, list[float]] = {}
+    taken: dict[str, list[float]] = {}
     for name, fn in runs.items():
         try:
             for _ in range(warmup):
                 fn()
-            samples[name] = []
+            taken[name] = []
         except Exception as e:  # noqa: BLE001 - one implementation's failure is a row, not a crash
             out[name] = e
     start = clock()
-    active = list(samples)
+    active = list(taken)
     while active:
         over = clock() - start > budget_s
         for name in list(active):
-            s = samples[name]
+            s = taken[name]
             if len(s) >= max_samples or settled(s, min_samples, target_spread) or (over and len(s) >= min_samples):
                 active.remove(name)
                 continue
@@ -91,7 +96,7 @@ def time_interleaved(runs: dict[str, Callable[[], None]], sample: Callable[[Call
             except Exception as e:  # noqa: BLE001
                 out[name] = e
                 active.remove(name)
-    for name, s in samples.items():
+    for name, s in taken.items():
         if name not in out:
             out[name] = summarize(s)
     return {name: out[name] for name in runs}

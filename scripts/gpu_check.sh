@@ -9,11 +9,17 @@
 #   seedwarm: the seed sweep once more, after `seed`, for its wall time with warm kernel caches
 #   compare: the seeds' comparison, naive dense vs naive streaming (16+64) for T = 128..4096
 #   profile: Nsight Compute (--set full) on one launch per case of PROFILE_CASES (';'-separated
-#            argument lists of scripts/profile_case.py): every section, and the SASS with counters
-#   shapes: fast-tc tile shapes against each other (SHAPES, scripts/fast_tc_dev.py --sweep;
-#           SHAPES_ARGS adds options, e.g. --sweep-cases dense --dense-T 32768)
-#   dev: scripts/fast_tc_dev.py with DEV_ARGS (fast-tc against Flex and SDPA, interleaved)
-#   tilebuild: tile-list build times at T=131072, host and device (scripts/tile_build_times.py)
+#            option lists of `attnbench profile`, e.g. "--pattern window --window 256;--pattern dense
+#            --D 128"): every section, and the SASS with counters
+#   shapes: fast-tc tile shapes against each other and the shape it chooses, interleaved, 20 samples
+#           (`attnbench sweep --config llm --impl fast-tc --tile-config S ... --samples 20`, one
+#           --tile-config per space-separated entry of SHAPES, e.g. SHAPES="BN=32,STAGES=3 4,64,2,1,4,0,1,1";
+#           SHAPES_ARGS narrows the sweep instead of the default --T 32768, e.g. "--pattern dense --T 16384
+#           --D 64 --impl sdpa-flash"), rows in shapes.csv
+#   dev: fast-tc against Flex and SDPA at T=32768, interleaved, 25 samples (`attnbench sweep --config llm
+#        --T 32768 --impl fast-tc --impl flex --impl sdpa-flash --impl sdpa-cudnn --samples 25`; DEV_ARGS
+#        adds options, e.g. --pattern dense), rows in dev.csv
+#   tilebuild: tile-list build times at T=131072, host and device (`attnbench tiles`), tile_build.csv
 #
 # GPU_TESTS (optional) narrows the tests step to given files or -k expressions (the whole GPU suite
 # takes about 6 minutes on a warm H100, more on a fresh machine: split it over calls under a
@@ -84,21 +90,28 @@ for s in $steps; do
            IFS=';' read -ra groups <<< "${LLM_ARGS:- }"
            for g in "${groups[@]}"; do step llm attnbench sweep --config llm $g --resume --out "$out/llm.csv"; done
            step llm_plot attnbench plot "$out/llm.csv" --out-dir "$work/plots" ;;
-    profile) IFS=';' read -ra cases <<< "${PROFILE_CASES:---impl fast-tc --pattern streaming --param sink=16 --param window=64}"
+    profile) IFS=';' read -ra cases <<< "${PROFILE_CASES:---impl fast-tc --pattern streaming --sink 16 --window 64}"
            n=0
            for c in "${cases[@]}"; do
                n=$((n + 1))
-               step profile_$n ncu --nvtx --nvtx-include "profile/" --launch-skip 1 --launch-count 1 --set full \
-                   --import-source no -f -o "$work/profile_$n" python3 scripts/profile_case.py $c
+               # the one launch `attnbench profile` makes inside its NVTX range profile/<impl>
+               step profile_$n ncu --nvtx --nvtx-include "profile/" --launch-count 1 --set full \
+                   --import-source no -f -o "$work/profile_$n" attnbench profile $c
                # the report as text: every section, then the SASS with per-instruction counters
                ncu -i "$work/profile_$n.ncu-rep" --page details > "$work/profile_$n.txt" 2>&1
                ncu -i "$work/profile_$n.ncu-rep" --page source --print-source sass --csv > "$work/profile_$n.sass.csv" 2>&1
                rm -f "$work/profile_$n.ncu-rep"
                pack
            done ;;
-    shapes) step shapes python3 scripts/fast_tc_dev.py --no-gate --no-flex --only NONE --samples 20 --sweep "${SHAPES:?SHAPES names the tile shapes}" ${SHAPES_ARGS:-} ;;
-    dev) step dev python3 scripts/fast_tc_dev.py ${DEV_ARGS:-} ;;
-    tilebuild) step tilebuild python3 scripts/tile_build_times.py --out "$work/tile_build.csv" ;;
+    shapes) tile=()
+           for s in ${SHAPES:?SHAPES names the tile shapes (--tile-config values, space-separated)}; do
+               tile+=(--tile-config "$s")
+           done
+           step shapes attnbench sweep --config llm --impl fast-tc "${tile[@]}" --samples 20 \
+               ${SHAPES_ARGS:---T 32768} --out "$work/shapes.csv" ;;
+    dev) step dev attnbench sweep --config llm --T 32768 --impl fast-tc --impl flex --impl sdpa-flash \
+               --impl sdpa-cudnn --samples 25 ${DEV_ARGS:-} --out "$work/dev.csv" ;;
+    tilebuild) step tilebuild attnbench tiles --out "$work/tile_build.csv" ;;
     *) say "unknown step $s"; status=1 ;;
     esac
 done

@@ -293,9 +293,9 @@ def test_sweep_refuses_an_existing_csv_without_resume(tmp_path, registry, no_dev
 def test_sweep_command_end_to_end_with_fakes(tmp_path, registry, monkeypatch):
     made = {}
 
-    def fake_context(seed, budget_s, command, progress):
+    def fake_context(seed, budget_s, command, progress, samples=None):
         ctx, timer = ctx_for(list(registry.values()), seed=seed, budget_s=budget_s, command=command,
-                             progress=progress)
+                             progress=progress, samples=samples)
         made["ctx"] = ctx
         return ctx
 

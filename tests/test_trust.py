@@ -36,12 +36,12 @@ def device(registry, monkeypatch):
     """The fakes stand in for the device; ``device["gpu"]`` names it."""
     state = {"gpu": PROVENANCE["gpu"], "made": 0}
 
-    def context(seed, budget_s, command, progress):
+    def context(seed, budget_s, command, progress, samples=None):
         state["made"] += 1
         impls = list(registry.values())
         return sw.Context(time=FakeTimer(impls), peaks=PEAKS, provenance=dict(PROVENANCE, gpu=state["gpu"]),
                           inputs=host_inputs, cleanup=lambda: None, seed=seed, budget_s=budget_s,
-                          command=command, progress=progress)
+                          command=command, progress=progress, samples=samples)
     monkeypatch.setattr(sw, "device_context", context)
     return state
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from attnbench.arrays import from_float32, random_inputs
+from attnbench.fast_tc import TileConfig
 from attnbench.impls import Impl, Runner
 from attnbench.reference import reference
 from attnbench.timing import Peaks, Timing
@@ -61,6 +62,23 @@ class FakeImpl(Impl):
         return NumpyRunner(prob, q, k, v, self.factor)
 
 
+class FakeTiledImpl(FakeImpl):
+    """Takes tile shapes as fast-tc does: ``tile_variant(spec)`` is a copy named ``name[spec]``
+    whose runners record the shape they ran (``spec`` over ``base``) in their setup."""
+
+    def __init__(self, name="fake-tiled", base=TileConfig(NWARPS=4, BN=64, STAGES=2), spec=None, **kw):
+        super().__init__(name, **kw)
+        self.base, self.spec = base, spec
+
+    def tile_variant(self, spec):
+        return FakeTiledImpl(f"{self.name}[{spec}]", self.base, spec, dtypes=self.dtypes)
+
+    def prepare(self, prob, q, k, v):
+        runner = super().prepare(prob, q, k, v)
+        runner.setup["tile_config"] = (self.spec.apply(self.base) if self.spec else self.base).spec
+        return runner
+
+
 def fake_impls():
     return [
         FakeImpl("fake-exact"),
@@ -84,13 +102,15 @@ class FakeTimer:
     def __init__(self, impls):
         self.speed = {i.name: i.speed for i in impls}
         self.calls = []
+        self.options = []  # the keywords of each call: budget_s, or samples
 
-    def __call__(self, runs, budget_s=None):
+    def __call__(self, runs, budget_s=None, samples=None):
         self.calls.append(sorted(runs))
+        self.options.append({k: v for k, v in (("budget_s", budget_s), ("samples", samples)) if v is not None})
         out = {}
         for name, fn in runs.items():
             for _ in range(3):
                 fn()
             ms = (0.01 + fn.__self__.prob.flops / 1e9) * self.speed.get(name, 1.0)
-            out[name] = Timing(ms, ms * 0.98, ms * 1.03, 10)
+            out[name] = Timing(ms, ms * 0.98, ms * 1.03, samples or 10)
         return out

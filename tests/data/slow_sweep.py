@@ -31,14 +31,14 @@ def fake_device(delay: float):
     impls_mod._load_all = lambda: None
     timer = FakeTimer(impls)
 
-    def slow_timer(runs, budget_s=None):
+    def slow_timer(runs, **options):
         time.sleep(delay)
-        return timer(runs, budget_s)
+        return timer(runs, **options)
 
-    def context(seed, budget_s, command, progress):
+    def context(seed, budget_s, command, progress, samples=None):
         return sw.Context(time=slow_timer, peaks=PEAKS, provenance=dict(PROVENANCE), inputs=host_inputs,
                           cleanup=lambda: None, seed=seed, budget_s=budget_s, command=command,
-                          progress=progress)
+                          progress=progress, samples=samples)
     sw.device_context = context
 
 

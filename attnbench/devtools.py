@@ -1,0 +1,159 @@
+"""The work of the development commands: ``attnbench profile`` (one launch of one case for a
+profiler) and ``attnbench tiles`` (tile-list build times). Timing of implementations against each
+other is the sweep's (``attnbench sweep --samples N --tile-config SPEC``), not done here.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+from typing import Callable
+
+from .check import GateResult, judge
+from .configs import get_config
+from .errors import BadInput
+from .impls import Impl, Problem
+from .patterns import pattern_label
+
+PROFILE_RANGE = "profile"  # the outer NVTX range; the implementation's name is the range inside it
+
+
+def nvtx_module():
+    """CuPy's NVTX bindings (``cupy.cuda.nvtx``), or BadInput saying why there are none."""
+    try:
+        from cupy.cuda import nvtx
+    except ImportError as e:
+        raise BadInput(f"profile needs NVTX ranges through cupy.cuda.nvtx, which cannot be imported: {e}") from None
+    if not getattr(nvtx, "available", True):
+        raise BadInput("profile needs NVTX ranges: cupy.cuda.nvtx is not available in this CuPy build "
+                       "(no NVTX library found)")
+    return nvtx
+
+
+def _synchronize() -> None:
+    import cupy
+
+    cupy.cuda.runtime.deviceSynchronize()
+
+
+def _device_inputs(shape, dtype, seed):
+    from .arrays import random_inputs
+
+    return random_inputs(shape, dtype, seed)
+
+
+def profile_launch(impl: Impl, prob: Problem, seed: int = 1, *, inputs: Callable = _device_inputs,
+                   nvtx=None, synchronize: Callable[[], None] = _synchronize) -> tuple[GateResult, dict]:
+    """Prepare ``impl`` on random inputs of ``prob``, gate it (one launch) and, when it passes, run a
+    warm-up launch, then one launch inside the NVTX range ``profile`` / ``<impl name>``, for
+    ``ncu --nvtx --nvtx-include "profile/"``. Returns the gate's result and the runner's setup.
+    BadInput before anything runs when the implementation cannot run the problem here or there is
+    no NVTX."""
+    impl.require(prob)
+    nvtx = nvtx if nvtx is not None else nvtx_module()
+    q, k, v = inputs(prob.shape, prob.dtype, seed)
+    runner = impl.prepare(prob, q, k, v)
+    res = judge(impl, prob, runner, q, k, v)
+    if not res.ok:
+        return res, dict(getattr(runner, "setup", {}) or {})
+    runner.run()  # warm-up
+    synchronize()
+    nvtx.RangePush(PROFILE_RANGE)
+    nvtx.RangePush(impl.name)
+    try:
+        runner.run()
+        synchronize()
+    finally:
+        nvtx.RangePop()
+        nvtx.RangePop()
+    return res, dict(getattr(runner, "setup", {}) or {})
+
+
+# -- tile-list build times --------------------------------------------------------------------------
+
+MAX_TILES_T = 2 ** 29 - 1  # the tile-list build's int32 keys (attnbench.tiles.build)
+
+
+def tile_options(config: str, T: int, Ds=(), repeat: int = 1) -> list[int]:
+    """``attnbench tiles``' options checked (BadInput naming the option and the limit); the head
+    dimensions to build lists for: those given, else the config's, each one fast-tc has tile
+    shapes for."""
+    from .fast_tc import CONFIGS as SHAPED
+
+    if not 1 <= T <= MAX_TILES_T:
+        raise BadInput(f"--T={T} must be from 1 to {MAX_TILES_T} (the build's int32 keys)")
+    if repeat < 1:
+        raise BadInput(f"--repeat={repeat} must be a positive integer")
+    dims = list(dict.fromkeys(Ds or get_config(config).D))
+    for D in dims:
+        if D not in SHAPED:
+            src = "--D" if Ds else f"the {config} config's D"
+            raise BadInput(f"{src}={D}: fast-tc has tile shapes for D in {', '.join(map(str, sorted(SHAPED)))}")
+    return dims
+
+
+def tile_build_times(config: str = "llm", T: int = 131072, Ds=(), repeat: int = 15, device: bool = False,
+                     wgmma: bool | None = None, report: Callable[[dict], None] | None = None,
+                     skip: Callable[[str, str], None] | None = None) -> list[dict]:
+    """One row per (pattern instance of ``config``, D): the shape fast-tc takes (``wgmma`` None: as
+    the device says, mma.sync without one), the list's size, and its host build (``tiles.build``,
+    afresh ``repeat`` times: first, median, min, ms); with ``device`` its expansion on the GPU
+    (median, min, ms). ``report(row)`` as each row is done; ``skip(label, reason)`` for an instance
+    that does not fit at T (a block that does not divide it)."""
+    from .fast_tc import IMPL, choose_config
+    from .tiles import DeviceTiles, build
+
+    dims = tile_options(config, T, tuple(Ds), repeat)
+    if wgmma is None:
+        wgmma = device and IMPL.uses_wgmma()
+    extra = {}
+    if device:
+        from .results import provenance
+
+        prov = provenance()
+        extra = dict(gpu=prov["gpu"], git_commit=prov["git_commit"])
+    rows = []
+    for inst in get_config(config).instances:
+        try:
+            mask = inst.mask(T)
+        except BadInput as e:
+            if skip:
+                skip(pattern_label(inst.pattern, inst.param_dict), str(e))
+            continue
+        for D in dims:
+            cfg = choose_config(mask, D, wgmma)
+            inner = mask.strided()[1]
+            host = [build(inner, cfg.BM, cfg.BN) for _ in range(repeat)]
+            hs = [t.build_s * 1e3 for t in host]
+            row = dict(pattern=mask.label(), causal=inst.causal, T=T, D=D, BM=cfg.BM, BN=cfg.BN,
+                       tile_config=cfg.spec, entries=host[0].n_visited, partial=host[0].n_partial,
+                       runs=int(host[0].run_off.size), host_first_ms=hs[0], host_median_ms=statistics.median(hs),
+                       host_min_ms=min(hs), cpu=platform.processor() or platform.machine(), cpus=os.cpu_count())
+            if device:
+                DeviceTiles.expand(host[0])  # the first expansion compiles CuPy's kernels
+                ds = [DeviceTiles.expand(t).build_s * 1e3 for t in host]
+                row.update(device_median_ms=statistics.median(ds), device_min_ms=min(ds), **extra)
+            rows.append(row)
+            if report:
+                report(row)
+    return rows
+
+
+def tile_row_line(row: dict) -> str:
+    """One row of ``attnbench tiles``' table."""
+    line = (f"{row['pattern']:<68} {row['D']:>4} {str(row['BM']) + 'x' + str(row['BN']):>8} {row['entries']:>9} "
+            f"{row['runs']:>7} "
+            f"{row['host_first_ms']:>9.3f} {row['host_median_ms']:>9.3f} {row['host_min_ms']:>9.3f}")
+    if "device_median_ms" in row:
+        line += f" {row['device_median_ms']:>9.3f}"
+    return line
+
+
+def tile_header(device: bool) -> str:
+    line = (f"{'pattern':<68} {'D':>4} {'BMxBN':>8} {'entries':>9} {'runs':>7} "
+            f"{'host 1st':>9} {'host med':>9} {'host min':>9}")
+    return line + (f" {'dev med':>9}" if device else "") + "   (ms)"
+
+
+__all__ = ["profile_launch", "nvtx_module", "tile_build_times", "tile_options", "tile_row_line", "tile_header",
+           "PROFILE_RANGE"]

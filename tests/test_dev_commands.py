@@ -1,0 +1,333 @@
+"""What the development scripts did, as package options and commands, without a GPU:
+``sweep --tile-config`` and ``--samples``, ``attnbench profile`` and ``attnbench tiles``."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).parent / "data"))
+
+from fakes import PEAKS, PROVENANCE, FakeTiledImpl, FakeTimer, host_inputs  # noqa: E402
+
+from attnbench import sweep as sw  # noqa: E402
+from attnbench.cli import main  # noqa: E402
+from attnbench.fast_tc import IMPL, SYNC_IMPL, TileConfig, choose_config, parse_tile_config  # noqa: E402
+from attnbench.patterns import BadInput, make_mask  # noqa: E402
+from attnbench.timing import MAX_SAMPLES, time_interleaved  # noqa: E402
+
+from test_trust import one_error, rows  # noqa: E402
+
+
+# -- --tile-config: parsing ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, given", [
+    ("BN=32,STAGES=3", (("BN", 32), ("STAGES", 3))),
+    ("stages=3, bn=32", (("BN", 32), ("STAGES", 3))),  # any case and order; shown in field order
+    ("NWARPS=4,BN=64,STAGES=2,MINB=4,QREG=0,WG=1,TMA=1",
+     (("NWARPS", 4), ("BN", 64), ("STAGES", 2), ("MINB", 4), ("QREG", 0), ("WG", 1), ("TMA", 1))),
+    ("4,64,2", (("NWARPS", 4), ("BN", 64), ("STAGES", 2), ("MT", 1), ("MINB", 1), ("QREG", 1), ("WG", 0),
+                ("TMA", 0))),  # positional: a whole shape, TileConfig's defaults after the numbers given
+    ("4,32,3,1,2,0,1,1", (("NWARPS", 4), ("BN", 32), ("STAGES", 3), ("MT", 1), ("MINB", 2), ("QREG", 0),
+                          ("WG", 1), ("TMA", 1))),
+])
+def test_tile_config_parses_named_and_positional_forms(text, given):
+    spec = parse_tile_config(text)
+    assert spec.given == given
+    assert str(spec) == ",".join(f"{k}={v}" for k, v in given)
+
+
+@pytest.mark.parametrize("text, words", [
+    ("BN=20", "BN=20 must be a multiple of 16 from 16 to 256"),
+    ("BN=512", "BN=512 must be a multiple of 16 from 16 to 256"),
+    ("STAGES=1", "STAGES=1 must be from 2 to 8"),
+    ("NWARPS=0", "NWARPS=0 must be from 1 to 32"),
+    ("WG=2", "WG=2 must be 0 or 1"),
+    ("BM=64", "unknown field 'BM' (fields: NWARPS, BN, STAGES, MT, MINB, QREG, WG, TMA)"),
+    ("BN=x", "BN='x' is not an integer"),
+    ("BN=32,BN=64", "BN given twice"),
+    ("4,64", "the positional form takes 3 to 8 numbers"),
+    ("4,64,2,1,1,1,0,0,9", "the positional form takes 3 to 8 numbers"),
+    ("BN=32,3", "give every field as FIELD=N, or all of them by position"),
+    ("", "expected FIELD=N"),
+    ("4,64,2,2,1,0,1,0", "WG=1 needs MT=1"),  # a whole shape the kernel cannot build
+    ("4,64,2,1,1,0,0,1", "TMA=1 needs WG=1"),
+])
+def test_bad_tile_configs_name_the_option_and_the_limit(text, words):
+    with pytest.raises(BadInput) as e:
+        parse_tile_config(text)
+    assert str(e.value).startswith(f"--tile-config {text!r}: ") and words in str(e.value)
+
+
+def test_a_tile_variant_of_fast_tc_fixes_the_given_fields_of_the_shape_it_chooses():
+    v = IMPL.tile_variant(parse_tile_config("BN=32,STAGES=3"))
+    assert v.name == "fast-tc[BN=32,STAGES=3]" and v.family == IMPL.family and v.wgmma
+    assert IMPL.name == "fast-tc" and IMPL.tile is None  # the registered one is untouched
+    for wgmma in (False, True):
+        for pattern in ("dense", "streaming", "dilated"):
+            mask = make_mask(pattern, 4096, True)
+            chosen = choose_config(mask, 64, wgmma)
+            got = v.shape_for(mask, 64, wgmma)
+            assert (got.BN, got.STAGES) == (32, 3)
+            assert (got.NWARPS, got.MT, got.MINB, got.QREG, got.WG, got.TMA) == \
+                (chosen.NWARPS, chosen.MT, chosen.MINB, chosen.QREG, chosen.WG, chosen.TMA)
+    whole = SYNC_IMPL.tile_variant(parse_tile_config("4,64,2"))
+    assert whole.name == "fast-tc-sync[NWARPS=4,BN=64,STAGES=2,MT=1,MINB=1,QREG=1,WG=0,TMA=0]"
+    assert whole.shape_for(make_mask("window", 4096, True), 128, False) == TileConfig(4, 64, 2)
+
+
+def test_tile_shape_problems():
+    assert TileConfig(4, 64, 2, WG=1, TMA=1).problem() is None
+    assert "BN 32, 64 or 128" in TileConfig(4, 48, 2, WG=1).problem()
+    assert "whole warpgroups" in TileConfig(2, 64, 2, WG=1).problem()
+    assert TileConfig(4, 64, 2, MINB=4, QREG=0).spec == "NWARPS=4,BN=64,STAGES=2,MT=1,MINB=4,QREG=0,WG=0,TMA=0"
+
+
+# -- --samples: the timer ----------------------------------------------------------------------------
+
+def test_a_fixed_sample_count_ignores_spread_and_budget():
+    values = iter([1.0, 3.0] * 1000)
+    out = time_interleaved({"a": lambda: None, "b": lambda: None}, lambda fn: next(values), samples=7,
+                           budget_s=0.0, warmup=0)
+    assert out["a"].samples == out["b"].samples == 7
+    steady = time_interleaved({"a": lambda: None}, lambda fn: 2.0, samples=25, warmup=0)
+    assert steady["a"].samples == 25  # settled long before, still 25
+    for bad in (0, MAX_SAMPLES + 1):
+        with pytest.raises(ValueError, match="samples="):
+            time_interleaved({"a": lambda: None}, lambda fn: 1.0, samples=bad)
+
+
+def test_context_passes_the_budget_or_the_sample_count():
+    base = dict(time=None, peaks=PEAKS, provenance={})
+    assert sw.Context(**base, budget_s=0.5).timing_options() == {"budget_s": 0.5}
+    assert sw.Context(**base, budget_s=0.5, samples=9).timing_options() == {"samples": 9}
+
+
+# -- the sweep command with the fakes ---------------------------------------------------------------
+
+@pytest.fixture
+def tiled(registry, monkeypatch):
+    """The fakes, one that takes tile shapes among them; ``made["timer"]`` is the sweep's timer."""
+    registry["fake-tiled"] = FakeTiledImpl()
+    made = {}
+
+    def context(seed, budget_s, command, progress, samples=None):
+        made["timer"] = timer = FakeTimer(list(registry.values()))
+        return sw.Context(time=timer, peaks=PEAKS, provenance=dict(PROVENANCE), inputs=host_inputs,
+                          cleanup=lambda: None, seed=seed, budget_s=budget_s, command=command,
+                          progress=progress, samples=samples)
+    monkeypatch.setattr(sw, "device_context", context)
+    return made
+
+
+SMALL = ["--T", "32", "--T", "64", "--pattern", "dense", "--D", "16"]
+
+
+def test_each_tile_config_is_a_row_of_its_own_timed_with_the_others(tmp_path, tiled):
+    out = tmp_path / "r.csv"
+    r = CliRunner().invoke(main, ["sweep", *SMALL, "--impl", "fake-tiled", "--impl", "fake-exact",
+                                  "--tile-config", "BN=32,STAGES=3", "--tile-config", "4,64,2",
+                                  "--tile-config", "stages=3,bn=32", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    names = ["fake-tiled", "fake-tiled[BN=32,STAGES=3]",
+             "fake-tiled[NWARPS=4,BN=64,STAGES=2,MT=1,MINB=1,QREG=1,WG=0,TMA=0]", "fake-exact"]
+    got = rows(out)
+    assert [(x["T"], x["impl"], x["status"]) for x in got] == [(T, n, "ok") for T in ("32", "64") for n in names]
+    shapes = {x["impl"]: json.loads(x["setup_s"])["tile_config"] for x in got if x["impl"].startswith("fake-tiled")}
+    assert shapes == {"fake-tiled": "NWARPS=4,BN=64,STAGES=2,MT=1,MINB=1,QREG=1,WG=0,TMA=0",
+                      names[1]: "NWARPS=4,BN=32,STAGES=3,MT=1,MINB=1,QREG=1,WG=0,TMA=0",
+                      names[2]: "NWARPS=4,BN=64,STAGES=2,MT=1,MINB=1,QREG=1,WG=0,TMA=0"}
+    assert tiled["timer"].calls == [sorted(names)] * 2  # interleaved with the others, once per configuration
+    assert {x["family"] for x in got} == {"attnbench"}
+
+
+def test_samples_reach_the_timer_instead_of_the_budget(tmp_path, tiled):
+    out = tmp_path / "r.csv"
+    r = CliRunner().invoke(main, ["sweep", *SMALL, "--impl", "fake-exact", "--samples", "7", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert tiled["timer"].options == [{"samples": 7}] * 2
+    assert {x["samples"] for x in rows(out)} == {"7"}
+    r = CliRunner().invoke(main, ["sweep", *SMALL, "--impl", "fake-exact", "--out", str(tmp_path / "b.csv")])
+    assert r.exit_code == 0, r.output
+    assert tiled["timer"].options == [{"budget_s": 2.0}] * 2
+
+
+@pytest.fixture
+def no_device(registry, monkeypatch):
+    def refuse(**kw):
+        raise AssertionError("the device was touched")
+    monkeypatch.setattr(sw, "device_context", refuse)
+    registry["fake-tiled"] = FakeTiledImpl()
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--impl", "fake-exact", "--tile-config", "BN=20"], ("--tile-config 'BN=20'", "multiple of 16 from 16 to 256")),
+    (["--tile-config", "WG=1,MT=2,NWARPS=4,BN=64,STAGES=2,MINB=1,QREG=0,TMA=0"], ("--tile-config", "WG=1 needs MT=1")),
+    (["--impl", "fake-exact", "--tile-config", "BN=32"], ("--tile-config", "none of the implementations (fake-exact)")),
+    (["--samples", "0"], ("--samples=0", "from 1 to 1000")),
+    (["--samples", "1001"], ("--samples=1001", "from 1 to 1000")),
+    (["--samples", "5", "--time-budget", "1"], ("--samples", "--time-budget")),
+])
+def test_bad_sweep_options_are_refused_before_the_device(tmp_path, no_device, args, words):
+    one_error(CliRunner().invoke(main, ["sweep", "--out", str(tmp_path / "r.csv"), *args]), *words)
+    assert not (tmp_path / "r.csv").exists()
+
+
+@pytest.mark.gpu
+def test_a_fast_tc_tile_variant_runs_its_shape_passes_the_gate_and_records_the_shape():
+    from attnbench.arrays import random_inputs
+    from attnbench.check import judge
+    from attnbench.impls import Problem
+
+    prob = Problem(make_mask("window", 1000, True, window=200), 1, 2, 64, "bfloat16")
+    q, k, v = random_inputs(prob.shape, prob.dtype, seed=5)
+    for base in (IMPL, SYNC_IMPL):
+        variant = base.tile_variant(parse_tile_config("BN=32,STAGES=3"))
+        runner = variant.prepare(prob, q, k, v)
+        assert (runner.cfg.BN, runner.cfg.STAGES) == (32, 3)
+        assert runner.setup["tile_config"] == runner.cfg.spec
+        assert base.prepare(prob, q, k, v).setup["tile_config"] == base.shape_for(prob.mask, 64).spec
+        assert judge(variant, prob, runner, q, k, v).ok
+
+
+# -- attnbench profile -------------------------------------------------------------------------------
+
+class RecordingNvtx:
+    """Stands in for cupy.cuda.nvtx: the ranges pushed and popped, with the runner's launch count."""
+
+    def __init__(self, runner_calls):
+        self.events, self.calls = [], runner_calls
+
+    def RangePush(self, name):
+        self.events.append(("push", name, self.calls()))
+
+    def RangePop(self):
+        self.events.append(("pop", self.calls()))
+
+
+def test_profile_gates_warms_up_then_launches_once_inside_the_nvtx_range():
+    from fakes import FakeImpl
+
+    from attnbench.devtools import profile_launch
+    from attnbench.impls import Problem
+
+    impl = FakeTiledImpl()
+    made = []
+    prepare = impl.prepare
+    impl.prepare = lambda *a: made.append(prepare(*a)) or made[-1]
+    nvtx = RecordingNvtx(lambda: made[0].calls)
+    prob = Problem(make_mask("window", 64, True, window=8), 1, 2, 16, "float32")
+    res, setup = profile_launch(impl, prob, inputs=host_inputs, nvtx=nvtx, synchronize=lambda: None)
+    assert res.ok and setup["tile_config"] == impl.base.spec
+    # the gate's launch and the warm-up before the range, one launch inside it
+    assert nvtx.events == [("push", "profile", 2), ("push", "fake-tiled", 2), ("pop", 3), ("pop", 3)]
+    wrong = FakeImpl("fake-wrong", factor=1.5)
+    nvtx.events.clear()
+    res, _ = profile_launch(wrong, prob, inputs=host_inputs, nvtx=nvtx, synchronize=lambda: None)
+    assert not res.ok and nvtx.events == []  # a failed gate is not profiled
+
+
+def profile(*args):
+    return CliRunner().invoke(main, ["profile", *map(str, args)])
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--impl", "nope"], ("'--impl': 'nope' is not one of",)),
+    (["--impl", "fake-exact", "--tile-config", "BN=20"], ("--tile-config 'BN=20'", "multiple of 16 from 16 to 256")),
+    (["--impl", "fake-exact", "--tile-config", "BN=32"], ("--tile-config", "impl=fake-exact takes no tile shape")),
+    (["--impl", "fake-exact", "--D", "0"], ("D=0 must be a positive integer",)),
+    (["--impl", "fake-exact", "--T", "0"], ("T=0 must be a positive integer",)),
+    (["--impl", "fake-exact", "--pattern", "window", "--window", "0"], ("window",)),
+    (["--impl", "fake-f16"], ("dtype=bfloat16 is not supported by fake-f16",)),
+    (["--impl", "fake-absent", "--dtype", "float16"], ("impl=fake-absent cannot run here",)),
+])
+def test_profile_refuses_bad_input_before_any_launch(registry, monkeypatch, args, words):
+    from attnbench import devtools
+
+    monkeypatch.setattr(devtools, "_device_inputs", lambda *a: pytest.fail("inputs were made"))
+    one_error(profile(*args), *words)
+
+
+def test_profile_without_nvtx_says_so(registry, monkeypatch):
+    from types import SimpleNamespace
+
+    from attnbench import devtools
+
+    monkeypatch.setattr(devtools, "_device_inputs", lambda *a: pytest.fail("inputs were made"))
+    monkeypatch.setitem(sys.modules, "cupy.cuda.nvtx", SimpleNamespace(available=False))
+    monkeypatch.setattr(sys.modules["cupy.cuda"], "nvtx", sys.modules["cupy.cuda.nvtx"], raising=False)
+    one_error(profile("--impl", "fake-exact", "--dtype", "float32"), "cupy.cuda.nvtx is not available")
+
+
+def test_profile_on_a_machine_without_a_device_is_refused():
+    from attnbench.impls import device_problem
+
+    if device_problem() is None:
+        pytest.skip("a device is here")
+    one_error(profile(), "impl=fast-tc cannot run here")
+
+
+# -- attnbench tiles ----------------------------------------------------------------------------------
+
+def tiles(*args):
+    return CliRunner().invoke(main, ["tiles", *map(str, args)])
+
+
+def test_tiles_prints_host_build_times_and_writes_the_csv(tmp_path, monkeypatch):
+    import pandas as pd
+
+    from attnbench import impls as impls_mod
+    from attnbench.configs import LLM
+
+    monkeypatch.setattr(impls_mod, "device_problem", lambda: "no CUDA device (test)")
+    out = tmp_path / "sub" / "tiles.csv"
+    r = tiles("--T", 4096, "--repeat", 2, "--out", out)
+    assert r.exit_code == 0, r.output
+    assert "host builds only (no CUDA device (test))" in r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert lines[0].split()[:3] == ["pattern", "D", "BMxBN"] and "dev med" not in lines[0]
+    assert len(lines) == 1 + 2 * len(LLM.instances)  # every instance at D 64 and 128
+    df = pd.read_csv(out)
+    assert len(df) == 2 * len(LLM.instances) and sorted(set(df["D"])) == [64, 128]
+    assert (df["T"] == 4096).all() and (df["host_min_ms"] > 0).all() and (df["entries"] > 0).all()
+    assert (df["host_min_ms"] <= df["host_median_ms"]).all()
+    assert "device_median_ms" not in df.columns
+    dense = df[(df["pattern"] == "dense") & (df["D"] == 64)].iloc[0]
+    cfg = choose_config(make_mask("dense", 4096, True), 64, False)  # mma.sync shapes without a device
+    assert (dense["BM"], dense["BN"], dense["tile_config"]) == (cfg.BM, cfg.BN, cfg.spec)
+    wg = tiles("--T", 4096, "--repeat", 1, "--D", 128, "--wgmma", "--no-device")
+    assert wg.exit_code == 0, wg.output
+    want = choose_config(make_mask("dense", 4096, True), 128, True)
+    assert f"{want.BM}x{want.BN}" in wg.stdout.splitlines()[1]
+
+
+def test_tiles_skips_an_instance_that_does_not_fit():
+    r = tiles("--T", 64, "--D", 64, "--repeat", 1, "--no-device")
+    assert r.exit_code == 0, r.output
+    assert "block_diagonal(block=128)" in r.stdout and "skipped: T=64 is not a multiple of block=128" in r.stdout
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--T", "0"], ("--T=0 must be from 1 to 536870911",)),
+    (["--T", str(2 ** 29)], ("--T=536870912 must be from 1 to 536870911",)),
+    (["--repeat", "0"], ("--repeat=0 must be a positive integer",)),
+    (["--D", "96"], ("--D=96", "D in 64, 128")),
+    (["--config", "seed"], ("the seed config's D=384", "D in 64, 128")),
+    (["--config", "huge"], ("'--config': 'huge' is not one of",)),
+])
+def test_tiles_refuses_bad_input_before_any_build(monkeypatch, args, words):
+    from attnbench import tiles as tiles_mod
+
+    monkeypatch.setattr(tiles_mod, "build", lambda *a: pytest.fail("built"))
+    r = tiles(*args)
+    one_error(r, *words)
+    assert r.stdout == ""
+
+
+def test_tiles_refuses_an_unwritable_out_before_any_build(tmp_path, monkeypatch):
+    from attnbench import tiles as tiles_mod
+
+    monkeypatch.setattr(tiles_mod, "build", lambda *a: pytest.fail("built"))
+    (tmp_path / "f").write_text("x")
+    one_error(tiles("--no-device", "--out", tmp_path / "f" / "t.csv"), "--out", "is not a directory")
