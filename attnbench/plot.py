@@ -46,21 +46,12 @@ def impl_label(impl: str, family: str) -> str:
     return f"{impl} (peer)" if family == "peer" else impl
 
 
-# How the headline names a pattern instance: the values of its parameters in this form; a pattern
-# not listed joins its values with commas.
-SHORT = {"streaming": "{sink}+{window}", "dilated": "{window}/{dilation}",
-         "bigbird": "{block}:{window_blocks}+{global_blocks}+{random_blocks}"}
-SHORT_KEY = {"streaming": "sink+window", "dilated": "window/dilation",
-             "bigbird": "block:window+global+random blocks"}
-
-
 def short_label(pattern: str, params: dict, causal: bool) -> str:
-    """``streaming 16+64``: the pattern and its parameter values (the mask seed left out)."""
+    """``streaming 16+64``: the pattern and its parameter values (Pattern.short_label)."""
     from .patterns import get_pattern
 
-    names = [q.name for q in get_pattern(pattern).params if q.name != "seed" and q.name in params]
-    vals = SHORT[pattern].format(**params) if pattern in SHORT else ",".join(str(params[n]) for n in names)
-    return f"{pattern}{' ' + vals if names else ''}{'' if causal else ', non-causal'}"
+    vals = get_pattern(pattern).short_label(params)
+    return f"{pattern}{' ' + vals if vals else ''}{'' if causal else ', non-causal'}"
 
 
 def best_own_impl(df) -> str | None:

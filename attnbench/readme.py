@@ -20,7 +20,7 @@ from numbers import Number
 from pathlib import Path
 
 from .patterns import PATTERNS, BadInput
-from .plot import GROUP, HEADLINE, KINDS, SHORT_KEY, best_own_impl, impl_label, impl_order, instance_labels, png_name
+from .plot import GROUP, HEADLINE, KINDS, best_own_impl, impl_label, impl_order, instance_labels, png_name
 from .results import read_results
 from .safefile import read_text, write_atomically
 
@@ -186,7 +186,7 @@ def _headline(frames, base) -> str:
             if best is not None:
                 lines += [f"![{config}, {key[0]} D={key[1]}: {best}, runtime of dense and each pattern vs T, "
                           f"and speedup over dense]({_link(path, key, HEADLINE, base)})", ""]
-    keys = [f"{p} {SHORT_KEY[p]}" for p in PATTERNS if p in present and p in SHORT_KEY]
+    keys = [f"{p} {PATTERNS[p].short_key}" for p in PATTERNS if p in present and PATTERNS[p].short_key]
     note = (f"Cells: median GPU time in ms; failed: ran and did not pass (why: below its table); {NONE}: not "
             f"run for this pattern (the CSV row's `reason` says why); {RATIO}: the fastest peer's time over attnbench's fastest (above 1x: attnbench is "
             f"faster). Labels give the parameters" + (f" ({', '.join(keys)})" if keys else "") + ".")

@@ -51,9 +51,8 @@ def param_columns() -> tuple[str, ...]:
 
 
 def pattern_label(name: str, params: dict) -> str:
-    """``window(window=64)``: the parameters in the pattern's own order, the seed left out."""
-    ps = ",".join(f"{q.name}={params[q.name]}" for q in get_pattern(name).params
-                  if q.name != "seed" and q.name in params)
+    """``window(window=64)``: the parameters in the pattern's own order, seeds left out."""
+    ps = ",".join(f"{k}={v}" for k, v in get_pattern(name).label_items(params))
     return f"{name}({ps})" if ps else name
 
 

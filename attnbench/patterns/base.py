@@ -67,6 +67,8 @@ class Pattern:
     name: str = ""
     params: tuple[Param, ...] = ()
     summary: str = ""
+    short: str = ""         # its values in tables and legends, e.g. "{sink}+{window}" (default: comma-joined)
+    short_key: str = ""     # what ``short`` spells, e.g. "sink+window"
     default_causal: bool = True  # what a sweep takes when the causal flag is not forced
     uses_table: bool = False     # the device struct's last field is the table (make_table)
 
@@ -120,6 +122,18 @@ class Pattern:
         return None
 
     # -- shared ------------------------------------------------------------------
+    def label_items(self, p: dict) -> list[tuple[str, object]]:
+        """(name, value) of the parameters a label shows: those given, in declared order, seeds
+        left out (they make a table, not a shape)."""
+        return [(q.name, p[q.name]) for q in self.params if not q.name.endswith("seed") and q.name in p]
+
+    def short_label(self, p: dict) -> str:
+        """The values alone (``16+64``), for tables and legends; empty for a pattern with none."""
+        items = self.label_items(p)
+        if self.short and len(items) == len(self.params) - sum(q.name.endswith("seed") for q in self.params):
+            return self.short.format(**p)
+        return ",".join(str(v) for _, v in items)
+
     def defaults(self) -> dict:
         return {q.name: q.default for q in self.params}
 

@@ -21,6 +21,7 @@ class BigBird(Pattern):
               Param("seed", 0, 0, "seed of numpy.random.default_rng for the random table",
                     option="mask-seed", column=False))
     summary = "BigBird: block window + global blocks + random blocks"
+    short, short_key = "{block}:{window_blocks}+{global_blocks}+{random_blocks}", "block:window+global+random blocks"
     uses_table = True
 
     def validate(self, T, p):

@@ -10,6 +10,7 @@ class Dilated(Pattern):
     params = (Param("window", 64, 1, "keys per side"),
               Param("dilation", 2, 1, "stride r between keys"))
     summary = "dilated window: d = i - j (or |i - j|), d < W*r and d % r == 0"
+    short, short_key = "{window}/{dilation}", "window/dilation"
 
     def allowed(self, i, j, T, causal, p, table):
         d = abs(i - j)

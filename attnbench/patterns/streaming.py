@@ -10,6 +10,7 @@ class Streaming(Pattern):
     params = (Param("sink", 16, 0, "attention-sink keys at the start"),
               Param("window", 64, 1, "sliding-window width"))
     summary = "attention sinks + sliding window: j < S or window(i, j)"
+    short, short_key = "{sink}+{window}", "sink+window"
 
     def validate(self, T, p):
         if p["sink"] > T:
