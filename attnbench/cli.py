@@ -65,7 +65,8 @@ def pattern_options(multiple: bool = False):
         for name, uses in reversed(list(all_params().items())):
             q = uses[0][1]
             takers = ", ".join(pat.name for pat, _ in uses)
-            fn = click.option(q.flag, f"param_{name}", type=int, multiple=multiple, default=() if multiple else None,
+            fn = click.option(q.flag, f"param_{name}", type=int if q.kind == "int" else str, multiple=multiple,
+                              default=() if multiple else None, metavar="N,N,..." if q.kind == "ints" else None,
                               help=f"{q.help} ({takers}){'; repeatable' if multiple else ''}")(fn)
         return fn
     return deco

@@ -89,11 +89,14 @@ def instances(config: str, patterns: tuple[str, ...] = (), causal: bool | None =
         raise BadInput(f"unknown pattern options {sorted(unknown)}")
     given = {k: tuple(v) for k, v in options.items() if v}
     chosen = list(patterns) or list(dict.fromkeys(i.pattern for i in cfg.instances))
-    for name in chosen:  # a value below a parameter's minimum fits no T: refuse the sweep
+    for name in chosen:  # a value that fits no T (below a parameter's minimum, not a number): refuse the sweep
         for prm in get_pattern(name).params:
-            for v in given.get(prm.name, ()):
-                if v < prm.minimum:
-                    raise BadInput(f"{prm.flag}={v} is below its minimum {prm.minimum} ({name}: {prm.help})")
+            if prm.name in given:
+                try:
+                    given[prm.name] = tuple(prm.value(v) for v in given[prm.name])
+                except BadInput as e:  # named by its option: "--block=0 is below its minimum 1"
+                    msg = str(e).replace(prm.name, prm.flag, 1)
+                    raise BadInput(f"{msg} ({name}: {prm.help})") from None
     if not given:
         out = [i for i in cfg.instances if i.pattern in chosen]
         held = {i.pattern for i in out}

@@ -23,7 +23,7 @@ def _params_for(pattern: str, T: int) -> dict:
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_90a"])
 @pytest.mark.parametrize("D", DIMS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("pattern", ["dense", "dilated", "bigbird", "streaming"])
+@pytest.mark.parametrize("pattern", ["dense", "dilated", "bigbird", "streaming", "document"])
 def test_compiles_without_spills(arch, D, dtype, pattern):
     """Every shape either table picks (sm_90a: the wgmma shapes) compiles without spills."""
     mask = make_mask(pattern, 4096, True, **({"window": 64} if pattern == "streaming" else {}))

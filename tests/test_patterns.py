@@ -138,3 +138,39 @@ def test_a_scale_that_is_not_positive_and_finite_is_refused(scale):
     with pytest.raises(BadInput, match="scale="):
         Problem(make_mask("window", 64, True), 1, 1, 64, "bfloat16", scale)
     assert Problem(make_mask("window", 64, True), 1, 1, 64, "bfloat16", 0.5).softmax_scale == 0.5
+
+
+def test_document_lengths_drawn_sum_to_T_around_their_mean():
+    m = make_mask("document", 1 << 20, True, doc_mean=2048, doc_seed=3)
+    starts = np.unique(m.table[:, 0])
+    lens = np.diff(np.append(starts, m.T))
+    assert lens.sum() == m.T and lens.min() >= 1
+    assert 0.7 * 2048 < lens[:-1].mean() < 1.3 * 2048  # the last one is cut at T
+    again = make_mask("document", 1 << 20, True, doc_mean=2048, doc_seed=3)
+    assert (again.table == m.table).all()
+
+
+def test_document_attends_inside_its_own_document_only():
+    d = make_mask("document", 6, False, doc_lens=(1, 2, 3)).dense().astype(int)
+    assert d.tolist() == [[1, 0, 0, 0, 0, 0], [0, 1, 1, 0, 0, 0], [0, 1, 1, 0, 0, 0],
+                          [0, 0, 0, 1, 1, 1], [0, 0, 0, 1, 1, 1], [0, 0, 0, 1, 1, 1]]
+    w = make_mask("document", 6, True, doc_lens=(1, 5), window=2).dense().astype(int)
+    assert w[5].tolist() == [0, 0, 0, 0, 1, 1] and w[1].tolist() == [0, 1, 0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("params, words", [
+    ({"doc_lens": (3, 4)}, ["doc_lens sum to 7, not T=8"]),
+    ({"doc_lens": (8, 0)}, ["doc_lens holds 0, below its minimum 1"]),
+    ({"doc_lens": "4,x"}, ["doc_lens='4,x' must be integers separated by commas"]),
+    ({"doc_mean": 0}, ["doc_mean=0 is below its minimum 1"]),
+])
+def test_document_bad_lengths_are_refused_by_name(params, words):
+    with pytest.raises(BadInput) as e:
+        make_mask("document", 8, True, **params)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_document_labels_stand_a_count_for_a_long_list():
+    assert make_mask("document", 10, True, doc_lens=(3, 7)).label() == "document(docs=2)"
+    assert make_mask("document", 4096, True, doc_mean=512, window=64).label() == "document(doc_mean=512,window=64)"

@@ -14,7 +14,7 @@ from attnbench.results import COLUMNS, STATUSES, ResultWriter, git_commit, read_
 
 SMALL = Path(__file__).parent / "data" / "small.csv"
 REQUIRED = """timestamp gpu sm_count driver cuda_runtime cupy torch git_commit config impl family pattern label
-causal window sink block dilation window_blocks global_blocks random_blocks prefix params B H T D dtype pairs density flops bytes_floor status reason rel_err
+causal window sink block dilation window_blocks global_blocks random_blocks prefix doc_mean params B H T D dtype pairs density flops bytes_floor status reason rel_err
 tolerance median_ms p20_ms p80_ms samples tflops peak_tflops peak_tbps floor_ms roofline compile_s
 setup_s""".split()
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}

@@ -16,6 +16,7 @@ from .bigbird import BigBird
 from .block_diagonal import BlockDiagonal
 from .dense import Dense
 from .dilated import Dilated
+from .document import Document
 from .mask import Mask
 from .prefix_lm import PrefixLM
 from .streaming import Streaming
@@ -29,6 +30,7 @@ REGISTERED: tuple[Pattern, ...] = (
     Dilated(),
     BigBird(),
     PrefixLM(),
+    Document(),
 )
 PATTERNS: dict[str, Pattern] = {pat.name: pat for pat in REGISTERED}
 # the longest sequence a mask is made for: its host-side row counts and tile lists take tens of
@@ -79,12 +81,7 @@ def make_mask(pattern: str, T: int, causal: bool = True, **params) -> Mask:
     p = pat.defaults()
     for q in pat.params:
         v = params.get(q.name)
-        if v is not None:
-            if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
-                raise BadInput(f"{q.name}={v!r} must be an integer")
-            p[q.name] = int(v)
-        if p[q.name] < q.minimum:
-            raise BadInput(f"{q.name}={p[q.name]} is below its minimum {q.minimum}")
+        p[q.name] = q.value(p[q.name] if v is None else v)
     pat.validate(int(T), p)
     table = pat.make_table(int(T), p)
     return Mask(pat, int(T), bool(causal), p, table)

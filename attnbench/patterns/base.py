@@ -26,15 +26,45 @@ from ..errors import BadInput
 @dataclass(frozen=True)
 class Param:
     name: str
-    default: int
-    minimum: int
+    default: int | tuple
+    minimum: int         # of the value, or of every element of a list
     help: str
     option: str = ""     # the command-line option (default: the name with dashes)
     column: bool = True  # a CSV column of its own (every parameter is in the params JSON column)
+    kind: str = "int"    # "int", or "ints": a list of integers, written 1000,3000 on the command line
 
     @property
     def flag(self) -> str:
         return "--" + (self.option or self.name.replace("_", "-"))
+
+    def value(self, v):
+        """``v`` checked and normalised (an int, or a tuple of ints); BadInput naming the parameter."""
+        if self.kind == "ints":
+            if isinstance(v, str):
+                try:
+                    v = tuple(int(x) for x in v.replace(" ", "").split(",") if x)
+                except ValueError:
+                    raise BadInput(f"{self.name}={v!r} must be integers separated by commas") from None
+            if not isinstance(v, (list, tuple)) or not all(_is_int(x) for x in v):
+                raise BadInput(f"{self.name}={v!r} must be a list of integers")
+            low = [x for x in v if x < self.minimum]
+            if low:
+                raise BadInput(f"{self.name} holds {low[0]}, below its minimum {self.minimum}")
+            return tuple(int(x) for x in v)
+        if isinstance(v, str):
+            try:
+                v = int(v)
+            except ValueError:
+                raise BadInput(f"{self.name}={v!r} must be an integer") from None
+        if not _is_int(v):
+            raise BadInput(f"{self.name}={v!r} must be an integer")
+        if v < self.minimum:
+            raise BadInput(f"{self.name}={v} is below its minimum {self.minimum}")
+        return int(v)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
 _HOST = (np.ndarray, np.generic, int, float)
