@@ -66,7 +66,8 @@ def pattern_options(multiple: bool = False):
             q = uses[0][1]
             takers = ", ".join(pat.name for pat, _ in uses)
             fn = click.option(q.flag, f"param_{name}", type=int if q.kind == "int" else str, multiple=multiple,
-                              default=() if multiple else None, metavar="N,N,..." if q.kind == "ints" else None,
+                              default=() if multiple else None,
+                              metavar={"ints": "N,N,...", "pairs": "A:B,A:B,..."}.get(q.kind),
                               help=f"{q.help} ({takers}){'; repeatable' if multiple else ''}")(fn)
         return fn
     return deco

@@ -35,19 +35,25 @@ def params_json(params: dict) -> str:
     return json.dumps(params, sort_keys=True, separators=(",", ":"))
 
 
-def _norm(col: str, v) -> str:
+def _norm(col: str, v, pattern: str = "") -> str:
     if col == "causal":
         return str(v).strip().lower() in ("true", "1")
     if col in ("B", "H", "T", "D"):
         return int(float(v))
     if col == "params":
-        return params_json(json.loads(v)) if isinstance(v, str) else params_json(v)
+        from .patterns import PATTERNS
+
+        given = json.loads(v) if isinstance(v, str) else dict(v)
+        # the pattern's defaults under what the row gives: a row written before a parameter was
+        # declared (dilated's levels) is the same instance as one written after, at its default
+        defaults = json.loads(params_json(PATTERNS[pattern].defaults())) if pattern in PATTERNS else {}
+        return params_json({**defaults, **given})
     return str(v)
 
 
 def row_key(row: dict) -> tuple:
     """The identity of a row, the same whether it comes from a dict just built or a CSV."""
-    return tuple(_norm(c, row[c]) for c in KEY_COLUMNS)
+    return tuple(_norm(c, row[c], str(row.get("pattern", ""))) for c in KEY_COLUMNS)
 
 
 class Tally(Counter):

@@ -174,3 +174,41 @@ def test_document_bad_lengths_are_refused_by_name(params, words):
 def test_document_labels_stand_a_count_for_a_long_list():
     assert make_mask("document", 10, True, doc_lens=(3, 7)).label() == "document(docs=2)"
     assert make_mask("document", 4096, True, doc_mean=512, window=64).label() == "document(doc_mean=512,window=64)"
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 200), st.booleans(),
+       st.lists(st.tuples(st.integers(1, 30), st.integers(1, 7)), min_size=1, max_size=5))
+def test_multi_scale_dilation_is_the_union_of_its_levels(T, causal, levels):
+    (W, r), extra = levels[0], tuple(levels[1:])
+    m = make_mask("dilated", T, causal, window=W, dilation=r, levels=extra)
+    d = m.dense()
+    i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+    want = np.zeros((T, T), bool)
+    for w, s in levels:
+        want |= (np.abs(i - j) < w * s) & (np.abs(i - j) % s == 0)
+    if causal:
+        want &= j <= i
+    assert (d == want).all()
+    assert (d.sum(axis=1) == m.row_counts()).all()  # inclusion-exclusion over the levels
+    assert m.strided()[0] == (r if set(levels) == {(W, r)} else 1)  # one level (repeats dropped) only
+
+
+@pytest.mark.parametrize("levels, words", [
+    ("4096:x", ["levels='4096:x' must be pairs a:b"]),
+    ("0:2", ["levels holds 0, below its minimum 1"]),
+    (",".join(["4:1"] * 9), ["levels holds 9 levels, above the 8"]),
+    ("4:1:2", ["must be a list of integer pairs"]),
+])
+def test_bad_levels_are_refused_by_name(levels, words):
+    with pytest.raises(BadInput) as e:
+        make_mask("dilated", 64, True, levels=levels)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_levels_label_and_device_args():
+    m = make_mask("dilated", 4096, True, window=2048, dilation=1, levels="4096:2,8192:4")
+    assert m.label() == "dilated(levels=2048:1+4096:2+8192:4)"
+    assert m.device_args().tolist() == [2048, 1, 2, 4096, 2, 8192, 4]
+    assert make_mask("dilated", 4096, True).device_args().tolist() == [64, 2]  # one level: as before

@@ -139,3 +139,12 @@ def test_read_results_names_a_missing_or_foreign_file(tmp_path):
         read_results(tmp_path / "x.csv")
     df = read_results(SMALL)
     assert df["causal"].dtype == bool
+
+
+def test_a_row_written_before_a_parameter_was_declared_keeps_its_identity():
+    """Resume: dilated rows from before `levels` existed are the same instances as new ones."""
+    old = {"impl": "fast-tc", "pattern": "dilated", "params": '{"dilation":2,"window":512}', "causal": "True",
+           "B": "1", "H": "16", "T": "32768", "D": "64", "dtype": "bfloat16"}
+    new = dict(old, params='{"dilation":2,"levels":[],"window":512}', causal=True, B=1, H=16, T=32768, D=64)
+    assert row_key(old) == row_key(new)
+    assert row_key(old) != row_key(dict(new, params='{"dilation":2,"levels":[[4,2]],"window":512}'))

@@ -59,7 +59,7 @@ def test_llm_plan_is_spec_section_5():
         ("window", (("window", 4096),), True),
         ("block_diagonal", (("block", 16),), False),
         ("block_diagonal", (("block", 128),), False),
-        ("dilated", (("dilation", 2), ("window", 512)), True),
+        ("dilated", (("dilation", 2), ("levels", ()), ("window", 512)), True),
         ("bigbird", (("block", 64), ("global_blocks", 1), ("random_blocks", 3), ("window_blocks", 3)), True),
     }
     assert sorted({c.T for c in sw.plan("llm", T_min=1024, T_max=2048)}) == [1024, 2048]

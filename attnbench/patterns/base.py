@@ -31,14 +31,28 @@ class Param:
     help: str
     option: str = ""     # the command-line option (default: the name with dashes)
     column: bool = True  # a CSV column of its own (every parameter is in the params JSON column)
-    kind: str = "int"    # "int", or "ints": a list of integers, written 1000,3000 on the command line
+    kind: str = "int"    # "int"; "ints": a list, written 1000,3000; "pairs": a list of pairs, 2048:1,4096:2
 
     @property
     def flag(self) -> str:
         return "--" + (self.option or self.name.replace("_", "-"))
 
     def value(self, v):
-        """``v`` checked and normalised (an int, or a tuple of ints); BadInput naming the parameter."""
+        """``v`` checked and normalised (an int, a tuple of ints, or a tuple of int pairs); BadInput
+        naming the parameter."""
+        if self.kind == "pairs":
+            if isinstance(v, str):
+                try:
+                    v = tuple(tuple(int(x) for x in item.split(":")) for item in v.replace(" ", "").split(",") if item)
+                except ValueError:
+                    raise BadInput(f"{self.name}={v!r} must be pairs a:b separated by commas") from None
+            if not isinstance(v, (list, tuple)) or not all(
+                    isinstance(x, (list, tuple)) and len(x) == 2 and all(_is_int(y) for y in x) for x in v):
+                raise BadInput(f"{self.name}={v!r} must be a list of integer pairs (a:b,c:d on the command line)")
+            low = [y for x in v for y in x if y < self.minimum]
+            if low:
+                raise BadInput(f"{self.name} holds {low[0]}, below its minimum {self.minimum}")
+            return tuple((int(a), int(b)) for a, b in v)
         if self.kind == "ints":
             if isinstance(v, str):
                 try:
@@ -159,10 +173,12 @@ class Pattern:
 
     def short_label(self, p: dict) -> str:
         """The values alone (``16+64``), for tables and legends; empty for a pattern with none."""
-        items = self.label_items(p)
-        if self.short and len(items) == len(self.params) - sum(q.name.endswith("seed") for q in self.params):
-            return self.short.format(**p)
-        return ",".join(str(v) for _, v in items)
+        if self.short:
+            try:
+                return self.short.format(**p)
+            except KeyError:  # a parameter it spells is missing: the plain form
+                pass
+        return ",".join(str(v) for _, v in self.label_items(p))
 
     def defaults(self) -> dict:
         return {q.name: q.default for q in self.params}

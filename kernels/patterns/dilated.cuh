@@ -1,34 +1,49 @@
-// dilated: d = i - j (or |i - j|), d < W*r and d % r == 0. Mirrors attnbench/patterns/dilated.py.
-// (The fast kernels run dilation > 1 as a window over each residue class: Mask.strided.)
+// dilated: d = i - j (or |i - j|), d < W*r and d % r == 0; with extra levels, the union of several
+// (W, r), LongNet-style. Mirrors attnbench/patterns/dilated.py. (The fast kernels run one level with
+// dilation > 1 as a window over each residue class: Mask.strided.)
 #pragma once
 #include "common.cuh"
+
+#define AB_DILATED_MAX_LEVELS 8
 
 struct ab_dilated {
     int causal;
     int window;
     int dilation;
+    int extra;                          // levels beyond (window, dilation); 0 when none were given
+    int lv[2 * AB_DILATED_MAX_LEVELS];  // their (W, r), in order
     __device__ __forceinline__ bool allowed(int i, int j) const {
         const int a = ab_abs(i - j);
-        return (a < window * dilation) & ((a % dilation) == 0) & ab_before(causal, i - j);
+        bool ok = (a < window * dilation) & ((a % dilation) == 0);
+        for (int k = 0; k < extra; ++k) ok |= (a < lv[2 * k] * lv[2 * k + 1]) & ((a % lv[2 * k + 1]) == 0);
+        return ok & ab_before(causal, i - j);
     }
     __device__ __forceinline__ unsigned bits(int i, int j0) const {
         const int r = i - j0;
-        if (dilation == 1) return ab_span(r - window + 1, causal ? r : r + window - 1);
+        if (dilation == 1 && extra == 0) return ab_span(r - window + 1, causal ? r : r + window - 1);
         unsigned m = 0;
         for (int b = 0; b < 32; ++b) m |= (unsigned)allowed(i, j0 + b) << b;
         return m;
     }
     template <class F>
     __device__ __forceinline__ void keys(int i, int T, F&& push) const {
-        for (int m = window - 1; m >= 1; --m) {  // behind, farthest first
-            const int j = i - m * dilation;
-            if (j >= 0) push(j);
-        }
-        push(i);
-        if (!causal)
-            for (int m = 1; m < window; ++m) {
-                const int j = i + m * dilation;
-                if (j < T) push(j);
+        if (extra == 0) {
+            for (int m = window - 1; m >= 1; --m) {  // behind, farthest first
+                const int j = i - m * dilation;
+                if (j >= 0) push(j);
             }
+            push(i);
+            if (!causal)
+                for (int m = 1; m < window; ++m) {
+                    const int j = i + m * dilation;
+                    if (j < T) push(j);
+                }
+            return;
+        }
+        int reach = (window - 1) * dilation;  // several levels: every key within the farthest reach, in order
+        for (int k = 0; k < extra; ++k) reach = max(reach, (lv[2 * k] - 1) * lv[2 * k + 1]);
+        const int hi = causal ? i : min(T - 1, i + reach);
+        for (int j = max(0, i - reach); j <= hi; ++j)
+            if (allowed(i, j)) push(j);
     }
 };
