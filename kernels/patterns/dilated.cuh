@@ -15,14 +15,28 @@ struct ab_dilated {
     __device__ __forceinline__ bool allowed(int i, int j) const {
         const int a = ab_abs(i - j);
         bool ok = (a < window * dilation) & ((a % dilation) == 0);
-        for (int k = 0; k < extra; ++k) ok |= (a < lv[2 * k] * lv[2 * k + 1]) & ((a % lv[2 * k + 1]) == 0);
+#pragma unroll
+        for (int k = 0; k < AB_DILATED_MAX_LEVELS; ++k)
+            if (k < extra) ok |= (a < lv[2 * k] * lv[2 * k + 1]) & ((a % lv[2 * k + 1]) == 0);
         return ok & ab_before(causal, i - j);
+    }
+    // one level's keys among j0 .. j0 + 31: every r-th bit from the first whose distance d = i - j
+    // is a multiple of r, within the level's reach (the causal clause is the caller's)
+    __device__ __forceinline__ unsigned level_bits(int rr, int W, int r) const {
+        if (r == 1) return ab_span(rr - W + 1, causal ? rr : rr + W - 1);
+        int b = rr % r;
+        if (b < 0) b += r;
+        unsigned m = 0;
+        for (; b < 32; b += r) m |= 1u << b;
+        return m & ab_span(rr - (W - 1) * r, causal ? rr : rr + (W - 1) * r);
     }
     __device__ __forceinline__ unsigned bits(int i, int j0) const {
         const int r = i - j0;
         if (dilation == 1 && extra == 0) return ab_span(r - window + 1, causal ? r : r + window - 1);
-        unsigned m = 0;
-        for (int b = 0; b < 32; ++b) m |= (unsigned)allowed(i, j0 + b) << b;
+        unsigned m = level_bits(r, window, dilation);
+#pragma unroll
+        for (int k = 0; k < AB_DILATED_MAX_LEVELS; ++k)
+            if (k < extra) m |= level_bits(r, lv[2 * k], lv[2 * k + 1]);
         return m;
     }
     template <class F>
