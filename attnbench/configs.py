@@ -70,6 +70,9 @@ LLM = Config(
         Instance.make("block_diagonal", False, block=128),
         Instance.make("dilated", True, window=512, dilation=2),
         Instance.make("bigbird", True),
+        # packed documents (log-normal lengths around 2048) and LongNet-style multi-scale dilation
+        Instance.make("document", True, doc_mean=2048, doc_seed=0),
+        Instance.make("dilated", True, window=2048, dilation=1, levels=((2048, 2), (2048, 4))),
     ),
     B=1, H=16, D=(64, 128), dtype=("bfloat16",), Ts=(4096, 32768, 131072), build_T=32768)
 
