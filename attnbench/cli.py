@@ -288,10 +288,17 @@ def check_cmd(impls, patterns, Ts, D, B, H, causal):
 @click.option("--arch", "archs", multiple=True, default=("sm_90",), show_default=True,
               help="target, e.g. sm_80 or sm_90 (repeatable)")
 @click.option("--hashes", is_flag=True, help="add each cubin's SHA-256 (to show a source change leaves the code as it was)")
+@click.option("--gate-builds", is_flag=True, help="also every fast-tc build the GPU gate tests compile")
 @friendly
-def compile_cmd(archs, hashes):
+def compile_cmd(archs, hashes, gate_builds):
     """Compile every kernel with the standard configurations' constants (no GPU needed)."""
     from . import compile as kc
+
+    builds = kc.standard_builds()
+    if gate_builds:
+        from .fast_tc import gate_builds as gate
+
+        builds += [b for b in gate() if b not in builds]
 
     for arch in archs:
         kc.check_arch(arch)
@@ -300,7 +307,7 @@ def compile_cmd(archs, hashes):
     click.echo(f"{'arch':<6} {'source':<9} {'kernel':<28} {'constants':<36} {'regs':>5} {'spill st/ld':>12} "
                f"{'stack':>6} {'smem':>7}")
     for arch in archs:
-        for name, defines in kc.standard_builds():
+        for name, defines in builds:
             consts = " ".join(f"{k}={v}" for k, v in sorted(defines.items()))
             target = kc.target_arch(defines, arch)
             if target is None:

@@ -375,3 +375,27 @@ def standard_builds() -> list[tuple[str, dict]]:
                     if b not in builds:
                         builds.append(b)
     return builds
+
+
+GATE_TS = (1, 7, 100, 1000, 4096)  # the sizes of the GPU gate tests (tests/test_fast_tc.py)
+
+
+def gate_builds() -> list[tuple[str, dict]]:
+    """Every build the GPU gate compiles: each registered pattern's first example at each gate T,
+    causal or not, D = 64 and 128, bfloat16 and float16, both main loops. ``attnbench compile
+    --gate-builds --hashes`` before and after a source change shows whether a GPU's earlier
+    verdict on these builds still stands."""
+    from .patterns import REGISTERED, make_mask
+
+    builds = []
+    for pat in REGISTERED:
+        for T in GATE_TS:
+            for causal in (True, False):
+                mask = make_mask(pat.name, T, causal, **pat.examples(T)[0])
+                for D in (64, 128):
+                    for dtype in ("bfloat16", "float16"):
+                        for wgmma in (False, True):
+                            b = (KERNEL, kernel_defines(D, dtype, mask, choose_config(mask, D, wgmma)))
+                            if b not in builds:
+                                builds.append(b)
+    return builds
