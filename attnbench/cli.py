@@ -10,9 +10,10 @@ from typing import NoReturn
 import click
 
 from .configs import CONFIGS
+from .errors import BadInput
 from .impls import DTYPES
+from .patterns import PATTERNS, all_params, make_mask
 from .timing import MAX_SAMPLES
-from .patterns import PATTERNS, BadInput, all_params, make_mask
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

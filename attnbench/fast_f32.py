@@ -14,8 +14,9 @@ import numpy as np
 
 from .arrays import poison
 from .compile import get_module
+from .errors import BadInput
 from .impls import Impl, Problem, Runner, register, timed
-from .patterns import BadInput, Mask
+from .patterns import Mask
 from .tiles import setup_times, tile_list
 
 BM = 64    # query rows per tile

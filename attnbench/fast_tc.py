@@ -18,8 +18,9 @@ import numpy as np
 
 from .arrays import bind
 from .compile import get_module
+from .errors import BadInput
 from .impls import Impl, Problem, Runner, register, timed
-from .patterns import BadInput, Mask
+from .patterns import Mask
 from .tiles import setup_times, tile_list
 from .tma import TensorMap, head_maps
 

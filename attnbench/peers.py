@@ -23,8 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .arrays import STORAGE, Bound, poison, unbind
+from .errors import BadInput
 from .impls import DTYPES, ITEMSIZE, Impl, Problem, Runner, device_problem, register, timed
-from .patterns import BadInput, Mask
+from .patterns import Mask
 
 SCRATCH_BYTES = 256 << 20     # cublas: scores and probabilities of one chunk of query rows
 MASK_CACHE_BYTES = 1 << 30    # cublas: the uploaded mask is kept between runs up to T*T this size

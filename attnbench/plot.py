@@ -22,7 +22,7 @@ import matplotlib.ticker
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .patterns import BadInput  # noqa: E402
+from .errors import BadInput  # noqa: E402
 from .results import read_results  # noqa: E402
 from .safefile import make_dir, write_atomically  # noqa: E402
 

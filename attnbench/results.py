@@ -16,7 +16,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from .patterns import BadInput, param_columns
+from .errors import BadInput
+from .patterns import param_columns
 
 # the pattern parameter columns come from the registry (Param.column), in its order
 COLUMNS = [

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, IO
 
-from .patterns import BadInput
+from .errors import BadInput
 
 
 def why(e: OSError) -> str:

@@ -22,8 +22,9 @@ from typing import Callable
 
 from .check import judge, reference_of
 from .configs import Instance, get_config
+from .errors import BadInput
 from .impls import DTYPES, Impl, Problem, all_impls, get_impl
-from .patterns import BadInput, all_params, get_pattern, make_mask, param_columns, pattern_label
+from .patterns import all_params, get_pattern, make_mask, param_columns, pattern_label
 from .results import COLUMNS, ResultWriter, Tally, now, params_json, row_key
 from .timing import DEFAULT_BUDGET_S, Peaks, Timing, floor_ms
 
