@@ -7,13 +7,10 @@
 // functions cost nothing in the builds that do not call them. Include paths are relative to
 // kernels/ (attnbench.compile expands them textually).
 //
-// Functions or macros: the parts are __forceinline__ functions and small structs where that leaves
-// the cubins byte-identical to the single-file kernel (all outside the tile loop but the epilogue;
-// the list walk and the cp.async refill in it). The code of the tile loop (products, masking,
-// softmax) and the epilogue are macros with explicit parameters: written as functions, NVVM
-// optimises each body on its own before inlining it, and the kernel comes out with its values
-// numbered and scheduled otherwise: every standard build's cubin changed (same instructions, other
-// register numbers), which a move of code must not do here.
+// The parts are __forceinline__ functions and small structs with fixed interfaces (each header says
+// its own), so a backward or a decoding kernel can compose the same ones. (Until v15 the tile
+// loop's parts were macros, which kept the cubins byte-identical to the single-file kernel; as
+// functions the instructions are the same, numbered and scheduled otherwise: docs/PERF.md v15.)
 #pragma once
 #include "common.cuh"
 #include "pattern.cuh"
@@ -24,6 +21,12 @@
 
 typedef unsigned short u16;
 typedef unsigned int u32;
+
+// A thread's fragments of the m16 tiles its warp owns (MT of them; the accumulator layout of
+// mma.sync, wgmma's per warp: rows g and g + 8 of each, g = lane / 4)
+typedef float TcS[MT][BN / 8][4];       // S (then P) of one key tile
+typedef float TcAcc[MT][HEAD_D / 8][4];  // the output accumulators
+typedef float TcRows[MT][2];             // one value per row of the thread (rows g and g + 8)
 
 __device__ __forceinline__ u32 tc_smem_addr(const void* p) {
     u32 r;

@@ -1,84 +1,118 @@
 // The mma.sync main loop's parts: the products on mma.sync m16n8k16 with operands through ldmatrix
-// (TcMmaSync, TC_QK_SYNC, TC_PV_SYNC), and the loads by cp.async (tc_load_tile, TcLoadAsync),
-// which the wgmma builds of strided patterns use too (a residue class is no box of the bulk
-// copies' view).
+// (TcMmaSync), and the loads by cp.async (tc_load_tile, TcLoadAsync), which the wgmma builds of
+// strided patterns use too (a residue class is no box of the bulk copies' view).
 //
 // Products (rows of CH 16-byte chunks, TcRowLayout; warp w owns rows w * RW .. w * RW + RW - 1 of
-// the query tile, MT m16 tiles, every K/V fragment read from shared memory feeding MT mma):
-//   TcMmaSync::Layout; vote(x): x on any thread that issues the products together (the warp);
+// the query tile, MT m16 tiles, every K/V fragment read from shared memory feeding MT mma). The
+// interface every main loop's products share (TcMmaWgmma too):
+//   Layout: the tiles' shared-memory layout; Ops: the lane's operand state, init(op, sm, warp,
+//     lane) once Q has landed;
+//   qk(s, op, st): S = Q K^T with K from stage st (s overwritten); here Q is held in registers
+//     (QREG 1) or read from the resident Q tile (QREG 0), K through ldmatrix;
+//   pv(acc, s, op, st, idle): O += P V with V from stage st, P re-packed from the S accumulators
+//     (tc_p_frag); here V through ldmatrix.trans, and nothing when the warp is idle;
+//   vote(x): x on any thread that issues the products together (here the warp);
 //   fence_loads(): completed cp.async writes made visible to the products (nothing here).
-//   TC_QK_SYNC(s, tK, kthr, qf, qthr): S = Q K^T, Q held in registers (QREG 1: qf) or read from
-//     the resident Q tile (QREG 0: qthr), K through ldmatrix from the stage's tile tK.
-//   TC_PV_SYNC(acc, s, tV, vthr, idle): O += P V, P re-packed from the S accumulators
-//     (tc_p_frag), V through ldmatrix.trans; nothing when the warp is idle.
 // Loads (the K/V tiles stream through STAGES shared-memory buffers, one cp.async commit group per
-// tile, rows >= T zero-filled):
+// tile, rows >= T zero-filled). The interface every loader shares (TcLoadTma too):
+//   init(sm, gm, w); begin(): Q's copy, issued before the list's head is read;
+//   first_tiles(list): the list's first STAGES - 1 tiles, then waits for Q;
+//   refill(sm, gm, T, bar, st, st_fill, phase, ent_nx, nx, n) (static): waits for tile `it`
+//     (stage st), loads tile nx (entry ent_nx) into stage st_fill when nx < n;
+//   drain(): waits for what is left.
 //   tc_load_tile<Layout, ROWS>(dst, src, row0, T): rows [row0, row0 + ROWS) of a [T][HEAD_D]
 //     matrix whose rows lie STRIDE rows apart into a swizzled tile (any rows: Q, K or V).
-//   TcLoadAsync<Mma>: init(sm, gm, w); begin(): Q's copy, issued before the list's head is read;
-//     first_tiles(list): the list's first STAGES - 1 tiles, then waits for Q; refill(sm, gm, T,
-//     st_fill, ent_nx, nx, n): waits for the oldest tile (the one the loop is on), then loads tile
-//     nx (entry ent_nx) into stage st_fill when nx < n; drain(): waits for what is left.
 #pragma once
 #include "tc/scheduler.cuh"
 
 struct TcMmaSync {
     typedef TcRowLayout Layout;
+
+    // the lane's operand addresses, set once Q has landed: the K and V stages' ldmatrix bases
+    // (stage st at + st * TILE_BYTES), Q's (QREG 0) or Q's fragments themselves (QREG 1)
+    struct Ops {
+        u32 k, v, q;
+#if QREG
+        u32 qf[MT][HEAD_D / 16][4];
+#endif
+    };
+
+    static __device__ __forceinline__ void init(Ops& op, const TcSmem& sm, int warp, int lane) {
+        // a lane's row within a 16-row step has row & 7 == lane & 7, so the swizzled chunk
+        // (c ^ (lane & 7)) of k-step ks is (base ^ (ks << 5)) with base holding the lane's own bits;
+        // the 16-row steps are constant offsets
+        const int l7 = lane & 7;
+        op.q = sm.q + (u32)((warp * RW + (lane & 15)) * CH * 16 + (((lane >> 4) ^ l7) << 4));
+        op.k = sm.k + (u32)((((lane >> 4) << 3) + l7) * CH * 16 + ((((lane >> 3) & 1) ^ l7) << 4));
+        op.v = sm.v + (u32)(((((lane >> 3) & 1) << 3) + l7) * CH * 16 + (((lane >> 4) ^ l7) << 4));
+#if QREG
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int ks = 0; ks < HEAD_D / 16; ++ks) tc_ldsm_x4(op.qf[m][ks], (op.q ^ (u32)(ks << 5)) + m * 16 * CH * 16);
+#endif
+    }
+
+    // k-step ks's Q fragment of m16 tile m: a copy of the registers (QREG 1, folded away by the
+    // compiler) or read from the resident Q tile
+    static __device__ __forceinline__ void q_frag(u32 (&a)[4], const Ops& op, int m, int ks) {
+#if QREG
+#pragma unroll
+        for (int x = 0; x < 4; ++x) a[x] = op.qf[m][ks][x];
+#else
+        tc_ldsm_x4(a, (op.q ^ (u32)(ks << 5)) + m * 16 * CH * 16);
+#endif
+    }
+
+    // S = Q K^T for the warp's rows (s overwritten), K from stage st
+    static __device__ __forceinline__ void qk(TcS& s, const Ops& op, int st) {
+        const u32 cK = op.k + st * TILE_BYTES;
+        tc_zero(s);
+#pragma unroll
+        for (int ks = 0; ks < HEAD_D / 16; ++ks) {
+            u32 qk[MT][4];  // this k-step's Q fragments
+#pragma unroll
+            for (int m = 0; m < MT; ++m) q_frag(qk[m], op, m, ks);
+#pragma unroll
+            for (int np = 0; np < BN / 16; ++np) {
+                u32 b[4];
+                tc_ldsm_x4(b, (cK ^ (u32)(ks << 5)) + np * 16 * CH * 16);
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+                    tc_mma(s[m][2 * np], qk[m], b[0], b[1]);
+                    tc_mma(s[m][2 * np + 1], qk[m], b[2], b[3]);
+                }
+            }
+        }
+    }
+
+    // O += P V (P re-packed from the S accumulators, V of stage st through ldmatrix.trans), nothing
+    // when the warp is idle
+    static __device__ __forceinline__ void pv(TcAcc& acc, const TcS& s, const Ops& op, int st, bool idle) {
+        const u32 cV = op.v + st * TILE_BYTES;
+#pragma unroll
+        for (int kk = 0; kk < BN / 16 && !idle; ++kk) {
+            u32 a[MT][4];
+#pragma unroll
+            for (int m = 0; m < MT; ++m) tc_p_frag(a[m], s[m], kk);
+#pragma unroll
+            for (int dp = 0; dp < HEAD_D / 16; ++dp) {
+                u32 b[4];
+                tc_ldsm_x4_t(b, (cV ^ (u32)(dp << 5)) + kk * 16 * CH * 16);
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+                    tc_mma(acc[m][2 * dp], a[m], b[0], b[1]);
+                    tc_mma(acc[m][2 * dp + 1], a[m], b[2], b[3]);
+                }
+            }
+        }
+    }
+
     // whether x holds on any thread that issues the products together (the warp)
     static __device__ __forceinline__ bool vote(bool x) { return __any_sync(0xffffffffu, x); }
     // completed cp.async writes made visible to the products' reads (nothing for ldmatrix)
     static __device__ __forceinline__ void fence_loads() {}
 };
-
-// QREG 1: the k-step's Q fragments are copies of the registers loaded once (the compiler folds
-// them away); QREG 0: read from the resident Q tile
-#if QREG
-#define TC_Q_FRAG_SYNC(qk, qf, qthr, m, ks) _Pragma("unroll") for (int x = 0; x < 4; ++x) qk[m][x] = qf[m][ks][x];
-#else
-#define TC_Q_FRAG_SYNC(qk, qf, qthr, m, ks) tc_ldsm_x4(qk[m], (qthr ^ (u32)(ks << 5)) + m * 16 * CH * 16);
-#endif
-
-// S = Q K^T for the warp's rows (s overwritten): tK the stage's K tile, kthr / qthr the lane's
-// ldmatrix offsets, qf the Q fragments (QREG 1)
-#define TC_QK_SYNC(s, tK, kthr, qf, qthr)                                                                               \
-    {                                                                                                                   \
-        const u32 cK = tK + kthr;                                                                                       \
-        _Pragma("unroll") for (int m = 0; m < MT; ++m)                                                                  \
-            _Pragma("unroll") for (int j = 0; j < BN / 8; ++j) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.f; \
-        _Pragma("unroll") for (int ks = 0; ks < HEAD_D / 16; ++ks) {                                                    \
-            u32 qk[MT][4];  /* this k-step's Q fragments (QREG: copies the compiler folds away) */                      \
-            _Pragma("unroll") for (int m = 0; m < MT; ++m) {                                                            \
-                TC_Q_FRAG_SYNC(qk, qf, qthr, m, ks)                                                                     \
-            }                                                                                                           \
-            _Pragma("unroll") for (int np = 0; np < BN / 16; ++np) {                                                    \
-                u32 b[4];                                                                                               \
-                tc_ldsm_x4(b, (cK ^ (u32)(ks << 5)) + np * 16 * CH * 16);                                               \
-                _Pragma("unroll") for (int m = 0; m < MT; ++m) {                                                        \
-                    tc_mma(s[m][2 * np], qk[m], b[0], b[1]);                                                            \
-                    tc_mma(s[m][2 * np + 1], qk[m], b[2], b[3]);                                                        \
-                }                                                                                                       \
-            }                                                                                                           \
-        }                                                                                                               \
-    }
-
-// O += P V (P re-packed from the S accumulators, V through ldmatrix.trans), nothing when the warp is
-// idle: tV the stage's V tile, vthr the lane's ldmatrix offset
-#define TC_PV_SYNC(acc, s, tV, vthr, idle)                                            \
-    {                                                                                 \
-        const u32 cV = tV + vthr;                                                     \
-        _Pragma("unroll") for (int kk = 0; kk < BN / 16 && !idle; ++kk) {             \
-            u32 a[MT][4];                                                             \
-            _Pragma("unroll") for (int m = 0; m < MT; ++m) tc_p_frag(a[m], s[m], kk); \
-            _Pragma("unroll") for (int dp = 0; dp < HEAD_D / 16; ++dp) {              \
-                u32 b[4];                                                             \
-                tc_ldsm_x4_t(b, (cV ^ (u32)(dp << 5)) + kk * 16 * CH * 16);           \
-                _Pragma("unroll") for (int m = 0; m < MT; ++m) {                      \
-                    tc_mma(acc[m][2 * dp], a[m], b[0], b[1]);                         \
-                    tc_mma(acc[m][2 * dp + 1], a[m], b[2], b[3]);                     \
-                }                                                                     \
-            }                                                                         \
-        }                                                                             \
-    }
 
 // A thread copies chunk c = tid % CH of rows r0 + i * RSTEP (RSTEP = THREADS / CH, a multiple of 8,
 // so every one of its rows has the same swizzle and the addresses differ by constants).
@@ -134,9 +168,10 @@ struct TcLoadAsync {
         __syncthreads();
     }
 
-    // (static, its state passed in: as a method reading the struct, the cubins change)
-    static __device__ __forceinline__ void refill(const TcSmem& sm, const TcGlobal& gm, int T, int st_fill, int ent_nx,
-                                                  int nx, int n) {
+    // waits for the oldest tile (stage st, the one the loop is on), then loads tile nx (entry
+    // ent_nx) into stage st_fill when nx < n (bar and phase: TcLoadTma's, unused here)
+    static __device__ __forceinline__ void refill(const TcSmem& sm, const TcGlobal& gm, int T, u32 bar, int st,
+                                                  int st_fill, u32 phase, int ent_nx, int nx, int n) {
         tc_wait<STAGES - 2>();
         Mma::fence_loads();
         __syncthreads();  // tile `it` is visible to all; the stage refilled below is free

@@ -1,26 +1,24 @@
 // The wgmma main loop's parts (sm_90a only; WG 1): both products on Hopper's warpgroup MMA instead
-// of mma.sync (TcMmaWgmma, TC_PV_WGMMA), and the loads by bulk tensor copies (TMA 1, unstrided
-// patterns: TcLoadTma, TC_TMA_REFILL; strided ones load by cp.async, TcLoadAsync of
-// tc/mainloop_sync.cuh).
+// of mma.sync (TcMmaWgmma), and the loads by bulk tensor copies (TMA 1, unstrided patterns:
+// TcLoadTma; strided ones load by cp.async, TcLoadAsync of tc/mainloop_sync.cuh). Both keep the
+// interfaces written in tc/mainloop_sync.cuh.
 //
 // Products: tiles are stored as 64-column panels (TcPanelLayout: the XOR swizzle of the row
 // layout within each is the 128-byte swizzle wgmma expects). S = Q K^T is wgmma m64nBNk16 with Q
-// and K read from shared memory through descriptors, O += P V is m64nHEAD_Dk16 with P from
-// registers and V read N-major; each warpgroup owns 64 rows, and each product is issued,
-// committed and waited for in one batch (the softmax between them is unchanged).
-//   TcMmaWgmma::Layout; qk(s, dQ, dK, so): S = Q K^T; vote(x): over the block (its warpgroups
-//   issue S together); fence_loads(): cp.async writes (generic proxy) made visible to wgmma (async
-//   proxy). TC_PV_WGMMA(acc, s, dV, so): O += P V.
+// and K read from shared memory through descriptors (Ops: their low words), O += P V is
+// m64nHEAD_Dk16 with P from registers and V read N-major; each warpgroup owns 64 rows, and each
+// product is issued, committed and waited for in one batch (the softmax between them is
+// unchanged). vote(x) is over the block (its warpgroups issue S together); fence_loads() makes
+// cp.async writes (generic proxy) visible to wgmma (async proxy).
 // Loads: Q and the K/V tiles come by bulk tensor copies (kernels/tma.cuh) that one thread issues,
 // each stage completing on its own mbarrier, instead of a cp.async per 16-byte chunk per thread;
 // the copy engine applies the 128-byte swizzle and zero-fills rows >= T (the output goes back the
-// same way, TC_STORE_TMA of tc/epilogue.cuh). The tensor maps (Q, K, V, O: [B*H][T][HEAD_D] viewed
+// same way, tc_store_tma of tc/epilogue.cuh). The tensor maps (Q, K, V, O: [B*H][T][HEAD_D] viewed
 // in boxes of 64 columns) come by value; other builds take them too and ignore them.
 //   tma_load_kv(dK, dV, mapK, mapV, row0, bar): rows row0.. of K and V, completing on bar.
-//   TcLoadTma: init(sm, gm, w); begin(): the barriers (after the V stages: Q's, then one per
-//     stage); first_tiles(list): Q, then the list's first tiles; waits for Q; bar; drain().
-//   TC_TMA_REFILL(sK, sV, mapK, mapV, bar, st, st_fill, phase, ent_nx, nx, n): waits until every
-//     warp is done with stage st_fill, refills it with tile nx when nx < n, waits for stage st.
+//   TcLoadTma: begin() initialises the barriers (after the V stages: Q's, then one per stage);
+//     first_tiles(list): Q, then the list's first tiles; waits for Q; refill: waits until every
+//     warp is done with stage st_fill, refills it, waits for stage st.
 #pragma once
 #include "tc/scheduler.cuh"
 
@@ -30,14 +28,41 @@
 struct TcMmaWgmma {
     typedef TcPanelLayout Layout;
 
-    // S = Q K^T for this warpgroup's 64 rows, one batch: dQ, dK the descriptor low words of the Q
-    // tile (this warpgroup's rows) and of K's first stage, so the stage's offset in descriptor units
-    static __device__ __forceinline__ void qk(float (&s)[MT][BN / 8][4], u32 dQ, u32 dK, u32 so) {
+    // descriptor low words (start address, LBO) of this warpgroup's 64 Q rows and of K's and V's
+    // first stages: a k-step, panel or stage adds a constant to them
+    struct Ops {
+        u32 q, k, v;
+    };
+
+    static __device__ __forceinline__ void init(Ops& op, const TcSmem& sm, int warp, int lane) {
+        op.q = wg_desc_lo(sm.q + (u32)((warp >> 2) * 64 * 128), 0);
+        op.k = wg_desc_lo(sm.k, 0);
+        op.v = wg_desc_lo(sm.v, BN * 128);
+    }
+
+    // S = Q K^T for this warpgroup's 64 rows, one batch, K from stage st
+    static __device__ __forceinline__ void qk(TcS& s, const Ops& op, int st) {
+        const u32 so = (u32)st * (TILE_BYTES >> 4);  // the stage's offset in descriptor units
         wg_fence();
 #pragma unroll
         for (int ks = 0; ks < HEAD_D / 16; ++ks)  // k-step ks: panel ks / 4, 32 bytes a step in it
-            WG_CAT(wg_ss, BN)(s[0], wg_desc_of(dQ + (((ks >> 2) * BM * 128 + (ks & 3) * 32) >> 4)),
-                              wg_desc_of(dK + so + (((ks >> 2) * BN * 128 + (ks & 3) * 32) >> 4)), ks);
+            WG_CAT(wg_ss, BN)(s[0], wg_desc_of(op.q + (((ks >> 2) * BM * 128 + (ks & 3) * 32) >> 4)),
+                              wg_desc_of(op.k + so + (((ks >> 2) * BN * 128 + (ks & 3) * 32) >> 4)), ks);
+        wg_commit();
+        wg_wait<0>();
+    }
+
+    // O += P V for this warpgroup's 64 rows, one batch: P from registers (tc_p_frag), V of stage st
+    // read N-major through descriptors (an idle warp's P is 0: it issues the batch with its group)
+    static __device__ __forceinline__ void pv(TcAcc& acc, const TcS& s, const Ops& op, int st, bool idle) {
+        const u32 so = (u32)st * (TILE_BYTES >> 4);
+        u32 pa[BN / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) tc_p_frag(pa[kk], s[0], kk);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk)
+            WG_CAT(wg_rs, HEAD_D)(acc[0], pa[kk], wg_desc_of(op.v + so + ((kk * 16 * 128) >> 4)), 1);
         wg_commit();
         wg_wait<0>();
     }
@@ -48,20 +73,6 @@ struct TcMmaWgmma {
     // completed cp.async writes (generic proxy) made visible to wgmma's reads (async proxy)
     static __device__ __forceinline__ void fence_loads() { wg_fence_smem(); }
 };
-
-// O += P V for this warpgroup's 64 rows, one batch: P from registers (tc_p_frag), V read N-major
-// through descriptors (dV: V's first stage, so: this stage's offset)
-#define TC_PV_WGMMA(acc, s, dV, so)                                                                 \
-    {                                                                                               \
-        u32 pa[BN / 16][4];                                                                         \
-        _Pragma("unroll") for (int kk = 0; kk < BN / 16; ++kk) tc_p_frag(pa[kk], s[0], kk);         \
-        wg_fence();                                                                                 \
-        _Pragma("unroll") for (int kk = 0; kk < BN / 16; ++kk)                                      \
-            WG_CAT(wg_rs, HEAD_D)(acc[0], pa[kk], wg_desc_of(dV + so + ((kk * 16 * 128) >> 4)), 1); \
-        wg_commit();                                                                                \
-        wg_wait<0>();                                                                               \
-                                                                                                    \
-    }
 
 // Rows [row0, row0 + BN) of this block's head (blockIdx.y) of K and V into their stages, both completing on `bar`.
 __device__ __forceinline__ void tma_load_kv(u32 dK, u32 dV, const void* mapK, const void* mapV, int row0, u32 bar) {
@@ -111,17 +122,17 @@ struct TcLoadTma {
         tma_wait(bar, 0);
     }
 
+    // waits until every warp is done with stage st_fill (tile it - 1's), then thread 0 refills it
+    // with tile nx (entry ent_nx) when nx < n, and all wait for tile it (stage st, barrier phase
+    // `phase`); bar: the barriers (init's)
+    static __device__ __forceinline__ void refill(const TcSmem& sm, const TcGlobal& gm, int T, u32 bar, int st,
+                                                  int st_fill, u32 phase, int ent_nx, int nx, int n) {
+        __syncthreads();  // every warp is done with the stage refilled below (tile it - 1's)
+        if (threadIdx.x == 0 && nx < n)
+            tma_load_kv(sm.k + st_fill * TILE_BYTES, sm.v + st_fill * TILE_BYTES, gm.mk, gm.mv, tc_entry_tile(ent_nx) * BN,
+                        bar + 8 * (st_fill + 1));
+        tma_wait(bar + 8 * (st + 1), phase);  // tile `it` has landed
+    }
+
     static __device__ __forceinline__ void drain() {}
 };
-
-// TcLoadTma's step of the tile loop: waits until every warp is done with stage st_fill (tile
-// it - 1's), then thread 0 refills it with tile nx (entry ent_nx) when nx < n, and all wait for
-// tile it (stage st, barrier phase `phase`). (A macro: as a function the TMA builds' cubins change.)
-#define TC_TMA_REFILL(SK, SV, MAPK, MAPV, BAR, ST, ST_FILL, PHASE, ENT_NX, NX, N)               \
-    {                                                                                           \
-        __syncthreads(); /* every warp is done with the stage refilled below (tile it - 1's) */ \
-        if (threadIdx.x == 0 && NX < N)                                                         \
-            tma_load_kv(SK + ST_FILL * TILE_BYTES, SV + ST_FILL * TILE_BYTES, MAPK, MAPV,       \
-                        (ENT_NX >> 1) * BN, BAR + 8 * (ST_FILL + 1));                           \
-        tma_wait(BAR + 8 * (ST + 1), PHASE); /* tile `it` has landed */                         \
-    }
