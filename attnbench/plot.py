@@ -23,7 +23,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from .errors import BadInput  # noqa: E402
-from .results import read_results  # noqa: E402
+from .results import params_from_json, read_results  # noqa: E402
 from .safefile import make_dir, write_atomically  # noqa: E402
 
 GROUP = ["dtype", "D", "B", "H"]
@@ -193,15 +193,13 @@ def group_figures(df) -> dict[str, "plt.Figure"]:
 
 def instance_labels(df) -> dict:
     """Short label per (label, causal) of ``df``, dense first, then in the patterns' order."""
-    import json
-
     from .patterns import PATTERNS
 
     names = list(PATTERNS)
     seen = {}
     params = df["params"] if "params" in df else ["{}"] * len(df)
     for pat, lab, c, ps in zip(df["pattern"], df["label"], df["causal"], params):
-        seen.setdefault((lab, c), (pat, short_label(pat, json.loads(ps) if isinstance(ps, str) else {}, c)))
+        seen.setdefault((lab, c), (pat, short_label(pat, params_from_json(pat, ps) if isinstance(ps, str) else {}, c)))
     order = sorted(seen, key=lambda k: (names.index(seen[k][0]) if seen[k][0] in names else len(names),
                                         seen[k][1]))
     return {k: seen[k][1] for k in order}

@@ -36,6 +36,19 @@ def params_json(params: dict) -> str:
     return json.dumps(params, sort_keys=True, separators=(",", ":"))
 
 
+def params_from_json(pattern: str, text) -> dict:
+    """A row's params column back as the pattern takes them: each declared parameter through its
+    ``Param.value`` (JSON gives lists where the pattern holds tuples); others as they are."""
+    from .patterns import PATTERNS
+
+    given = json.loads(text) if isinstance(text, str) else dict(text or {})
+    pat = PATTERNS.get(pattern)
+    if pat is None:
+        return given
+    kinds = {q.name: q for q in pat.params}
+    return {k: (kinds[k].value(v) if k in kinds else v) for k, v in given.items()}
+
+
 def _norm(col: str, v, pattern: str = "") -> str:
     if col == "causal":
         return str(v).strip().lower() in ("true", "1")
@@ -497,6 +510,6 @@ def _label(pattern, params, fallback):
     from .patterns import PATTERNS, pattern_label
 
     try:
-        return pattern_label(pattern, json.loads(params)) if pattern in PATTERNS else fallback
-    except (TypeError, ValueError):
+        return pattern_label(pattern, params_from_json(pattern, params)) if pattern in PATTERNS else fallback
+    except (TypeError, ValueError, BadInput):
         return fallback

@@ -144,3 +144,24 @@ def test_headline_figure_is_the_best_attnbench_implementation_against_its_dense(
     finally:
         for f in figs.values():
             plt.close(f)
+
+
+def test_rows_with_list_parameters_plot_and_keep_their_labels(tmp_path):
+    """A CSV gives list parameters back as JSON lists (dilated's levels): the plots and labels take
+    them as the pattern does, tuples."""
+    from attnbench.plot import short_label
+    from attnbench.results import params_from_json
+
+    ps = params_from_json("dilated", '{"dilation":1,"levels":[[2048,2],[2048,4]],"window":2048}')
+    assert ps["levels"] == ((2048, 2), (2048, 4))
+    assert short_label("dilated", ps, True) == "dilated 2048/1+2048/2+2048/4"
+    df = read_results(SMALL)
+    dil = df[df["pattern"] == "window"].copy()
+    assert len(dil)
+    dil["pattern"] = "dilated"
+    dil["params"] = '{"dilation":1,"levels":[[8,2],[8,4]],"window":8}'
+    dil["label"] = "dilated(levels=8:1+8:2+8:4)"
+    csv = tmp_path / "levels.csv"
+    pd.concat([df, dil]).to_csv(csv, index=False)
+    paths = plot_csv(csv, tmp_path / "out")
+    assert paths and all(p.stat().st_size > 10_000 for p in paths)
