@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import BadInput
-from .base import is_torch
+from .base import NAME, is_torch
 
 FUNCTIONS = {"min": 2, "max": 2, "abs": 1}
 RESERVED = ("i", "j", "T", *FUNCTIONS)
@@ -51,8 +51,7 @@ COMPARISONS = ("<", "<=", ">", ">=", "==", "!=")
 LIMIT = 1 << 62   # every integer an expression computes stays below this in magnitude
 MARGIN = 64       # positions checked past T (a 32-key word that starts just below T reads them)
 
-_TOKEN = re.compile(r"\s*(?:(\d+)|([A-Za-z_]\w*)|(//|<=|>=|==|!=|[-+*%<>&|~(),]))")
-_NAME = re.compile(r"[A-Za-z_]\w*\Z")
+_TOKEN = re.compile(r"\s*(?:([0-9]+)|([A-Za-z_][A-Za-z0-9_]*)|(//|<=|>=|==|!=|[-+*%<>&|~(),]))")
 _HINTS = {"/": " (floor division is //)", "=": " (equality is ==)", "!": " (not is ~)"}
 
 
@@ -231,7 +230,7 @@ def _uses_ij(node: Node) -> bool:
 
 def check_name(name: str) -> str:
     """A parameter name: an identifier other than i, j, T, min, max, abs (BadInput otherwise)."""
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not NAME.match(name):
         raise BadInput(f"param name {name!r} is not a name (letters, digits and _, not starting with a digit)")
     if name in RESERVED:
         raise BadInput(f"param name {name!r} is reserved ({', '.join(RESERVED)})")
