@@ -68,8 +68,7 @@ def counts_to_list(xp, counts, T: int, BM: int, BN: int):
     qt, kt = nz // nk, nz % nk
     full = (flat[nz] == rows_in[qt] * cols_in[kt]) & ((kt + 1) * BN <= T)
     entries = kt * 2 + (~full).astype(xp.int64)
-    ptr = xp.zeros(nq + 1, dtype=xp.int64)
-    ptr[1:] = xp.cumsum(xp.bincount(qt, minlength=nq))
+    ptr = xp.searchsorted(qt, xp.arange(nq + 1, dtype=xp.int64))  # qt ascends; an empty list too
     start = xp.ones(nz.size, dtype=bool)
     start[1:] = (qt[1:] != qt[:-1]) | (entries[1:] != entries[:-1] + 2)
     run_off = xp.flatnonzero(start)
