@@ -61,23 +61,31 @@ class Cli(click.Group):
 
 def pattern_options(multiple: bool = False):
     """One option per declared pattern parameter of the registry (default: each pattern's own);
-    with ``multiple``, repeatable (a sweep axis)."""
+    with ``multiple``, repeatable (a sweep axis). Named integers (custom's ``--param NAME=VALUE``)
+    are repeatable always: the values together make one parameter value, in a sweep too."""
     def deco(fn):
         for name, uses in reversed(list(all_params().items())):
             q = uses[0][1]
             takers = ", ".join(pat.name for pat, _ in uses)
-            fn = click.option(q.flag, f"param_{name}", type=int if q.kind == "int" else str, multiple=multiple,
-                              default=() if multiple else None,
-                              metavar={"ints": "N,N,...", "pairs": "A:B,A:B,..."}.get(q.kind),
-                              help=f"{q.help} ({takers}){'; repeatable' if multiple else ''}")(fn)
+            named = q.kind == "named"
+            fn = click.option(q.flag, f"param_{name}", type=int if q.kind == "int" else str,
+                              multiple=multiple or named, default=() if multiple or named else None,
+                              metavar={"ints": "N,N,...", "pairs": "A:B,A:B,...", "named": "NAME=VALUE",
+                                       "str": "TEXT"}.get(q.kind),
+                              help=f"{q.help} ({takers}){'; repeatable' if multiple and not named else ''}")(fn)
         return fn
     return deco
 
 
-def pattern_params(kw: dict) -> dict:
-    """The pattern parameters the options gave (popped from ``kw``), by parameter name."""
+def pattern_params(kw: dict, axes: bool = False) -> dict:
+    """The pattern parameters the options gave (popped from ``kw``), by parameter name; with
+    ``axes`` (a sweep), each a tuple of values, the named integers all in one."""
     p = {k[len("param_"):]: kw.pop(k) for k in [k for k in kw if k.startswith("param_")]}
-    return {k: v for k, v in p.items() if v not in (None, ())}
+    p = {k: v for k, v in p.items() if v not in (None, ())}
+    if axes:
+        named = {name for name, uses in all_params().items() if uses[0][1].kind == "named"}
+        p = {k: (v,) if k in named else v for k, v in p.items()}
+    return p
 
 
 class ImplName(click.ParamType):
@@ -212,11 +220,15 @@ def run_cmd(pattern, T, B, H, D, dtype, impl, max_t, max_keys, causal, **kw):
     click.echo(f"  speedup {pattern} over dense: {dense_ms / pattern_ms:.2f}x")
 
 
-def check_cases(patterns, Ts):
-    """Pattern instances for the gate: each pattern's examples at each T (block sizes that fit)."""
+def check_cases(patterns, Ts, given: dict | None = None):
+    """Pattern instances for the gate: each pattern's examples at each T (block sizes that fit);
+    a pattern that takes some of the ``given`` parameters runs with those (its defaults for the
+    rest) instead of its examples."""
     for name in patterns:
+        pat = PATTERNS[name]
+        takes = {q.name: given[q.name] for q in pat.params if q.name in (given or {})}
         for T in Ts:
-            for ps in PATTERNS[name].examples(T):
+            for ps in [takes] if takes else pat.examples(T):
                 yield name, ps, T
 
 
@@ -228,20 +240,34 @@ def check_cases(patterns, Ts):
 @click.option("--B", "B", type=int, default=2, show_default=True)
 @click.option("--H", "H", type=int, default=3, show_default=True)
 @click.option("--causal/--no-causal", default=True, show_default=True)
+@pattern_options()
 @friendly
-def check_cmd(impls, patterns, Ts, D, B, H, causal):
+def check_cmd(impls, patterns, Ts, D, B, H, causal, **kw):
     """The correctness gate over patterns x implementations x sizes. Exit 1 when a check failed
-    or nothing was checked; 2 when refused (bad input, a named implementation that cannot run)."""
+    or nothing was checked; 2 when refused (bad input, a named implementation that cannot run).
+    Pattern parameter options (e.g. --pattern custom --expr ... --param W=64) replace the examples
+    of the patterns that take them."""
     from .check import gate
     from .impls import Problem, all_impls, get_impl
     from .results import Tally
 
+    given = pattern_params(kw)
+    patterns = patterns or tuple(PATTERNS)
     for opt, values in (("--T", Ts), ("--D", (D,)), ("--B", (B,)), ("--H", (H,))):
         for v in values:
             if v < 1:
                 raise BadInput(f"{opt}={v} must be a positive integer")
     for T in Ts:  # the masks' own limits too, before any implementation is asked whether it can run here
         make_mask("dense", T)
+    for name in given:
+        if not any(name in PATTERNS[p].defaults() for p in patterns):
+            raise BadInput(f"{all_params()[name][0][1].flag}: none of the patterns checked takes it "
+                           f"(it is a parameter of {', '.join(p.name for p, _ in all_params()[name])})")
+    for p in patterns:  # and what depends on no T (custom's expression)
+        pat = PATTERNS[p]
+        ps = {q.name: q.value(given[q.name]) for q in pat.params if q.name in given}
+        if ps:
+            pat.check_params({**pat.defaults(), **ps})
     if impls:
         chosen = [get_impl(n) for n in dict.fromkeys(impls)]
         for im in chosen:  # asked for by name: refused rather than skipped case by case
@@ -257,7 +283,7 @@ def check_cmd(impls, patterns, Ts, D, B, H, causal):
     click.echo(f"{'impl':<15} {'dtype':<9} {'pattern':<44} {'T':>6} {'rel err':>10}  result")
     for im in chosen:
         for dtype in im.dtypes:
-            for name, ps, T in check_cases(patterns or list(PATTERNS), Ts):
+            for name, ps, T in check_cases(patterns, Ts, given):
                 try:
                     prob = Problem(make_mask(name, T, causal, **ps), B, H, D, dtype)
                     label = prob.mask.label()
@@ -386,7 +412,7 @@ def sweep(config, T_min, T_max, T, patterns, impls, dtypes, B, H, D, causal, out
     check_samples(samples, budget)
     specs = tile_specs(tile_configs)
     cases = sw.plan(config, patterns=patterns, T=T, T_min=T_min, T_max=T_max, B=B, H=H, D=D, dtype=dtypes,
-                    causal=causal, **pattern_params(kw))
+                    causal=causal, **pattern_params(kw, axes=True))
     chosen = sw.select_impls(impls, specs)
     command = "attnbench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     # looks only: refuses an unusable --out; nothing is written before the device is there

@@ -73,6 +73,11 @@ LLM = Config(
         # packed documents (log-normal lengths around 2048) and LongNet-style multi-scale dilation
         Instance.make("document", True, doc_mean=2048, doc_seed=0),
         Instance.make("dilated", True, window=2048, dilation=1, levels=((2048, 2), (2048, 4))),
+        # three of the above written as custom expressions: what the generic predicate and the
+        # classified tile lists cost against the built-ins
+        Instance.make("custom", True, expr="(j < 16) | (i - j < 64)"),
+        Instance.make("custom", True, expr="i - j < 256"),
+        Instance.make("custom", False, expr="i // 128 == j // 128"),
     ),
     B=1, H=16, D=(64, 128), dtype=("bfloat16",), Ts=(4096, 32768, 131072), build_T=32768)
 

@@ -123,7 +123,7 @@ def tile_build_times(config: str = "llm", T: int = 131072, Ds=(), repeat: int = 
         for D in dims:
             cfg = choose_config(mask, D, wgmma)
             inner = mask.strided()[1]
-            host = [build(inner, cfg.BM, cfg.BN) for _ in range(repeat)]
+            host = [build(inner, cfg.BM, cfg.BN, fresh=True) for _ in range(repeat)]
             hs = [t.build_s * 1e3 for t in host]
             row = dict(pattern=mask.label(), causal=inst.causal, T=T, D=D, BM=cfg.BM, BN=cfg.BN,
                        tile_config=cfg.spec, entries=host[0].n_visited, partial=host[0].n_partial,

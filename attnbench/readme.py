@@ -67,13 +67,16 @@ def _cell(row) -> str:
 
 
 def _table(lines: list[str], header: list[str], rows: list[list[str]], left: int = -1) -> None:
-    """A markdown table, numbers right-aligned, column ``left`` left-aligned."""
-    lines.append("| " + " | ".join(header) + " |")
+    """A markdown table, numbers right-aligned, column ``left`` left-aligned; a | inside a cell
+    (a custom pattern's expression) escaped."""
+    def row(cells):
+        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+    lines.append(row(header))
     align = ["---:"] * len(header)
     align[left] = ":---"
     lines.append("|" + "|".join(align) + "|")
-    for r in rows:
-        lines.append("| " + " | ".join(r) + " |")
+    lines += [row(r) for r in rows]
     lines.append("")
 
 

@@ -81,7 +81,8 @@ def instances(config: str, patterns: tuple[str, ...] = (), causal: bool | None =
               **options: tuple[int, ...]) -> list[Instance]:
     """Pattern instances of a sweep. With no parameter option, the config's own list (a pattern
     named that the config does not hold: at its defaults). With some, for each pattern the product
-    of the given values of the parameters it takes (defaults for the rest)."""
+    of the given values of the parameters it takes (defaults for the rest): custom's ``--expr`` is
+    an axis, its named integers (``--param``) one value that every expression takes."""
     cfg = get_config(config)
     for name in patterns:
         get_pattern(name)
@@ -115,6 +116,7 @@ def instances(config: str, patterns: tuple[str, ...] = (), causal: bool | None =
         if i not in seen:
             seen.add(i)
             uniq.append(i)
+            get_pattern(i.pattern).check_params(i.param_dict)  # what fits no T (custom's expression)
     if not uniq:
         raise BadInput(f"no pattern instance for --config {config} and --pattern {', '.join(patterns)}")
     return uniq
@@ -195,8 +197,14 @@ class Context:
         return {"budget_s": self.budget_s} if self.samples is None else {"samples": self.samples}
 
 
+def _one_line(e: BaseException) -> str:
+    """The message on one line (custom's expression errors show the expression and a caret
+    under the offending token on lines of their own)."""
+    return " ".join(str(e).split())
+
+
 def _reason(e: BaseException) -> str:
-    msg = " ".join(str(e).split())
+    msg = _one_line(e)
     return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
 
 
@@ -247,7 +255,7 @@ def run_case(case: Case, impls: list[Impl], ctx: Context, done: Callable[[dict],
         mask = make_mask(case.inst.pattern, case.T, case.inst.causal, **case.inst.param_dict)
         prob = Problem(mask, case.B, case.H, case.D, case.dtype)
     except BadInput as e:
-        return [_finish(rows[i.name], "skipped", str(e)) for i in todo]
+        return [_finish(rows[i.name], "skipped", _one_line(e)) for i in todo]
     rows = {i.name: _base_row(case, i, ctx, prob) for i in todo}
     out: dict[str, dict] = {}
     candidates = []
@@ -275,7 +283,7 @@ def run_case(case: Case, impls: list[Impl], ctx: Context, done: Callable[[dict],
                     ref = reference_of(prob, q, k, v)
                 g = judge(impl, prob, runner, q, k, v, ref)
             except BadInput as e:
-                out[impl.name] = _finish(row, "skipped", str(e))
+                out[impl.name] = _finish(row, "skipped", _one_line(e))
                 continue
             except Exception as e:  # noqa: BLE001 - a failure of one implementation is a row
                 out[impl.name] = _finish(row, "failed", _reason(e))

@@ -177,10 +177,14 @@ def _tile_ranges(mask, BM: int, BN: int):
     return ks, ke, fs, fe
 
 
-def build(mask, BM: int, BN: int) -> Tiles:
+def build(mask, BM: int, BN: int, fresh: bool = False) -> Tiles:
     """The tile list of ``mask`` for BM-row query tiles and BN-key tiles: every key tile any row
     of a query tile may see, flagged partial unless one exact family allows the whole tile for
-    every row."""
+    every row. A pattern without intervals gives its own (``Pattern.build_tiles``: custom
+    classifies every tile, ``fresh`` asks it not to take one it kept)."""
+    own = mask.pattern.build_tiles(mask, BM, BN, fresh)
+    if own is not None:
+        return own
     t0 = time.perf_counter()
     if mask.T >= 2 ** 29:
         raise ValueError(f"T={mask.T} is too long for the tile-list build (int32 keys): T < 2^29")

@@ -63,6 +63,9 @@ def test_llm_plan_is_spec_section_5():
         ("bigbird", (("block", 64), ("global_blocks", 1), ("random_blocks", 3), ("window_blocks", 3)), True),
         ("document", (("doc_lens", ()), ("doc_mean", 2048), ("doc_seed", 0), ("window", 0)), True),
         ("dilated", (("dilation", 1), ("levels", ((2048, 2), (2048, 4))), ("window", 2048)), True),
+        ("custom", (("expr", "(j < 16) | (i - j < 64)"), ("param", ())), True),
+        ("custom", (("expr", "i - j < 256"), ("param", ())), True),
+        ("custom", (("expr", "i // 128 == j // 128"), ("param", ())), False),
     }
     assert sorted({c.T for c in sw.plan("llm", T_min=1024, T_max=2048)}) == [1024, 2048]
 

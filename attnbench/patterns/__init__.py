@@ -14,6 +14,7 @@ from ..errors import BadInput
 from .base import Param, Pattern
 from .bigbird import BigBird
 from .block_diagonal import BlockDiagonal
+from .custom import Custom
 from .dense import Dense
 from .dilated import Dilated
 from .document import Document
@@ -31,6 +32,7 @@ REGISTERED: tuple[Pattern, ...] = (
     BigBird(),
     PrefixLM(),
     Document(),
+    Custom(),
 )
 PATTERNS: dict[str, Pattern] = {pat.name: pat for pat in REGISTERED}
 # the longest sequence a mask is made for: its host-side row counts and tile lists take tens of
@@ -84,7 +86,9 @@ def make_mask(pattern: str, T: int, causal: bool = True, **params) -> Mask:
         p[q.name] = q.value(p[q.name] if v is None else v)
     pat.validate(int(T), p)
     table = pat.make_table(int(T), p)
-    return Mask(pat, int(T), bool(causal), p, table)
+    mask = Mask(pat, int(T), bool(causal), p, table)
+    pat.check_mask(mask)
+    return mask
 
 
 def examples(T: int, causal=(True, False)):

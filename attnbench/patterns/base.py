@@ -12,10 +12,14 @@ gives:
     a family marked exact allows every key inside it (``attnbench.tiles`` builds tile lists from them);
   * ``device_args``: the integers the device struct's fields take after ``causal``, in order;
   * ``examples(T)``: parameter sets valid at T, over which the tests and ``check`` run.
-The causal clause (``j <= i``) is applied on top of every pattern by ``Mask``.
+The causal clause (``j <= i``) is applied on top of every pattern by ``Mask``. A pattern without
+closed-form counts and intervals (``custom``) overrides ``build_tiles`` (its lists by
+classification), ``extra_defines`` (-D constants beyond the struct's fields) and ``check_mask``
+(checks that need the whole mask, such as a row with no key).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,15 +35,22 @@ class Param:
     help: str
     option: str = ""     # the command-line option (default: the name with dashes)
     column: bool = True  # a CSV column of its own (every parameter is in the params JSON column)
-    kind: str = "int"    # "int"; "ints": a list, written 1000,3000; "pairs": a list of pairs, 2048:1,4096:2
+    kind: str = "int"    # "int"; "ints": a list, written 1000,3000; "pairs": a list of pairs, 2048:1,4096:2;
+    #                      "str": text; "named": named integers, W=1024,S=4 (a repeatable option)
 
     @property
     def flag(self) -> str:
         return "--" + (self.option or self.name.replace("_", "-"))
 
     def value(self, v):
-        """``v`` checked and normalised (an int, a tuple of ints, or a tuple of int pairs); BadInput
-        naming the parameter."""
+        """``v`` checked and normalised (an int, a tuple of ints, a tuple of int pairs, a string, or
+        a tuple of (name, int) pairs sorted by name); BadInput naming the parameter."""
+        if self.kind == "str":
+            if not isinstance(v, str):
+                raise BadInput(f"{self.name}={v!r} must be a string")
+            return v
+        if self.kind == "named":
+            return self._named(v)
         if self.kind == "pairs":
             if isinstance(v, str):
                 try:
@@ -75,6 +86,40 @@ class Param:
         if v < self.minimum:
             raise BadInput(f"{self.name}={v} is below its minimum {self.minimum}")
         return int(v)
+
+    def _named(self, v) -> tuple[tuple[str, int], ...]:
+        """NAME=VALUE items: a string (``W=1024,S=4``), a sequence of such strings or of (name, value)
+        pairs, or a dict."""
+        items = list(v.items()) if isinstance(v, dict) else [v] if isinstance(v, str) else v
+        if not isinstance(items, (list, tuple)):
+            raise BadInput(f"{self.name}={v!r} must be NAME=VALUE items")
+        out: dict[str, int] = {}
+        for item in items:
+            if isinstance(item, str):
+                pairs = [part.partition("=")[::2] if "=" in part else (part, None)
+                         for part in (x.strip() for x in item.split(",")) if part]
+            elif isinstance(item, (list, tuple)) and len(item) == 2:
+                pairs = [tuple(item)]
+            else:
+                raise BadInput(f"{self.name}={item!r} must be NAME=VALUE")
+            for name, value in pairs:
+                name = str(name).strip()
+                if value is None or not NAME.match(name):
+                    raise BadInput(f"{self.name} {name!r} must be NAME=VALUE, NAME a name (letters, digits, _)")
+                if name in out:
+                    raise BadInput(f"{self.name} {name} is given twice")
+                try:
+                    out[name] = int(value.strip()) if isinstance(value, str) else value
+                except ValueError:
+                    raise BadInput(f"{self.name} {name}={value.strip()!r} must be an integer") from None
+                if not _is_int(out[name]):
+                    raise BadInput(f"{self.name} {name}={value!r} must be an integer")
+                if out[name] < self.minimum:
+                    raise BadInput(f"{self.name} {name}={out[name]} is below its minimum {self.minimum}")
+        return tuple(sorted((k, int(x)) for k, x in out.items()))
+
+
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")  # a parameter name of named integers
 
 
 def _is_int(v) -> bool:
@@ -132,6 +177,21 @@ class Pattern:
         applied by the caller. ``split`` > 1 asks patterns whose families are constant
         over blocks of rows to split them so rows of one query tile do not mix."""
         raise NotImplementedError
+
+    def check_params(self, p: dict) -> None:
+        """Checks that depend on no T (a sweep refuses values failing them before any case)."""
+
+    def check_mask(self, mask) -> None:
+        """Checks of the validated mask as a whole (custom: every row allows a key)."""
+
+    def build_tiles(self, mask, BM: int, BN: int, fresh: bool = False):
+        """The tile list by other means than ``intervals`` (custom: by classification), or None for
+        the interval build; ``fresh``: not from a cache of the pattern's own."""
+        return None
+
+    def extra_defines(self, T: int, p: dict) -> dict:
+        """-D constants the device struct needs beyond its fields (custom: its expression)."""
+        return {}
 
     def examples(self, T: int) -> list[dict]:
         """Parameter sets valid at T (the defaults first when they are), for tests and the gate."""

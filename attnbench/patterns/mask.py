@@ -102,7 +102,8 @@ class Mask:
         struct of kernels/patterns/<name>.cuh (compile.source includes that file), and
         AB_PATTERN_ARGS, its initialiser: the values themselves (folded by the compiler), or with
         ``runtime`` the kernel's own ``causal`` and ``pargs[k]``. A pattern with a table ends with
-        the kernel's ``table`` pointer."""
+        the kernel's ``table`` pointer. The pattern's ``extra_defines`` come with them (custom:
+        AB_CUSTOM_EXPR, its expression in C, whatever ``runtime`` says)."""
         n = len(self.pattern.device_args(self.params))
         if runtime:
             args = ["causal"] + [f"pargs[{k}]" for k in range(n)]
@@ -110,7 +111,8 @@ class Mask:
             args = [str(int(self.causal))] + [str(int(v)) for v in self.pattern.device_args(self.params)]
         if self.pattern.uses_table:
             args.append("table")
-        return {"AB_PATTERN_T": self.pattern.device_struct, "AB_PATTERN_ARGS": ",".join(args)}
+        return {"AB_PATTERN_T": self.pattern.device_struct, "AB_PATTERN_ARGS": ",".join(args),
+                **self.pattern.extra_defines(self.T, self.params)}
 
     def tile_predicate(self, BM: int, BN: int) -> "Mask":
         """The mask whose device predicate a kernel needs on the partial tiles of this mask's
@@ -135,7 +137,8 @@ class Mask:
         return lo, np.maximum(hi, lo, out=hi), np.asarray(exact, dtype=bool)
 
     def tiles(self, BM: int, BN: int):
-        """The list of key tiles each BM-row query tile visits (``attnbench.tiles``), built now."""
+        """The list of key tiles each BM-row query tile visits (``attnbench.tiles``), built now
+        (from the intervals, or by the pattern's own ``build_tiles``)."""
         from ..tiles import build
 
         return build(self, BM, BN)
