@@ -167,3 +167,35 @@ def test_device_expansion_equals_the_host(name, T, params, tile):
     assert (cupy.asnumpy(d.ptr) == t.ptr).all()
     assert (cupy.asnumpy(d.entries) == t.entries).all()
     assert (cupy.asnumpy(d.heads) == heads(t.ptr, t.entries)).all()
+
+
+@pytest.mark.parametrize("T", [1, 7, 100, 257, 1000])
+@pytest.mark.parametrize("causal", [True, False])
+def test_one_family_build_cuts_the_runs_of_the_sweep(T, causal):
+    """The three-run build of one-family patterns (window, document, dense, ...) gives exactly the
+    runs the general sweep over range ends gives."""
+    from attnbench import tiles as tl
+    from attnbench.patterns import REGISTERED
+
+    checked = 0
+    for pat in REGISTERED:
+        for p in pat.examples(T):
+            mask = make_mask(pat.name, T, causal, **p)
+            for BM, BN in ((16, 16), (64, 32), (32, 64)):
+                if pat.build_tiles(mask, BM, BN) is not None:
+                    continue
+                ranges = tl._tile_ranges(mask, BM, BN)
+                if ranges[0].shape[0] != 1:
+                    continue
+                fast = build(mask, BM, BN)
+                slow = tl._sweep(BM, BN, *ranges, 0.0)
+                assert np.array_equal(fast.ptr, slow.ptr), (mask.label(), BM, BN)
+                assert np.array_equal(fast.run_off, slow.run_off) and np.array_equal(fast.run_val, slow.run_val)
+                checked += 1
+    assert checked >= 10
+
+
+def test_a_cached_list_keeps_a_warm_rebuild_time():
+    t = tile_list(make_mask("window", 4096, True, window=257), 64, 64)
+    assert t.build_s > 0 and t.rebuild_s > 0
+    assert tile_list(make_mask("window", 4096, True, window=257), 64, 64) is t  # cached, with both
