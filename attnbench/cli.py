@@ -11,7 +11,7 @@ import click
 
 from .configs import CONFIGS
 from .errors import BadInput
-from .impls import DTYPES
+from .impls import DTYPES, PASSES
 from .patterns import PATTERNS, all_params, make_mask
 from .timing import MAX_SAMPLES
 
@@ -124,6 +124,10 @@ def tile_specs(texts) -> list:
     return list(dict.fromkeys(parse_tile_config(t) for t in texts))
 
 
+PASS_HELP = ("fwd: the forward; bwd: the backward alone, given the forward's output and row log-sum-exp; "
+             "fwd+bwd: a training step")
+
+
 def check_samples(samples: int | None, budget: float | None) -> None:
     if samples is None:
         return
@@ -153,8 +157,11 @@ def list_cmd():
     for im in all_impls().values():
         why = im.availability()
         state = "available" if why is None else f"unavailable: {why}"
-        click.echo(f"  {im.name:<15} [{im.family}] {', '.join(im.dtypes)}: {state}")
+        click.echo(f"  {im.name:<15} [{im.family}] {', '.join(im.dtypes)}; pass {', '.join(im.passes)}: {state}")
         click.echo(f"  {'':<15} {im.description}")
+    click.echo("passes: fwd (forward), bwd (backward, given the forward's output and log-sum-exp), fwd+bwd "
+               "(training step); no implementation computes a backward yet (the tensor-core kernels are to "
+               "gain one), and the float32 family (naive, fast-f32) stays forward-only")
 
 
 def case_options(impl: str, T: int, H: int, D: int, dtype: str):
@@ -180,8 +187,9 @@ def case_options(impl: str, T: int, H: int, D: int, dtype: str):
 @click.option("--max-t", type=int, default=None, help="compile-time MAX_T (default: T rounded up)")
 @click.option("--max-keys", type=int, default=None, help="compile-time MAX_KEYS (default: from the pattern)")
 @click.option("--causal/--no-causal", default=True, show_default=True)
+@click.option("--pass", "pass_name", type=click.Choice(PASSES), default="fwd", help=PASS_HELP)
 @friendly
-def run_cmd(pattern, T, B, H, D, dtype, impl, max_t, max_keys, causal, **kw):
+def run_cmd(pattern, T, B, H, D, dtype, impl, max_t, max_keys, causal, pass_name, **kw):
     """Run dense and a pattern once each, check both, print time, TFLOP/s, error and speedup."""
     from .arrays import random_inputs
     from .check import judge
@@ -192,7 +200,7 @@ def run_cmd(pattern, T, B, H, D, dtype, impl, max_t, max_keys, causal, **kw):
     probs = []
     for name, ps in (("dense", {}), (pattern, params)):
         mask = make_mask(name, T, causal, **ps)
-        probs.append(Problem(mask, B, H, D, dtype, None, max_t, max_keys))
+        probs.append(Problem(mask, B, H, D, dtype, None, max_t, max_keys, pass_name))
     for prob in probs:  # refuse before any launch
         im.require(prob)
     q, k, v = random_inputs(probs[0].shape, dtype, seed=1234)
@@ -240,9 +248,10 @@ def check_cases(patterns, Ts, given: dict | None = None):
 @click.option("--B", "B", type=int, default=2, show_default=True)
 @click.option("--H", "H", type=int, default=3, show_default=True)
 @click.option("--causal/--no-causal", default=True, show_default=True)
+@click.option("--pass", "pass_name", type=click.Choice(PASSES), default="fwd", help=PASS_HELP)
 @pattern_options()
 @friendly
-def check_cmd(impls, patterns, Ts, D, B, H, causal, **kw):
+def check_cmd(impls, patterns, Ts, D, B, H, causal, pass_name, **kw):
     """The correctness gate over patterns x implementations x sizes. Exit 1 when a check failed
     or nothing was checked; 2 when refused (bad input, a named implementation that cannot run).
     Pattern parameter options (e.g. --pattern custom --expr ... --param W=64) replace the examples
@@ -285,7 +294,7 @@ def check_cmd(impls, patterns, Ts, D, B, H, causal, **kw):
         for dtype in im.dtypes:
             for name, ps, T in check_cases(patterns, Ts, given):
                 try:
-                    prob = Problem(make_mask(name, T, causal, **ps), B, H, D, dtype)
+                    prob = Problem(make_mask(name, T, causal, **ps), B, H, D, dtype, pass_name=pass_name)
                     label = prob.mask.label()
                     why = im.unsupported(prob) or im.availability()
                 except BadInput as e:
@@ -395,9 +404,11 @@ def compile_cmd(archs, hashes, gate_builds):
                 "e.g. fast-tc[BN=32,STAGES=3], timed with the others; its setup_s records the whole shape "
                 "(repeatable)")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the random inputs")
+@click.option("--pass", "pass_names", multiple=True, type=click.Choice(PASSES),
+              help=PASS_HELP + " (repeatable; default: the config's, fwd but for --config training)")
 @friendly
 def sweep(config, T_min, T_max, T, patterns, impls, dtypes, B, H, D, causal, out, resume, retry_failed, overwrite,
-          budget, samples, tile_configs, seed, **kw):
+          budget, samples, tile_configs, seed, pass_names, **kw):
     """Gate every implementation against the float64 reference, time the ones that pass
     (interleaved), and append one row per (configuration, implementation) to a CSV.
     Exit 1 when a row failed or nothing new was checked; 2 when refused before running."""
@@ -412,7 +423,7 @@ def sweep(config, T_min, T_max, T, patterns, impls, dtypes, B, H, D, causal, out
     check_samples(samples, budget)
     specs = tile_specs(tile_configs)
     cases = sw.plan(config, patterns=patterns, T=T, T_min=T_min, T_max=T_max, B=B, H=H, D=D, dtype=dtypes,
-                    causal=causal, **pattern_params(kw, axes=True))
+                    causal=causal, passes=pass_names, **pattern_params(kw, axes=True))
     chosen = sw.select_impls(impls, specs)
     command = "attnbench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     # looks only: refuses an unusable --out; nothing is written before the device is there

@@ -6,7 +6,7 @@ sweep --config NAME`` starts from it; options narrow or widen it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .patterns import get_pattern
 
@@ -50,6 +50,7 @@ class Config:
     T_max: int | None = None
     causal: bool | None = None     # the causal flag of patterns it sweeps at their defaults (None: each pattern's)
     build_T: int = 4096            # the T at which the kernels' standard builds of this config are compiled
+    passes: tuple[str, ...] = ("fwd",)  # impls.PASSES it sweeps
 
 
 SEED = Config(
@@ -81,7 +82,12 @@ LLM = Config(
     ),
     B=1, H=16, D=(64, 128), dtype=("bfloat16",), Ts=(4096, 32768, 131072), build_T=32768)
 
-CONFIGS: dict[str, Config] = {c.name: c for c in (SEED, LLM)}
+# SPEC section 5: the llm configuration, forward, backward and training step
+TRAINING = replace(LLM, name="training", summary="the llm configuration's instances and sizes for each pass: "
+                   "forward, backward (given the forward's saved state), training step",
+                   passes=("fwd", "bwd", "fwd+bwd"))
+
+CONFIGS: dict[str, Config] = {c.name: c for c in (SEED, LLM, TRAINING)}
 
 
 def get_config(name: str) -> Config:
@@ -93,4 +99,4 @@ def get_config(name: str) -> Config:
         raise BadInput(f"config={name!r} is unknown: choose one of {', '.join(CONFIGS)}") from None
 
 
-__all__ = ["Instance", "Config", "CONFIGS", "SEED", "LLM", "get_config"]
+__all__ = ["Instance", "Config", "CONFIGS", "SEED", "LLM", "TRAINING", "get_config"]

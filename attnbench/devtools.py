@@ -98,10 +98,11 @@ def tile_build_times(config: str = "llm", T: int = 131072, Ds=(), repeat: int = 
     """One row per (pattern instance of ``config``, D): the shape fast-tc takes (``wgmma`` None: as
     the device says, mma.sync without one), the list's size, and its host build (``tiles.build``,
     afresh ``repeat`` times: first, median, min, ms); with ``device`` its expansion on the GPU
-    (median, min, ms). ``report(row)`` as each row is done; ``skip(label, reason)`` for an instance
+    (median, min, ms); and the transposed list of each host build (the backward's: ``tiles.transpose``;
+    median and max, ms). ``report(row)`` as each row is done; ``skip(label, reason)`` for an instance
     that does not fit at T (a block that does not divide it)."""
     from .fast_tc import IMPL, choose_config
-    from .tiles import DeviceTiles, build
+    from .tiles import DeviceTiles, build, transpose
 
     dims = tile_options(config, T, tuple(Ds), repeat)
     if wgmma is None:
@@ -125,10 +126,14 @@ def tile_build_times(config: str = "llm", T: int = 131072, Ds=(), repeat: int = 
             inner = mask.strided()[1]
             host = [build(inner, cfg.BM, cfg.BN, fresh=True) for _ in range(repeat)]
             hs = [t.build_s * 1e3 for t in host]
+            nk = -(-inner.T // cfg.BN)
+            ts = [transpose(t, nk) for t in host]  # the backward's list, from each forward one
+            tts = [t.build_s * 1e3 for t in ts]
             row = dict(pattern=mask.label(), causal=inst.causal, T=T, D=D, BM=cfg.BM, BN=cfg.BN,
                        tile_config=cfg.spec, entries=host[0].n_visited, partial=host[0].n_partial,
                        runs=int(host[0].run_off.size), host_first_ms=hs[0], host_median_ms=statistics.median(hs),
-                       host_min_ms=min(hs), cpu=platform.processor() or platform.machine(), cpus=os.cpu_count())
+                       host_min_ms=min(hs), transposed_runs=int(ts[0].run_off.size),
+                       transposed_median_ms=statistics.median(tts), transposed_max_ms=max(tts), cpu=platform.processor() or platform.machine(), cpus=os.cpu_count())
             if device:
                 DeviceTiles.expand(host[0])  # the first expansion compiles CuPy's kernels
                 ds = [DeviceTiles.expand(t).build_s * 1e3 for t in host]
@@ -143,7 +148,8 @@ def tile_row_line(row: dict) -> str:
     """One row of ``attnbench tiles``' table."""
     line = (f"{row['pattern']:<68} {row['D']:>4} {str(row['BM']) + 'x' + str(row['BN']):>8} {row['entries']:>9} "
             f"{row['runs']:>7} "
-            f"{row['host_first_ms']:>9.3f} {row['host_median_ms']:>9.3f} {row['host_min_ms']:>9.3f}")
+            f"{row['host_first_ms']:>9.3f} {row['host_median_ms']:>9.3f} {row['host_min_ms']:>9.3f}"
+            f" {row['transposed_median_ms']:>9.3f}")
     if "device_median_ms" in row:
         line += f" {row['device_median_ms']:>9.3f}"
     return line
@@ -151,7 +157,7 @@ def tile_row_line(row: dict) -> str:
 
 def tile_header(device: bool) -> str:
     line = (f"{'pattern':<68} {'D':>4} {'BMxBN':>8} {'entries':>9} {'runs':>7} "
-            f"{'host 1st':>9} {'host med':>9} {'host min':>9}")
+            f"{'host 1st':>9} {'host med':>9} {'host min':>9} {'bwd med':>9}")
     return line + (f" {'dev med':>9}" if device else "") + "   (ms)"
 
 

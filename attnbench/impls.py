@@ -20,6 +20,9 @@ ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 DTYPES = tuple(ITEMSIZE)
 # SPEC section 4: ||out - ref|| / ||ref|| limits
 TOLERANCE = {"float32": 1e-5, "float16": 5e-3, "bfloat16": 1e-2}
+# the pass axis (SPEC section 3): the forward, the backward given the forward's saved state (its output
+# and row log-sum-exp), and a training step (both)
+PASSES = ("fwd", "bwd", "fwd+bwd")
 
 
 @dataclass(frozen=True, eq=False)
@@ -32,6 +35,7 @@ class Problem:
     scale: float | None = None
     max_t: int | None = None     # compile-time MAX_T the user asked for (None: from T)
     max_keys: int | None = None  # compile-time MAX_KEYS the user asked for (None: from the pattern)
+    pass_name: str = "fwd"       # one of PASSES
 
     def __post_init__(self):
         for name in ("B", "H", "D"):
@@ -50,6 +54,8 @@ class Problem:
         if sparse and self.max_keys is not None and self.mask.max_keys > self.max_keys:
             raise BadInput(f"keys per row reach {self.mask.max_keys} for {self.mask.label()} at T={self.T}, "
                            f"above max_keys={self.max_keys}")
+        if self.pass_name not in PASSES:
+            raise BadInput(f"pass={self.pass_name!r} is not one of {', '.join(PASSES)}")
 
     @property
     def T(self) -> int:
@@ -75,6 +81,27 @@ class Problem:
     @property
     def tolerance(self) -> float:
         return TOLERANCE[self.dtype]
+
+    # per pass: ``flops`` and ``bytes_floor`` above are the forward's (kept as ``fwd_flops`` and
+    # ``fwd_bytes_floor``); the two below, defined after them, replace them with the pass's own
+    fwd_flops = flops
+    fwd_bytes_floor = bytes_floor
+
+    @property
+    def flops(self) -> int:  # noqa: F811 - the pass's, over the forward's above
+        """Useful FLOPs of the pass (SPEC section 3): the forward's 4 * D * pairs * B * H; the
+        backward's 10 * D * pairs * B * H (five products against two); a training step both."""
+        fwd = self.fwd_flops
+        return {"fwd": fwd, "bwd": fwd // 4 * 10, "fwd+bwd": fwd // 4 * 14}[self.pass_name]
+
+    @property
+    def bytes_floor(self) -> int:  # noqa: F811
+        """Bytes the pass must move at least: the forward reads Q, K, V and writes O; the backward
+        reads Q, K, V, O, dO and the row log-sum-exp (float32) and writes dQ, dK, dV; a training
+        step both."""
+        fwd = self.fwd_bytes_floor
+        bwd = 8 * self.B * self.H * self.T * self.D * ITEMSIZE[self.dtype] + 4 * self.B * self.H * self.T
+        return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[self.pass_name]
 
 
 @functools.lru_cache(maxsize=None)
@@ -120,6 +147,7 @@ class Impl:
     family: str          # "attnbench" or "peer"
     description: str
     dtypes: tuple[str, ...]
+    passes = ("fwd",)    # the passes it computes (PASSES); a class attribute, not a field
 
     def availability(self) -> str | None:
         """None when it can run here, else the reason it cannot."""
@@ -127,6 +155,8 @@ class Impl:
 
     def unsupported(self, prob: Problem) -> str | None:
         """None when it takes the problem, else why not (becomes a skip reason)."""
+        if prob.pass_name not in self.passes:
+            return f"pass={prob.pass_name} is not supported by {self.name} (supports: {', '.join(self.passes)})"
         if prob.dtype not in self.dtypes:
             return f"dtype={prob.dtype} is not supported by {self.name} (supports: {', '.join(self.dtypes)})"
         return None

@@ -30,6 +30,21 @@ GROUP = ["dtype", "D", "B", "H"]
 SAME_CONFIG = ["impl", "T", "B", "H", "D", "dtype", "causal"]
 HEADLINE = "best-attnbench-vs-dense"
 KINDS = ("runtime", "speedup-over-dense", "tflops", "share-of-floor", HEADLINE)
+# a CSV of more than one pass (fwd, bwd, fwd+bwd) groups by pass too: figures and tables per pass,
+# named with the pass (``..._H16_fwd-bwd_runtime.png``); a CSV of one pass as before
+PASS_TAG = "pass_tag"
+
+
+def with_pass_tag(df):
+    """``df`` with a PASS_TAG column (the pass, file-name safe) when it holds more than one pass."""
+    if "pass" not in df or df["pass"].nunique() <= 1:
+        return df
+    return df.assign(**{PASS_TAG: df["pass"].map(lambda p: str(p).replace("+", "-"))})
+
+
+def group_columns(df) -> list[str]:
+    """GROUP, and the pass where ``df`` holds more than one (``with_pass_tag``)."""
+    return GROUP + [PASS_TAG] if PASS_TAG in df else GROUP
 
 
 def impl_order(df) -> list[str]:
@@ -91,7 +106,8 @@ def with_speedup(df):
 def _title(df, what: str) -> str:
     gpus = ", ".join(sorted(set(map(str, df["gpu"])))) if "gpu" in df else "unknown GPU"
     r = df.iloc[0]
-    return f"{what}\n{gpus} - {r['dtype']}, B={_whole(r['B'])} H={_whole(r['H'])} D={_whole(r['D'])}"
+    return (f"{what}\n{gpus} - {r['dtype']}, B={_whole(r['B'])} H={_whole(r['H'])} D={_whole(r['D'])}"
+            + (f", pass {r['pass']}" if PASS_TAG in df else ""))
 
 
 class _Plain(matplotlib.ticker.LogFormatter):
@@ -253,8 +269,8 @@ def _whole(v):
 
 
 def group_slug(key) -> str:
-    dtype, D, B, H = map(_whole, key)
-    return f"{dtype}_D{D}_B{B}_H{H}"
+    dtype, D, B, H = map(_whole, key[:4])
+    return f"{dtype}_D{D}_B{B}_H{H}" + "".join(f"_{tag}" for tag in key[4:])
 
 
 def png_name(csv_path, key, kind: str) -> str:
@@ -272,7 +288,9 @@ def plot_frame(df, out_dir, prefix: str = "") -> list[Path]:
     if not len(ok):
         raise BadInput("the results hold no ok row: nothing to plot")
     out = make_dir(out_dir, "--out-dir")
-    for key, g in sorted(df[df.set_index(GROUP).index.isin(ok.set_index(GROUP).index)].groupby(GROUP),
+    df = with_pass_tag(df)
+    ok, by = df[df["status"] == "ok"], group_columns(df)
+    for key, g in sorted(df[df.set_index(by).index.isin(ok.set_index(by).index)].groupby(by),
                          key=lambda kv: tuple(map(str, kv[0]))):
         for kind, fig in group_figures(g).items():
             paths.append(_save(fig, out / _file_name(prefix, key, kind)))

@@ -26,20 +26,96 @@ def reference(q, k, v, mask: Mask, dtype: str = "float32", scale: float | None =
     list names, with the exact mask applied on them. The allowed pairs seen are counted and
     must equal the pattern's closed-form pair count, so a tile the list missed cannot pass
     unnoticed."""
+    return reference_forward(q, k, v, mask, dtype, scale, chunk_bytes, tile)[0]
+
+
+def reference_forward(q, k, v, mask: Mask, dtype: str = "float32", scale: float | None = None,
+                      chunk_bytes: int = 1 << 28, tile: int = 128):
+    """``reference`` and the row log-sum-exp of the scaled scores (what a forward saves for its
+    backward): (out [B, H, T, D], lse [B, H, T]), float64."""
     xp = _xp(q)
     B, H, T, D = q.shape
+    s = _check(mask, T, D, scale)
+    q64, k64, v64 = (_as64(xp, a, dtype) for a in (q, k, v))
+    out = xp.empty((B, H, T, D), dtype=xp.float64)
+    lse = xp.empty((B, H, T), dtype=xp.float64)
+    for r0, r1, keys, m, kg, vg in _blocks(mask, q64, k64, v64, chunk_bytes, tile):
+        p, lse[:, :, r0:r1] = _probs(xp, q64[:, :, r0:r1], kg, m, s)
+        out[:, :, r0:r1] = xp.matmul(p, vg)
+    return out, lse
+
+
+def reference_backward(q, k, v, do, mask: Mask, dtype: str = "float32", scale: float | None = None,
+                       chunk_bytes: int = 1 << 28, tile: int = 128):
+    """The gradients of attention in float64 (SPEC section 3's backward), masked exactly like
+    ``reference``: given storage arrays q, k, v and the output's gradient ``do`` [B, H, T, D],
+    returns (dq, dk, dv, lse, delta): dq, dk, dv [B, H, T, D] and, per row, the log-sum-exp of
+    the forward's scaled scores and ``delta = rowsum(dO * O)`` [B, H, T], all float64.
+
+    With P = softmax(masked S), S = scale Q K^T: dV = P^T dO, dP = dO V^T,
+    dS = P * (dP - delta), dQ = scale dS K, dK = scale dS^T Q. The forward runs first (its
+    output and log-sum-exp), then the same blocks of rows again, each block adding to dK and dV
+    of the keys it sees only."""
+    xp = _xp(q)
+    B, H, T, D = q.shape
+    s = _check(mask, T, D, scale)
+    out, lse = reference_forward(q, k, v, mask, dtype, s, chunk_bytes, tile)
+    q64, k64, v64, do64 = (_as64(xp, a, dtype) for a in (q, k, v, do))
+    delta = (do64 * out).sum(axis=-1)
+    dq = xp.empty_like(q64)
+    dk = xp.zeros_like(k64)
+    dv = xp.zeros_like(v64)
+    # a block holds about twice the arrays of the forward's: half the rows
+    for r0, r1, keys, m, kg, vg in _blocks(mask, q64, k64, v64, chunk_bytes // 2, tile):
+        qr, dor = q64[:, :, r0:r1], do64[:, :, r0:r1]
+        p = xp.exp(xp.where(m, xp.matmul(qr, kg.swapaxes(-1, -2)) * s, -xp.inf) - lse[:, :, r0:r1, None])
+        ds = p * (xp.matmul(dor, vg.swapaxes(-1, -2)) - delta[:, :, r0:r1, None])
+        dq[:, :, r0:r1] = xp.matmul(ds, kg) * s
+        kidx = slice(int(keys[0]), int(keys[-1]) + 1) if _one_range(keys) else xp.asarray(keys)
+        dk[:, :, kidx] += xp.matmul(ds.swapaxes(-1, -2), qr) * s
+        dv[:, :, kidx] += xp.matmul(p.swapaxes(-1, -2), dor)
+    return dq, dk, dv, lse, delta
+
+
+def _check(mask: Mask, T: int, D: int, scale: float | None) -> float:
+    """The scale to use; ValueError when the mask is for another T."""
     if mask.T != T:
         raise ValueError(f"mask is for T={mask.T}, inputs have T={T}")
-    s = (1.0 / math.sqrt(D)) if scale is None else scale
-    q64, k64, v64 = (to_float32(a, dtype).astype(xp.float64) for a in (q, k, v))
-    out = xp.empty((B, H, T, D), dtype=xp.float64)
+    return (1.0 / math.sqrt(D)) if scale is None else scale
+
+
+def _as64(xp, a, dtype: str):
+    """Storage values as float64; float64 arrays as they are (finite differences need them whole)."""
+    return a if a.dtype == xp.float64 else to_float32(a, dtype).astype(xp.float64)
+
+
+def _one_range(keys) -> bool:
+    return bool(keys.size) and keys[-1] - keys[0] + 1 == keys.size
+
+
+def _probs(xp, qr, kg, m, s):
+    """Softmax of the masked scaled scores of rows ``qr`` against keys ``kg``, and the rows'
+    log-sum-exp."""
+    sc = xp.where(m, xp.matmul(qr, kg.swapaxes(-1, -2)) * s, -xp.inf)
+    mx = sc.max(axis=-1, keepdims=True)
+    p = xp.exp(sc - mx)
+    tot = p.sum(axis=-1, keepdims=True)
+    return p / tot, (mx + xp.log(tot))[..., 0]
+
+
+def _blocks(mask: Mask, q64, k64, v64, chunk_bytes: int, tile: int):
+    """(r0, r1, keys, m, kg, vg) per block of rows: the rows [r0, r1) of a query tile, the keys of
+    the key tiles its list names (ascending), the mask on them (on q's device) and those keys'
+    K and V. Raises AssertionError when the allowed pairs seen are not the closed-form count."""
+    xp = _xp(q64)
+    B, H, T, D = q64.shape
     tiles = mask.tiles(tile, tile)
     seen = 0
     for qt in range(len(tiles.ptr) - 1):
         kts = (tiles.entries[tiles.ptr[qt]:tiles.ptr[qt + 1]] >> 1).astype(np.int64)
         keys = (kts[:, None] * tile + np.arange(tile)[None, :]).ravel()
         keys = np.sort(keys[keys < T])
-        if keys.size and keys[-1] - keys[0] + 1 == keys.size:  # one range (dense, windows): no copy
+        if _one_range(keys):  # one range (dense, windows): no copy
             kg, vg = (a[:, :, int(keys[0]):int(keys[-1]) + 1] for a in (k64, v64))
         else:
             kg, vg = (a[:, :, xp.asarray(keys)] for a in (k64, v64))
@@ -49,17 +125,10 @@ def reference(q, k, v, mask: Mask, dtype: str = "float32", scale: float | None =
             r1 = min(r_end, r0 + rows)
             m_host = mask.allowed(np.arange(r0, r1)[:, None], keys[None, :])
             seen += int(m_host.sum())
-            m = xp.asarray(m_host)
-            sc = xp.matmul(q64[:, :, r0:r1], kg.swapaxes(-1, -2)) * s
-            sc = xp.where(m, sc, -xp.inf)
-            sc -= sc.max(axis=-1, keepdims=True)
-            p = xp.exp(sc)
-            p /= p.sum(axis=-1, keepdims=True)
-            out[:, :, r0:r1] = xp.matmul(p, vg)
+            yield r0, r1, keys, xp.asarray(m_host), kg, vg
     if seen != mask.pairs:
         raise AssertionError(f"reference saw {seen} allowed pairs of {mask.label()} at T={T}, "
                              f"the closed form counts {mask.pairs}: the tile list misses some")
-    return out
 
 
 def rel_error(out, ref) -> float:

@@ -30,6 +30,11 @@ COLUMNS = [
 STATUSES = ("ok", "failed", "skipped")
 # the columns that name a (configuration, implementation) pair
 KEY_COLUMNS = ("impl", "pattern", "params", "causal", "B", "H", "T", "D", "dtype")
+# columns added after files were written, with the value a row of an older file takes: such a file
+# reads back with it and is resumed after its rows are rewritten with it
+ADDED = {"pass": "fwd"}  # the pass axis (impls.PASSES)
+COLUMNS += ["pass"]
+KEY_COLUMNS += ("pass",)
 
 
 def params_json(params: dict) -> str:
@@ -67,7 +72,14 @@ def _norm(col: str, v, pattern: str = "") -> str:
 
 def row_key(row: dict) -> tuple:
     """The identity of a row, the same whether it comes from a dict just built or a CSV."""
-    return tuple(_norm(c, row[c], str(row.get("pattern", ""))) for c in KEY_COLUMNS)
+    return tuple(_norm(c, _value(row, c), str(row.get("pattern", ""))) for c in KEY_COLUMNS)
+
+
+def _value(row: dict, col: str):
+    """``row[col]``; for a column of ADDED, its value in an older row when missing or empty."""
+    if col in ADDED and row.get(col) in (None, ""):
+        return ADDED[col]
+    return row[col]
 
 
 class Tally(Counter):
@@ -291,7 +303,7 @@ class ResultWriter:
             raise BadInput(f"{self.path} exists: pass --resume to continue it or --overwrite to replace it")
         if exists and resume:
             header, self._records = scan(self.path)
-            if header != COLUMNS:
+            if header != COLUMNS and not _upgradable(header):
                 missing = [c for c in COLUMNS if c not in header]
                 raise BadInput(f"{self.path} has other columns than this version writes "
                                f"(missing: {', '.join(missing) or 'none'}): cannot resume it")
@@ -325,6 +337,7 @@ class ResultWriter:
         if bad:
             self._set_aside(bad)
         self._rewrite(set_aside=len(bad))
+        self._upgrade()
         self._f = self._io(lambda: open(self.path, "a", newline=""))
         self._w = csv.DictWriter(self._f, fieldnames=COLUMNS)
         return self
@@ -368,6 +381,24 @@ class ResultWriter:
             f.write("".join(keep))
         write_atomically(self.path, write, what="results CSV")
         self._records = None
+
+    def _upgrade(self) -> None:
+        """A file of an older version (columns of ADDED missing): its rows rewritten under this
+        version's header, the missing columns at the value an older row takes."""
+        from .safefile import write_atomically
+
+        header, records = scan(self.path)
+        if header == COLUMNS:
+            return
+        rows = [{**ADDED, **r.row} for r in records if r.row is not None]
+
+        def write(f):
+            w = csv.DictWriter(f, fieldnames=COLUMNS)
+            w.writeheader()
+            w.writerows(rows)
+        write_atomically(self.path, write, what="results CSV")
+        self.warn(f"{self.path}: rewritten with the columns of this version "
+                  f"({', '.join(f'{c}={v}' for c, v in ADDED.items() if c not in header)} in its rows)")
 
     def is_done(self, row: dict) -> bool:
         return row_key(row) in self.done
@@ -418,6 +449,11 @@ class ResultWriter:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _upgradable(header: list[str]) -> bool:
+    """This version's columns in order, less some of ADDED."""
+    return [c for c in COLUMNS if c in header] == header and set(COLUMNS) - set(header) <= set(ADDED)
 
 
 def _header_only(path: Path) -> bool:
@@ -473,6 +509,8 @@ def read_results(path: str | os.PathLike):
     if missing:
         raise BadInput(f"{p} is not a results CSV: missing columns {', '.join(missing)}")
     _check_cells(df, p)
+    for col, value in ADDED.items():  # a file of an older version
+        df[col] = df[col].fillna(value) if col in df.columns else value
     df["causal"] = df["causal"].map(lambda v: str(v).strip().lower() in ("true", "1"))
     if "params" in df.columns:  # one spelling of each pattern instance, whoever wrote the row
         df["label"] = [_label(pat, ps, lab) for pat, ps, lab in zip(df["pattern"], df["params"], df["label"])]

@@ -23,7 +23,7 @@ from typing import Callable
 from .check import judge, reference_of
 from .configs import Instance, get_config
 from .errors import BadInput
-from .impls import DTYPES, Impl, Problem, all_impls, get_impl
+from .impls import DTYPES, PASSES, Impl, Problem, all_impls, get_impl
 from .patterns import all_params, get_pattern, make_mask, param_columns, pattern_label
 from .results import COLUMNS, ResultWriter, Tally, now, params_json, row_key
 from .timing import DEFAULT_BUDGET_S, Peaks, Timing, floor_ms
@@ -38,11 +38,12 @@ class Case:
     H: int
     D: int
     dtype: str
+    pass_name: str = "fwd"  # impls.PASSES
 
     def describe(self) -> str:
         lab = pattern_label(self.inst.pattern, self.inst.param_dict)
         return (f"{lab} {'causal' if self.inst.causal else 'non-causal'} T={self.T} B={self.B} H={self.H} "
-                f"D={self.D} {self.dtype}")
+                f"D={self.D} {self.dtype}") + ("" if self.pass_name == "fwd" else f" {self.pass_name}")
 
 
 def powers_of_two(t_min: int, t_max: int) -> list[int]:
@@ -123,9 +124,14 @@ def instances(config: str, patterns: tuple[str, ...] = (), causal: bool | None =
 
 
 def plan(config: str = "seed", *, patterns=(), T=(), T_min=None, T_max=None, B=None, H=None, D=(),
-         dtype=(), causal=None, **options) -> list[Case]:
-    """Every configuration of a sweep, in order: by dtype, D, T, then pattern instance."""
+         dtype=(), causal=None, passes=(), **options) -> list[Case]:
+    """Every configuration of a sweep, in order: by dtype, D, T, then pattern instance, then pass
+    (``passes``, default the config's)."""
     c = get_config(config)
+    passes = tuple(dict.fromkeys(passes)) or c.passes
+    for p in passes:
+        if p not in PASSES:
+            raise BadInput(f"pass={p!r} is not one of {', '.join(PASSES)}")
     dtypes = tuple(dtype) or c.dtype
     for dt in dtypes:
         if dt not in DTYPES:
@@ -138,8 +144,8 @@ def plan(config: str = "seed", *, patterns=(), T=(), T_min=None, T_max=None, B=N
             raise BadInput(f"{name}={v} must be a positive integer")
     insts = instances(config, tuple(patterns), causal, **options)
     Ts = t_values(config, tuple(T), T_min, T_max)
-    return [Case(config, inst, t, B, H, dd, dt)
-            for dt in dtypes for dd in Ds for t in Ts for inst in insts]
+    return [Case(config, inst, t, B, H, dd, dt, p)
+            for dt in dtypes for dd in Ds for t in Ts for inst in insts for p in passes]
 
 
 def select_impls(names=(), tile_configs=()) -> list[Impl]:
@@ -217,6 +223,7 @@ def _base_row(case: Case, impl: Impl, ctx: Context, prob: Problem | None) -> dic
                peak_tflops=ctx.peaks.matrix_tflops(case.dtype), peak_tbps=ctx.peaks.bytes_tbps)
     for name in param_columns():
         row[name] = p.get(name)
+    row["pass"] = case.pass_name
     if prob is not None:
         m = prob.mask
         row.update(label=m.label(), pairs=m.pairs, density=m.density, flops=prob.flops,
@@ -253,7 +260,7 @@ def run_case(case: Case, impls: list[Impl], ctx: Context, done: Callable[[dict],
         return []
     try:
         mask = make_mask(case.inst.pattern, case.T, case.inst.causal, **case.inst.param_dict)
-        prob = Problem(mask, case.B, case.H, case.D, case.dtype)
+        prob = Problem(mask, case.B, case.H, case.D, case.dtype, pass_name=case.pass_name)
     except BadInput as e:
         return [_finish(rows[i.name], "skipped", _one_line(e)) for i in todo]
     rows = {i.name: _base_row(case, i, ctx, prob) for i in todo}

@@ -274,24 +274,113 @@ def _one_family(BM: int, BN: int, ks, ke, fs, fe, t0: float) -> Tiles:
     return Tiles(BM, BN, ptr.astype(np.int32), ends[keep] - run_len, val[keep], time.perf_counter() - t0)
 
 
+# ---- transposed lists (the backward's: query tiles per key tile) --------------------------------
+@dataclass(frozen=True, eq=False)
+class TransposedTiles(Tiles):
+    """The query tiles each key tile visits: entries ``qt << 1 | partial``, CSR over key tiles
+    (``ptr`` [n_ktiles + 1]), stored as runs like ``Tiles``; the same (query tile, key tile) pairs
+    and flags as the forward list it was transposed from, whose BM and BN it keeps."""
+
+    @property
+    def n_ktiles(self) -> int:
+        return self.ptr.size - 1
+
+
+def _run_rows(t: Tiles) -> np.ndarray:
+    """The query tile (CSR row) of each run."""
+    return np.searchsorted(t.ptr, t.run_off, side="right").astype(np.int64) - 1
+
+
+def _first_only(row, lo, hi, flag, row2, lo2, hi2, flag2, n_rows: int, n_cols: int):
+    """Ranges [lo, hi) of each (row, flag) covered by the first set of ranges and not by the second
+    (ranges of one set never overlap within a (row, flag)): one sweep over the sorted range ends of
+    all rows at once, as in ``build``. Returns (row, flag, lo, hi), int64."""
+    inside = (row2 >= 0) & (row2 < n_rows)
+    row2, lo2, hi2, flag2 = row2[inside], lo2[inside], hi2[inside], flag2[inside]
+    W = n_cols + 1
+    keys = np.concatenate([((row * 2 + flag) * W + lo) * 4, ((row * 2 + flag) * W + hi) * 4 + 1,
+                           ((row2 * 2 + flag2) * W + lo2) * 4 + 2, ((row2 * 2 + flag2) * W + hi2) * 4 + 3])
+    keys.sort()
+    kind = keys & 3
+    cov = np.cumsum(np.where(kind & 1, -1, 1) << (kind >> 1))  # first set +-1, second +-2
+    pts = keys >> 2
+    length = np.append(np.diff(pts), 0)
+    keep = np.flatnonzero((cov == 1) & (length > 0))  # within a group: a group closes what it opens
+    group, start = np.divmod(pts[keep], W)
+    return group >> 1, group & 1, start, start + length[keep]
+
+
+def _points(row, flag, lo, hi):
+    """The ranges expanded to one (row, flag, column) per column."""
+    n = hi - lo
+    cols = np.repeat(lo - np.cumsum(n) + n, n) + np.arange(int(n.sum()), dtype=np.int64)
+    return np.repeat(row, n), np.repeat(flag, n), cols
+
+
+def transpose(tiles: Tiles, n_ktiles: int) -> TransposedTiles:
+    """The forward list ``tiles`` transposed: for each of ``n_ktiles`` key tiles, the query tiles
+    whose lists name it, ascending, with the same flags. Built from the runs without expanding
+    them: a transposed run starts at (qt, kt) when query tile qt names kt and qt - 1 does not with
+    the same flag, and ends where qt + 1 does not; the cost grows with the runs of the two lists,
+    not with their entries."""
+    t0 = time.perf_counter()
+    nq = tiles.ptr.size - 1
+    row = _run_rows(tiles)
+    lo = tiles.run_val >> 1
+    hi = lo + tiles.run_len
+    flag = tiles.run_val & 1
+    ends = []
+    for shift in (1, -1):  # starts: not in the row before; ends: not in the row after
+        r, f, a, b = _first_only(row, lo, hi, flag, row + shift, lo, hi, flag, nq, n_ktiles)
+        qt, f, kt = _points(r, f, a, b)
+        order = np.argsort(kt * nq + qt, kind="stable")
+        ends.append((qt[order], f[order], kt[order]))
+    (qs, fs, kts), (qe, _, _) = ends
+    run_len = qe - qs + 1
+    counts = np.bincount(kts, weights=run_len, minlength=n_ktiles).astype(np.int64)
+    ptr = np.zeros(n_ktiles + 1, np.int64)
+    np.cumsum(counts, out=ptr[1:])
+    run_off = np.cumsum(run_len) - run_len
+    return TransposedTiles(tiles.BM, tiles.BN, ptr.astype(np.int32), run_off.astype(np.int64),
+                           (qs << 1 | fs).astype(np.int64), time.perf_counter() - t0)
+
+
 # ---- cache ------------------------------------------------------------------------------------
 _CACHE: OrderedDict = OrderedDict()
 _KEEP = 32
 
 
+def _cached(cache: OrderedDict, mask, BM: int, BN: int, make):
+    """``make()``, kept in ``cache`` per (pattern, parameters, T, causal, BM, BN), the last _KEEP."""
+    key = (mask.pattern.name, tuple(sorted(mask.params.items())), mask.T, mask.causal, BM, BN)
+    t = cache.get(key)
+    if t is None:
+        t = cache[key] = make()
+        while len(cache) > _KEEP:
+            cache.popitem(last=False)
+    else:
+        cache.move_to_end(key)
+    return t
+
+
 def tile_list(mask, BM: int, BN: int) -> Tiles:
     """``build(mask, BM, BN)``, cached per (pattern, parameters, T, causal, BM, BN)."""
-    key = (mask.pattern.name, tuple(sorted(mask.params.items())), mask.T, mask.causal, BM, BN)
-    t = _CACHE.get(key)
-    if t is None:
-        first = mask.tiles(BM, BN)
-        again = build(mask, BM, BN, fresh=True)
-        t = _CACHE[key] = dataclasses.replace(first, rebuild_s=again.build_s)
-        while len(_CACHE) > _KEEP:
-            _CACHE.popitem(last=False)
-    else:
-        _CACHE.move_to_end(key)
-    return t
+    return _cached(_CACHE, mask, BM, BN, lambda: _with_rebuild(mask, BM, BN))
+
+
+def _with_rebuild(mask, BM: int, BN: int) -> Tiles:
+    """The list, with the seconds of a second build of it, warm (``Tiles.rebuild_s``)."""
+    first = mask.tiles(BM, BN)
+    return dataclasses.replace(first, rebuild_s=build(mask, BM, BN, fresh=True).build_s)
+
+
+_CACHE_T: OrderedDict = OrderedDict()
+
+
+def tile_list_t(mask, BM: int, BN: int) -> TransposedTiles:
+    """The transposed list of ``tile_list(mask, BM, BN)`` (query tiles per key tile), cached beside
+    it; its ``build_s`` is the transposition's own seconds (the forward list keeps its own)."""
+    return _cached(_CACHE_T, mask, BM, BN, lambda: transpose(tile_list(mask, BM, BN), -(-mask.T // BN)))
 
 
 def setup_times(tiles: Tiles) -> dict:
@@ -301,7 +390,8 @@ def setup_times(tiles: Tiles) -> dict:
             "tiles_device_s": tiles.device().build_s}
 
 
-__all__ = ["Tiles", "DeviceTiles", "build", "heads", "tile_list", "setup_times"]
+__all__ = ["Tiles", "TransposedTiles", "DeviceTiles", "build", "heads", "tile_list", "transpose", "tile_list_t",
+           "setup_times"]
 
 
 def standard_builds() -> list[tuple[str, dict]]:

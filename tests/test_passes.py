@@ -1,0 +1,162 @@
+"""The pass axis (fwd, bwd, fwd+bwd): FLOPs and bytes per SPEC section 3, implementations that say
+which passes they compute (today: the forward only), --pass on the commands, the pass column and
+older CSVs without it, plots and tables per pass."""
+import csv
+import shutil
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).parent / "data"))
+
+from fakes import PEAKS, PROVENANCE, FakeImpl, FakeTimer, host_inputs  # noqa: E402
+
+from attnbench import sweep as sw  # noqa: E402
+from attnbench.cli import main  # noqa: E402
+from attnbench.configs import LLM, get_config  # noqa: E402
+from attnbench.errors import BadInput  # noqa: E402
+from attnbench.impls import PASSES, Problem, all_impls  # noqa: E402
+from attnbench.patterns import make_mask  # noqa: E402
+from attnbench.plot import plot_csv  # noqa: E402
+from attnbench.readme import render, render_headline  # noqa: E402
+from attnbench.results import COLUMNS, KEY_COLUMNS, ResultWriter, read_results, row_key  # noqa: E402
+
+SMALL = Path(__file__).parent / "data" / "small.csv"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_flops_and_bytes_per_pass(dtype):
+    m = make_mask("window", 1000, True, window=37)
+    B, H, T, D = 2, 3, 1000, 64
+    it = {"bfloat16": 2, "float32": 4}[dtype]
+    fwd, bwd, step = (Problem(m, B, H, D, dtype, pass_name=p) for p in PASSES)
+    assert fwd.flops == 4 * D * m.pairs * B * H == fwd.fwd_flops == bwd.fwd_flops
+    assert bwd.flops == 10 * D * m.pairs * B * H
+    assert step.flops == 14 * D * m.pairs * B * H
+    assert fwd.bytes_floor == 4 * B * H * T * D * it
+    # Q, K, V, O, dO and the float32 log-sum-exp read; dQ, dK, dV written
+    assert bwd.bytes_floor == 5 * B * H * T * D * it + 4 * B * H * T + 3 * B * H * T * D * it
+    assert step.bytes_floor == fwd.bytes_floor + bwd.bytes_floor
+
+
+def test_an_unknown_pass_is_refused():
+    with pytest.raises(BadInput, match="pass='backward' is not one of fwd, bwd, fwd\\+bwd"):
+        Problem(make_mask("dense", 8), 1, 1, 16, "float32", pass_name="backward")
+
+
+@pytest.mark.parametrize("pass_name", ["bwd", "fwd+bwd"])
+def test_every_implementation_is_forward_only_today_and_says_so(pass_name):
+    for impl in all_impls().values():
+        assert impl.passes == ("fwd",)
+        prob = Problem(make_mask("dense", 64), 1, 1, 64, impl.dtypes[0], pass_name=pass_name)
+        why = impl.unsupported(prob)
+        assert why == f"pass={pass_name} is not supported by {impl.name} (supports: fwd)"
+        with pytest.raises(BadInput, match=f"not supported by {impl.name}"):
+            impl.require(prob)  # the input first: refused on a machine without a GPU too
+
+
+def test_the_training_config_is_llm_at_every_pass():
+    t = get_config("training")
+    assert t.passes == PASSES and LLM.passes == ("fwd",)
+    assert (t.instances, t.Ts, t.D, t.dtype, t.B, t.H) == (LLM.instances, LLM.Ts, LLM.D, LLM.dtype, LLM.B, LLM.H)
+    cases = sw.plan("training", T=(4096,), D=(64,))
+    assert len(cases) == 3 * len(LLM.instances)
+    assert [c.pass_name for c in cases[:3]] == list(PASSES) and cases[0].inst == cases[2].inst
+    assert {c.pass_name for c in sw.plan("llm", T=(4096,))} == {"fwd"}
+    assert {c.pass_name for c in sw.plan("llm", T=(4096,), passes=("bwd",))} == {"bwd"}
+    with pytest.raises(BadInput, match="pass='x'"):
+        sw.plan("llm", passes=("x",))
+
+
+def test_rows_of_each_pass_are_their_own_and_unsupported_passes_skip():
+    impls = [FakeImpl("a")]
+    ctx = sw.Context(time=FakeTimer(impls), peaks=PEAKS, provenance=dict(PROVENANCE), inputs=host_inputs,
+                     cleanup=lambda: None)
+    rows = []
+    for case in sw.plan("seed", T=(32,), D=(16,), patterns=("window",), passes=PASSES):
+        rows += sw.run_case(case, impls, ctx)
+    assert [r["pass"] for r in rows] == list(PASSES)
+    assert rows[0]["status"] == "ok"
+    for r in rows[1:]:
+        assert r["status"] == "skipped" and r["reason"] == f"pass={r['pass']} is not supported by a (supports: fwd)"
+    assert rows[1]["flops"] == rows[0]["flops"] // 4 * 10 and rows[2]["flops"] == rows[0]["flops"] // 4 * 14
+    assert len({row_key(r) for r in rows}) == 3
+
+
+def test_the_pass_is_a_key_column_and_older_rows_read_as_fwd(tmp_path):
+    assert COLUMNS[-1] == "pass" and KEY_COLUMNS[-1] == "pass"
+    df = read_results(SMALL)  # written before the column
+    assert (df["pass"] == "fwd").all()
+    with open(SMALL, newline="") as f:
+        old = next(csv.DictReader(f))
+    assert "pass" not in old and row_key(old) == row_key({**old, "pass": "fwd"})
+    assert row_key(old) != row_key({**old, "pass": "bwd"})
+    for name in ("seed-h200", "llm-h200"):
+        p = Path(__file__).parent.parent / "results" / f"{name}.csv"
+        assert (read_results(p)["pass"] == "fwd").all()
+
+
+def test_an_older_csv_resumes_with_its_rows_rewritten(tmp_path):
+    p = tmp_path / "old.csv"
+    shutil.copy(SMALL, p)
+    n = len(read_results(SMALL))
+    warned = []
+    w = ResultWriter(p, resume=True, warn=warned.append)
+    with open(SMALL, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert all(w.is_done(r) for r in rows)
+    assert not w.is_done({**rows[0], "pass": "bwd"})
+    with w:
+        w.write([{**rows[0], "pass": "bwd"}])
+    assert any("pass=fwd" in m for m in warned)
+    with open(p, newline="") as f:
+        r = csv.reader(f)
+        assert next(r) == COLUMNS
+    df = read_results(p)
+    assert len(df) == n + 1 and list(df["pass"]).count("bwd") == 1
+    w = ResultWriter(p, resume=True)  # now of this version
+    assert w.is_done({**rows[0], "pass": "bwd"})
+
+
+def _two_passes(tmp_path) -> Path:
+    df = pd.read_csv(SMALL, keep_default_na=False, dtype=str)
+    both = pd.concat([df.assign(**{"pass": "fwd"}), df.assign(**{"pass": "fwd+bwd"})])
+    p = tmp_path / "train.csv"
+    both.to_csv(p, index=False)
+    return p
+
+
+def test_plots_and_tables_of_several_passes_are_per_pass(tmp_path):
+    p = _two_passes(tmp_path)
+    names = {x.name for x in plot_csv(p, tmp_path)}
+    single = {x.name for x in plot_csv(SMALL, tmp_path / "one")}
+    assert names == {n.replace("small_", "train_").replace("_H2_", f"_H2_{tag}_") for n in single
+                     for tag in ("fwd", "fwd-bwd")}
+    full = render([str(p)], base=tmp_path)
+    assert sum(x.startswith("### ") for x in full.splitlines()) == 2 and ", pass fwd+bwd: `" in full and ", pass fwd: `" in full
+    assert "train_float32_D16_B1_H2_fwd-bwd_runtime.png" in full
+    assert full.splitlines()[0].count("train.csv") == 1
+    head = render_headline([str(p)], base=tmp_path)
+    assert "pass fwd+bwd: float32" in head and "train_float32_D16_B1_H2_fwd_best-attnbench-vs-dense.png" in head
+
+
+def test_pass_on_the_commands(tmp_path):
+    r = CliRunner().invoke(main, ["run", "--pass", "bwd", "--impl", "naive", "--T", "64"])
+    assert r.exit_code == 2 and "pass=bwd is not supported by naive (supports: fwd)" in r.output
+    r = CliRunner().invoke(main, ["run", "--pass", "back"])
+    assert r.exit_code == 2
+    r = CliRunner().invoke(main, ["list"])
+    assert r.exit_code == 0 and "pass fwd" in r.output and "forward-only" in r.output
+    for cmd in ("run", "check", "sweep"):
+        assert "--pass" in CliRunner().invoke(main, [cmd, "--help"]).output
+
+
+def test_the_gate_passes_no_backward_unchecked():
+    from attnbench.check import judge
+
+    prob = Problem(make_mask("dense", 8), 1, 1, 16, "float32", pass_name="bwd")
+    g = judge(FakeImpl("a"), prob, None, None, None, None)
+    assert not g.ok and "no gate for pass=bwd" in g.reason

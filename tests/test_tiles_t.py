@@ -1,0 +1,86 @@
+"""Transposed tile lists (attnbench.tiles.transpose, tile_list_t): for each key tile the query tiles
+the forward list pairs with it, flagged alike, for every registered pattern's examples."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnbench.errors import BadInput
+from attnbench.patterns import examples, make_mask
+from attnbench.tiles import Tiles, TransposedTiles, build, tile_list, tile_list_t, transpose
+
+from test_patterns import masks
+
+SHAPES = [(16, 16), (64, 32), (128, 64), (64, 16), (32, 64), (48, 16)]
+
+
+def brute_transpose(t: Tiles, n_ktiles: int) -> list[list[int]]:
+    """Per key tile, entries qt << 1 | partial, from the forward entries one by one."""
+    out = [[] for _ in range(n_ktiles)]
+    for qt in range(t.ptr.size - 1):
+        for e in t.entries[t.ptr[qt]:t.ptr[qt + 1]]:
+            out[e >> 1].append(qt << 1 | (e & 1))
+    return out
+
+
+def assert_transposed(m, BM, BN):
+    fwd = build(m, BM, BN)
+    nk = -(-m.T // BN)
+    tt = transpose(fwd, nk)
+    assert isinstance(tt, TransposedTiles) and (tt.BM, tt.BN) == (BM, BN)
+    assert tt.ptr.dtype == np.int32 and tt.ptr.size == nk + 1 and tt.n_ktiles == nk
+    want = brute_transpose(fwd, nk)
+    got = [list(tt.entries[tt.ptr[k]:tt.ptr[k + 1]]) for k in range(nk)]
+    assert got == want
+    assert tt.n_visited == fwd.n_visited and tt.n_partial == fwd.n_partial
+    assert (tt.run_len > 0).all() and (np.diff(tt.run_off) >= 1).all()
+    # a run stays inside one key tile's row, and runs are maximal
+    k_first = np.searchsorted(tt.ptr, tt.run_off, side="right") - 1
+    k_last = np.searchsorted(tt.ptr, tt.run_off + tt.run_len - 1, side="right") - 1
+    assert (k_first == k_last).all()
+    last = tt.run_val + 2 * (tt.run_len - 1)
+    assert not ((k_first[1:] == k_first[:-1]) & (tt.run_val[1:] == last[:-1] + 2)).any()
+
+
+@pytest.mark.parametrize("T", [1, 7, 128, 257, 1000, 1536])
+@pytest.mark.parametrize("tile", [(64, 64), (128, 64), (64, 32), (48, 16)])
+def test_transpose_of_every_example_is_the_brute_force_one(T, tile):
+    n = 0
+    for name, causal, ps in examples(T):
+        try:
+            m = make_mask(name, T, causal, **ps)
+        except BadInput:  # an example that does not fit this T (a block that does not divide it)
+            continue
+        assert_transposed(m, *tile)
+        n += 1
+    assert n > 0
+
+
+@settings(max_examples=120, deadline=None)
+@given(masks(), st.sampled_from(SHAPES + [(1, 1), (2, 4), (4, 2)]))
+def test_transpose_of_random_masks(m, tile):
+    assert_transposed(m, *tile)
+
+
+def test_an_empty_list_transposes_to_an_empty_list():
+    t = Tiles.from_entries(64, 64, np.zeros(4, np.int32), [])
+    tt = transpose(t, 5)
+    assert tt.n_visited == 0 and list(tt.ptr) == [0] * 6 and tt.entries.size == 0
+
+
+def test_transposed_lists_are_cached_beside_the_forward_ones():
+    a = make_mask("window", 4096, True, window=256)
+    tt = tile_list_t(a, 64, 64)
+    assert tt.build_s > 0
+    assert tile_list_t(make_mask("window", 4096, True, window=256), 64, 64) is tt
+    assert tile_list_t(a, 64, 32) is not tt
+    assert tt.n_visited == tile_list(a, 64, 64).n_visited
+
+
+def test_transposing_a_dense_list_costs_its_runs_not_its_entries():
+    """Dense causal at T=131072: two million entries, a few thousand runs either way."""
+    m = make_mask("dense", 131072, True)
+    fwd = tile_list(m, 64, 64)
+    tt = tile_list_t(m, 64, 64)
+    assert tt.n_visited == fwd.n_visited > 2_000_000
+    assert tt.run_off.size <= 2 * (131072 // 64)
