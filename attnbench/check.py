@@ -45,10 +45,11 @@ def reference_of(prob: Problem, q, k, v):
     return reference(q, k, v, prob.mask, prob.dtype, prob.softmax_scale, cache_lens=prob.cache_lens)
 
 
-def problem_inputs(prob: Problem, seed: int, make=random_inputs):
+def problem_inputs(prob: Problem, seed: int, make=None):
     """q, k, v of ``prob`` from ``make(shape, dtype, seed)`` (three arrays of one shape): one call
     when q and k have one shape (prefill with H_kv = H: the inputs of before), else k and v from
     one call at their shape and q from another at its own."""
+    make = make or random_inputs
     if prob.shape == prob.kv_shape:
         return make(prob.shape, prob.dtype, seed)
     _, k, v = make(prob.kv_shape, prob.dtype, seed)

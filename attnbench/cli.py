@@ -124,6 +124,55 @@ def tile_specs(texts) -> list:
     return list(dict.fromkeys(parse_tile_config(t) for t in texts))
 
 
+def serving_options(sweep: bool = False):
+    """Grouped-query heads, the query length and a ragged batch's cache lengths (SPEC section 1);
+    with ``sweep``, --Tq is repeatable (an axis) and the defaults are the config's."""
+    from .serving import DISTRIBUTIONS
+
+    def deco(fn):
+        for o in reversed([
+            click.option("--H-kv", "H_kv", type=int, default=None,
+                         help="key/value heads, dividing H: query head h reads head h // (H // H_kv) "
+                              + ("(default: the config's, else H)" if sweep else "(default: H)")),
+            click.option("--Tq", "Tq", type=int, multiple=sweep, default=() if sweep else None,
+                         help="queries, at positions Tk - Tq .. Tk - 1 of the Tk = T keys (1: decoding; "
+                              + ("repeatable; default: the config's, else T)" if sweep else "default: T, prefill)")),
+            click.option("--cache-lens", "cache_lens", default=None, metavar="N,N,...",
+                         help="a ragged batch: each sequence's cache length (one per sequence, Tq to T)"),
+            click.option("--cache-dist", "cache_dist", type=click.Choice(list(DISTRIBUTIONS)), default=None,
+                         help="a ragged batch drawn: " + "; ".join(f"{k}: {v}" for k, v in DISTRIBUTIONS.items())),
+            click.option("--cache-seed", "cache_seed", type=int, default=0, help="seed of --cache-dist"),
+        ]):
+            fn = o(fn)
+        return fn
+    return deco
+
+
+def serving_given(kw: dict) -> dict:
+    """The serving options (popped from ``kw``), --cache-lens parsed; BadInput naming the option."""
+    from .serving import parse_lens
+
+    s = {k: kw.pop(k) for k in ("H_kv", "Tq", "cache_lens", "cache_dist", "cache_seed")}
+    if s["cache_lens"] is not None:
+        s["cache_lens"] = parse_lens(s["cache_lens"])
+        if s["cache_dist"] is not None:
+            raise BadInput("--cache-lens and --cache-dist exclude each other (lengths given, or drawn)")
+    if s["cache_dist"] is None and s["cache_seed"] != 0:
+        raise BadInput("--cache-seed seeds --cache-dist: give --cache-dist too")
+    return s
+
+
+def serving_problem(mask, B, H, D, dtype, s: dict, *args):
+    """The Problem of one case with the serving options ``s`` (a drawn ragged batch at its B and T)."""
+    from .impls import Problem
+    from .serving import cache_lens_for
+
+    Tq = mask.T if s["Tq"] is None else s["Tq"]
+    lens = cache_lens_for(B, mask.T, Tq, s["cache_lens"], s["cache_dist"], s["cache_seed"]) \
+        if 1 <= Tq <= mask.T else s["cache_lens"]
+    return Problem(mask, B, H, D, dtype, *args, H_kv=s["H_kv"], Tq=s["Tq"], cache_lens=lens)
+
+
 def check_samples(samples: int | None, budget: float | None) -> None:
     if samples is None:
         return
@@ -180,22 +229,23 @@ def case_options(impl: str, T: int, H: int, D: int, dtype: str):
 @click.option("--max-t", type=int, default=None, help="compile-time MAX_T (default: T rounded up)")
 @click.option("--max-keys", type=int, default=None, help="compile-time MAX_KEYS (default: from the pattern)")
 @click.option("--causal/--no-causal", default=True, show_default=True)
+@serving_options()
 @friendly
 def run_cmd(pattern, T, B, H, D, dtype, impl, max_t, max_keys, causal, **kw):
     """Run dense and a pattern once each, check both, print time, TFLOP/s, error and speedup."""
-    from .arrays import random_inputs
-    from .check import judge
-    from .impls import Problem, get_impl
+    from .check import judge, problem_inputs
+    from .impls import get_impl
 
+    serving = serving_given(kw)
     params = pattern_params(kw)
     im = get_impl(impl)
     probs = []
     for name, ps in (("dense", {}), (pattern, params)):
         mask = make_mask(name, T, causal, **ps)
-        probs.append(Problem(mask, B, H, D, dtype, None, max_t, max_keys))
+        probs.append(serving_problem(mask, B, H, D, dtype, serving, None, max_t, max_keys))
     for prob in probs:  # refuse before any launch
         im.require(prob)
-    q, k, v = random_inputs(probs[0].shape, dtype, seed=1234)
+    q, k, v = problem_inputs(probs[0], seed=1234)
     click.echo(f"{im.name}: B={B} H={H} T={T} D={D} {dtype} {'causal' if causal else 'non-causal'}")
     from .timing import EventTimer
 
@@ -241,6 +291,7 @@ def check_cases(patterns, Ts, given: dict | None = None):
 @click.option("--H", "H", type=int, default=3, show_default=True)
 @click.option("--causal/--no-causal", default=True, show_default=True)
 @pattern_options()
+@serving_options()
 @friendly
 def check_cmd(impls, patterns, Ts, D, B, H, causal, **kw):
     """The correctness gate over patterns x implementations x sizes. Exit 1 when a check failed
@@ -248,9 +299,10 @@ def check_cmd(impls, patterns, Ts, D, B, H, causal, **kw):
     Pattern parameter options (e.g. --pattern custom --expr ... --param W=64) replace the examples
     of the patterns that take them."""
     from .check import gate
-    from .impls import Problem, all_impls, get_impl
+    from .impls import all_impls, get_impl
     from .results import Tally
 
+    serving = serving_given(kw)
     given = pattern_params(kw)
     patterns = patterns or tuple(PATTERNS)
     for opt, values in (("--T", Ts), ("--D", (D,)), ("--B", (B,)), ("--H", (H,))):
@@ -259,6 +311,8 @@ def check_cmd(impls, patterns, Ts, D, B, H, causal, **kw):
                 raise BadInput(f"{opt}={v} must be a positive integer")
     for T in Ts:  # the masks' own limits too, before any implementation is asked whether it can run here
         make_mask("dense", T)
+    # the serving options against the longest T (a shorter T that Tq or a cache length exceeds: skipped)
+    serving_problem(make_mask("dense", max(Ts or (4096,))), B, H, D, "float32", serving)
     for name in given:
         if not any(name in PATTERNS[p].defaults() for p in patterns):
             raise BadInput(f"{all_params()[name][0][1].flag}: none of the patterns checked takes it "
@@ -285,7 +339,7 @@ def check_cmd(impls, patterns, Ts, D, B, H, causal, **kw):
         for dtype in im.dtypes:
             for name, ps, T in check_cases(patterns, Ts, given):
                 try:
-                    prob = Problem(make_mask(name, T, causal, **ps), B, H, D, dtype)
+                    prob = serving_problem(make_mask(name, T, causal, **ps), B, H, D, dtype, serving)
                     label = prob.mask.label()
                     why = im.unsupported(prob) or im.availability()
                 except BadInput as e:
@@ -395,6 +449,7 @@ def compile_cmd(archs, hashes, gate_builds):
                 "e.g. fast-tc[BN=32,STAGES=3], timed with the others; its setup_s records the whole shape "
                 "(repeatable)")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the random inputs")
+@serving_options(sweep=True)
 @friendly
 def sweep(config, T_min, T_max, T, patterns, impls, dtypes, B, H, D, causal, out, resume, retry_failed, overwrite,
           budget, samples, tile_configs, seed, **kw):
@@ -411,8 +466,9 @@ def sweep(config, T_min, T_max, T, patterns, impls, dtypes, B, H, D, causal, out
         raise BadInput(f"--time-budget={budget} must be positive")
     check_samples(samples, budget)
     specs = tile_specs(tile_configs)
+    serving = serving_given(kw)
     cases = sw.plan(config, patterns=patterns, T=T, T_min=T_min, T_max=T_max, B=B, H=H, D=D, dtype=dtypes,
-                    causal=causal, **pattern_params(kw, axes=True))
+                    causal=causal, **serving, **pattern_params(kw, axes=True))
     chosen = sw.select_impls(impls, specs)
     command = "attnbench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     # looks only: refuses an unusable --out; nothing is written before the device is there

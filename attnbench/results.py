@@ -30,6 +30,11 @@ COLUMNS = [
 STATUSES = ("ok", "failed", "skipped")
 # the columns that name a (configuration, implementation) pair
 KEY_COLUMNS = ("impl", "pattern", "params", "causal", "B", "H", "T", "D", "dtype")
+# serving shapes (SPEC section 1): key/value heads, queries, per-sequence cache lengths. A row
+# without them (a CSV of before) is prefill: H_kv = H, Tq = T, no cache_lens
+SERVING_COLUMNS = {"H_kv": "H", "Tq": "T", "cache_lens": None}
+COLUMNS += list(SERVING_COLUMNS)
+KEY_COLUMNS += tuple(SERVING_COLUMNS)
 
 
 def params_json(params: dict) -> str:
@@ -52,8 +57,10 @@ def params_from_json(pattern: str, text) -> dict:
 def _norm(col: str, v, pattern: str = "") -> str:
     if col == "causal":
         return str(v).strip().lower() in ("true", "1")
-    if col in ("B", "H", "T", "D"):
+    if col in ("B", "H", "T", "D", "H_kv", "Tq"):
         return int(float(v))
+    if col == "cache_lens":
+        return ",".join(str(int(float(x))) for x in str(v).split(",") if x.strip())
     if col == "params":
         from .patterns import PATTERNS
 
@@ -67,7 +74,28 @@ def _norm(col: str, v, pattern: str = "") -> str:
 
 def row_key(row: dict) -> tuple:
     """The identity of a row, the same whether it comes from a dict just built or a CSV."""
-    return tuple(_norm(c, row[c], str(row.get("pattern", ""))) for c in KEY_COLUMNS)
+    return tuple(_norm(c, _serving_cell(row, c), str(row.get("pattern", ""))) for c in KEY_COLUMNS)
+
+
+def _serving_cell(row: dict, col: str):
+    """``row[col]``; a serving column a row lacks (or leaves empty) as prefill's value."""
+    if col in SERVING_COLUMNS:
+        v = row.get(col)
+        if v is None or (isinstance(v, float) and v != v) or (isinstance(v, str) and not v.strip()):
+            src = SERVING_COLUMNS[col]
+            return row[src] if src else ""
+        return v
+    return row[col]
+
+
+def with_serving(row: dict) -> dict:
+    """A row of a CSV of before with the serving columns filled in as prefill."""
+    return {**row, **{c: _serving_cell(row, c) for c in SERVING_COLUMNS}}
+
+
+def _before_serving(header: list[str]) -> bool:
+    """The header of a CSV written before the serving columns: it resumes, upgraded."""
+    return header == [c for c in COLUMNS if c not in SERVING_COLUMNS]
 
 
 class Tally(Counter):
@@ -291,7 +319,7 @@ class ResultWriter:
             raise BadInput(f"{self.path} exists: pass --resume to continue it or --overwrite to replace it")
         if exists and resume:
             header, self._records = scan(self.path)
-            if header != COLUMNS:
+            if header != COLUMNS and not _before_serving(header):
                 missing = [c for c in COLUMNS if c not in header]
                 raise BadInput(f"{self.path} has other columns than this version writes "
                                f"(missing: {', '.join(missing) or 'none'}): cannot resume it")
@@ -359,12 +387,17 @@ class ResultWriter:
         bad = [r for r in records if r.problem and r.problem != "blank"]
         if len(bad) > set_aside:  # never drop a record that was not saved aside
             raise BadInput(f"{self.path} changed while this sweep ran: not rewritten")
-        if not (bad or gone or any(r.problem for r in records)):
+        upgrade = _before_serving(header)  # rewritten with the serving columns, filled as prefill
+        if not (bad or gone or upgrade or any(r.problem for r in records)):
             return
         keep = [r.text for n, r in enumerate(records) if r.key is not None and n not in gone]
 
         def write(f):
-            csv.writer(f).writerow(header)
+            csv.writer(f).writerow(COLUMNS if upgrade else header)
+            if upgrade:
+                rows = [with_serving(r.row) for n, r in enumerate(records) if r.key is not None and n not in gone]
+                csv.DictWriter(f, fieldnames=COLUMNS).writerows(rows)
+                return
             f.write("".join(keep))
         write_atomically(self.path, write, what="results CSV")
         self._records = None
@@ -442,7 +475,7 @@ def _cell(v):
 
 
 NUMERIC = ("median_ms", "p20_ms", "p80_ms", "tflops", "roofline", "rel_err", "tolerance", "floor_ms")
-INTEGER = ("B", "H", "T", "D")
+INTEGER = ("B", "H", "T", "D", "H_kv", "Tq")
 
 
 def read_results(path: str | os.PathLike):
@@ -459,7 +492,8 @@ def read_results(path: str | os.PathLike):
                        f"results CSV {p} is not a regular file")
     try:
         raw = p.read_bytes()
-        df = pd.read_csv(p, keep_default_na=False, na_values=[""], dtype={"reason": str, "git_commit": str})
+        df = pd.read_csv(p, keep_default_na=False, na_values=[""],
+                         dtype={"reason": str, "git_commit": str, "cache_lens": str})
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         raise BadInput(f"{p} is not a results CSV: {e}") from None
     except OSError as e:
@@ -472,6 +506,13 @@ def read_results(path: str | os.PathLike):
     missing = [c for c in needed if c not in df.columns]
     if missing:
         raise BadInput(f"{p} is not a results CSV: missing columns {', '.join(missing)}")
+    for col, src in SERVING_COLUMNS.items():  # a CSV of before: prefill rows
+        if col not in df.columns:
+            df[col] = df[src] if src else ""
+        elif src:
+            df[col] = df[col].fillna(df[src])
+        else:
+            df[col] = df[col].fillna("")
     _check_cells(df, p)
     df["causal"] = df["causal"].map(lambda v: str(v).strip().lower() in ("true", "1"))
     if "params" in df.columns:  # one spelling of each pattern instance, whoever wrote the row
