@@ -45,11 +45,23 @@ def judge(impl: Impl, prob: Problem, runner: Runner, q, k, v, ref=None) -> GateR
 
 def reference_of(prob: Problem, q, k, v):
     """The float64 reference of a problem on these inputs."""
-    return reference(q, k, v, prob.mask, prob.dtype, prob.softmax_scale)
+    return reference(q, k, v, prob.mask, prob.dtype, prob.softmax_scale, cache_lens=prob.cache_lens)
+
+
+def problem_inputs(prob: Problem, seed: int, make=None):
+    """q, k, v of ``prob`` from ``make(shape, dtype, seed)`` (three arrays of one shape): one call
+    when q and k have one shape (prefill with H_kv = H: the inputs of before), else k and v from
+    one call at their shape and q from another at its own."""
+    make = make or random_inputs
+    if prob.shape == prob.kv_shape:
+        return make(prob.shape, prob.dtype, seed)
+    _, k, v = make(prob.kv_shape, prob.dtype, seed)
+    q = make(prob.shape, prob.dtype, seed + 1)[0]
+    return q, k, v
 
 
 def gate(impl: Impl, prob: Problem, seed: int | None = None) -> GateResult:
     """Check ``impl`` on fresh random inputs of ``prob`` against the float64 reference."""
-    q, k, v = random_inputs(prob.shape, prob.dtype, next(_seeds) if seed is None else seed)
+    q, k, v = problem_inputs(prob, next(_seeds) if seed is None else seed)
     runner = impl.prepare(prob, q, k, v)
     return judge(impl, prob, runner, q, k, v)

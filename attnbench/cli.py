@@ -128,6 +128,55 @@ PASS_HELP = ("fwd: the forward; bwd: the backward alone, given the forward's out
              "fwd+bwd: a training step")
 
 
+def serving_options(sweep: bool = False):
+    """Grouped-query heads, the query length and a ragged batch's cache lengths (SPEC section 1);
+    with ``sweep``, --Tq is repeatable (an axis) and the defaults are the config's."""
+    from .serving import DISTRIBUTIONS
+
+    def deco(fn):
+        for o in reversed([
+            click.option("--H-kv", "H_kv", type=int, default=None,
+                         help="key/value heads, dividing H: query head h reads head h // (H // H_kv) "
+                              + ("(default: the config's, else H)" if sweep else "(default: H)")),
+            click.option("--Tq", "Tq", type=int, multiple=sweep, default=() if sweep else None,
+                         help="queries, at positions Tk - Tq .. Tk - 1 of the Tk = T keys (1: decoding; "
+                              + ("repeatable; default: the config's, else T)" if sweep else "default: T, prefill)")),
+            click.option("--cache-lens", "cache_lens", default=None, metavar="N,N,...",
+                         help="a ragged batch: each sequence's cache length (one per sequence, Tq to T)"),
+            click.option("--cache-dist", "cache_dist", type=click.Choice(list(DISTRIBUTIONS)), default=None,
+                         help="a ragged batch drawn: " + "; ".join(f"{k}: {v}" for k, v in DISTRIBUTIONS.items())),
+            click.option("--cache-seed", "cache_seed", type=int, default=0, help="seed of --cache-dist"),
+        ]):
+            fn = o(fn)
+        return fn
+    return deco
+
+
+def serving_given(kw: dict) -> dict:
+    """The serving options (popped from ``kw``), --cache-lens parsed; BadInput naming the option."""
+    from .serving import parse_lens
+
+    s = {k: kw.pop(k) for k in ("H_kv", "Tq", "cache_lens", "cache_dist", "cache_seed")}
+    if s["cache_lens"] is not None:
+        s["cache_lens"] = parse_lens(s["cache_lens"])
+        if s["cache_dist"] is not None:
+            raise BadInput("--cache-lens and --cache-dist exclude each other (lengths given, or drawn)")
+    if s["cache_dist"] is None and s["cache_seed"] != 0:
+        raise BadInput("--cache-seed seeds --cache-dist: give --cache-dist too")
+    return s
+
+
+def serving_problem(mask, B, H, D, dtype, s: dict, *args, pass_name: str = "fwd"):
+    """The Problem of one case with the serving options ``s`` (a drawn ragged batch at its B and T)."""
+    from .impls import Problem
+    from .serving import cache_lens_for
+
+    Tq = mask.T if s["Tq"] is None else s["Tq"]
+    lens = cache_lens_for(B, mask.T, Tq, s["cache_lens"], s["cache_dist"], s["cache_seed"]) \
+        if 1 <= Tq <= mask.T else s["cache_lens"]
+    return Problem(mask, B, H, D, dtype, *args, pass_name=pass_name, H_kv=s["H_kv"], Tq=s["Tq"], cache_lens=lens)
+
+
 def check_samples(samples: int | None, budget: float | None) -> None:
     if samples is None:
         return
@@ -188,22 +237,23 @@ def case_options(impl: str, T: int, H: int, D: int, dtype: str):
 @click.option("--max-keys", type=int, default=None, help="compile-time MAX_KEYS (default: from the pattern)")
 @click.option("--causal/--no-causal", default=True, show_default=True)
 @click.option("--pass", "pass_name", type=click.Choice(PASSES), default="fwd", help=PASS_HELP)
+@serving_options()
 @friendly
 def run_cmd(pattern, T, B, H, D, dtype, impl, max_t, max_keys, causal, pass_name, **kw):
     """Run dense and a pattern once each, check both, print time, TFLOP/s, error and speedup."""
-    from .arrays import random_inputs
-    from .check import judge
-    from .impls import Problem, get_impl
+    from .check import judge, problem_inputs
+    from .impls import get_impl
 
+    serving = serving_given(kw)
     params = pattern_params(kw)
     im = get_impl(impl)
     probs = []
     for name, ps in (("dense", {}), (pattern, params)):
         mask = make_mask(name, T, causal, **ps)
-        probs.append(Problem(mask, B, H, D, dtype, None, max_t, max_keys, pass_name))
+        probs.append(serving_problem(mask, B, H, D, dtype, serving, None, max_t, max_keys, pass_name=pass_name))
     for prob in probs:  # refuse before any launch
         im.require(prob)
-    q, k, v = random_inputs(probs[0].shape, dtype, seed=1234)
+    q, k, v = problem_inputs(probs[0], seed=1234)
     click.echo(f"{im.name}: B={B} H={H} T={T} D={D} {dtype} {'causal' if causal else 'non-causal'}")
     from .timing import EventTimer
 
@@ -250,6 +300,7 @@ def check_cases(patterns, Ts, given: dict | None = None):
 @click.option("--causal/--no-causal", default=True, show_default=True)
 @click.option("--pass", "pass_name", type=click.Choice(PASSES), default="fwd", help=PASS_HELP)
 @pattern_options()
+@serving_options()
 @friendly
 def check_cmd(impls, patterns, Ts, D, B, H, causal, pass_name, **kw):
     """The correctness gate over patterns x implementations x sizes. Exit 1 when a check failed
@@ -257,9 +308,10 @@ def check_cmd(impls, patterns, Ts, D, B, H, causal, pass_name, **kw):
     Pattern parameter options (e.g. --pattern custom --expr ... --param W=64) replace the examples
     of the patterns that take them."""
     from .check import gate
-    from .impls import Problem, all_impls, get_impl
+    from .impls import all_impls, get_impl
     from .results import Tally
 
+    serving = serving_given(kw)
     given = pattern_params(kw)
     patterns = patterns or tuple(PATTERNS)
     for opt, values in (("--T", Ts), ("--D", (D,)), ("--B", (B,)), ("--H", (H,))):
@@ -268,6 +320,8 @@ def check_cmd(impls, patterns, Ts, D, B, H, causal, pass_name, **kw):
                 raise BadInput(f"{opt}={v} must be a positive integer")
     for T in Ts:  # the masks' own limits too, before any implementation is asked whether it can run here
         make_mask("dense", T)
+    # the serving options against the longest T (a shorter T that Tq or a cache length exceeds: skipped)
+    serving_problem(make_mask("dense", max(Ts or (4096,))), B, H, D, "float32", serving)
     for name in given:
         if not any(name in PATTERNS[p].defaults() for p in patterns):
             raise BadInput(f"{all_params()[name][0][1].flag}: none of the patterns checked takes it "
@@ -294,7 +348,8 @@ def check_cmd(impls, patterns, Ts, D, B, H, causal, pass_name, **kw):
         for dtype in im.dtypes:
             for name, ps, T in check_cases(patterns, Ts, given):
                 try:
-                    prob = Problem(make_mask(name, T, causal, **ps), B, H, D, dtype, pass_name=pass_name)
+                    prob = serving_problem(make_mask(name, T, causal, **ps), B, H, D, dtype, serving,
+                                           pass_name=pass_name)
                     label = prob.mask.label()
                     why = im.unsupported(prob) or im.availability()
                 except BadInput as e:
@@ -406,6 +461,7 @@ def compile_cmd(archs, hashes, gate_builds):
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the random inputs")
 @click.option("--pass", "pass_names", multiple=True, type=click.Choice(PASSES),
               help=PASS_HELP + " (repeatable; default: the config's, fwd but for --config training)")
+@serving_options(sweep=True)
 @friendly
 def sweep(config, T_min, T_max, T, patterns, impls, dtypes, B, H, D, causal, out, resume, retry_failed, overwrite,
           budget, samples, tile_configs, seed, pass_names, **kw):
@@ -422,8 +478,9 @@ def sweep(config, T_min, T_max, T, patterns, impls, dtypes, B, H, D, causal, out
         raise BadInput(f"--time-budget={budget} must be positive")
     check_samples(samples, budget)
     specs = tile_specs(tile_configs)
+    serving = serving_given(kw)
     cases = sw.plan(config, patterns=patterns, T=T, T_min=T_min, T_max=T_max, B=B, H=H, D=D, dtype=dtypes,
-                    causal=causal, passes=pass_names, **pattern_params(kw, axes=True))
+                    causal=causal, passes=pass_names, **serving, **pattern_params(kw, axes=True))
     chosen = sw.select_impls(impls, specs)
     command = "attnbench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     # looks only: refuses an unusable --out; nothing is written before the device is there

@@ -51,6 +51,15 @@ class Config:
     causal: bool | None = None     # the causal flag of patterns it sweeps at their defaults (None: each pattern's)
     build_T: int = 4096            # the T at which the kernels' standard builds of this config are compiled
     passes: tuple[str, ...] = ("fwd",)  # impls.PASSES it sweeps
+    # serving shapes (SPEC section 1; the decode configuration). Empty: B alone, H_kv = H, Tq = T
+    Bs: tuple[int, ...] = ()       # batch sizes swept (B is the first)
+    H_kv: int | None = None        # key/value heads
+    Tqs: tuple[int, ...] = ()      # query lengths swept
+    long_Ts: tuple[int, ...] = ()  # more T values, for the instances of long_patterns only
+    long_patterns: tuple[str, ...] = ()  # the patterns whose cost does not grow with T
+    long_Bs: tuple[int, ...] = ()  # the batch sizes of long_Ts (empty: every B); K and V of B=64 at
+                                   # T=1048576, H_kv=8, D=128 would take 275 GB
+    ragged: tuple[tuple, ...] = ()  # (B, Tq, T, distribution, seed): a ragged batch of every instance
 
 
 SEED = Config(
@@ -87,7 +96,22 @@ TRAINING = replace(LLM, name="training", summary="the llm configuration's instan
                    "forward, backward (given the forward's saved state), training step",
                    passes=("fwd", "bwd", "fwd+bwd"))
 
-CONFIGS: dict[str, Config] = {c.name: c for c in (SEED, LLM, TRAINING)}
+DECODE = Config(
+    "decode", "serving: Tq = 1 and 16 queries at the end of 4k to 1M-key caches, H=32 over H_kv=8, D=128, bfloat16",
+    (
+        Instance.make("dense", True),
+        Instance.make("streaming", True, sink=4, window=1024),
+        Instance.make("streaming", True, sink=16, window=64),
+        Instance.make("window", True, window=4096),
+        Instance.make("dilated", True, window=512, dilation=2),
+        Instance.make("bigbird", True),
+    ),
+    B=1, H=32, D=(128,), dtype=("bfloat16",), Ts=(4096, 32768, 131072), build_T=32768,
+    Bs=(1, 8, 64), H_kv=8, Tqs=(1, 16), long_Ts=(1048576,), long_Bs=(1, 8),
+    long_patterns=("streaming", "window", "dilated", "bigbird"),
+    ragged=((8, 1, 32768, "uniform", 0),))
+
+CONFIGS: dict[str, Config] = {c.name: c for c in (SEED, LLM, TRAINING, DECODE)}
 
 
 def get_config(name: str) -> Config:
@@ -99,4 +123,4 @@ def get_config(name: str) -> Config:
         raise BadInput(f"config={name!r} is unknown: choose one of {', '.join(CONFIGS)}") from None
 
 
-__all__ = ["Instance", "Config", "CONFIGS", "SEED", "LLM", "TRAINING", "get_config"]
+__all__ = ["Instance", "Config", "CONFIGS", "SEED", "LLM", "TRAINING", "DECODE", "get_config"]

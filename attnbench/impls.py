@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import numbers
 import time
 from dataclasses import dataclass
 
@@ -36,6 +37,11 @@ class Problem:
     max_t: int | None = None     # compile-time MAX_T the user asked for (None: from T)
     max_keys: int | None = None  # compile-time MAX_KEYS the user asked for (None: from the pattern)
     pass_name: str = "fwd"       # one of PASSES
+    # serving (SPEC sections 1, 3): grouped-query heads, Tq queries at the end of each sequence's
+    # cache, per-sequence cache lengths (None: every sequence holds T = Tk keys)
+    H_kv: int | None = None      # key/value heads (None: H); H % H_kv == 0
+    Tq: int | None = None        # queries (None: T, prefill)
+    cache_lens: tuple[int, ...] | None = None  # Tk_b of each sequence, Tq <= Tk_b <= T
 
     def __post_init__(self):
         for name in ("B", "H", "D"):
@@ -47,6 +53,7 @@ class Problem:
             raise BadInput(f"scale={self.scale!r} must be a positive finite number")
         if self.dtype not in ITEMSIZE:
             raise BadInput(f"dtype={self.dtype!r} is not supported: choose one of {', '.join(ITEMSIZE)}")
+        self._check_serving()
         if self.max_t is not None and self.T > self.max_t:
             raise BadInput(f"T={self.T} exceeds max_t={self.max_t}")
         # MAX_KEYS bounds the keys of one row of a sparse pattern (dense rows are bounded by MAX_T)
@@ -56,6 +63,78 @@ class Problem:
                            f"above max_keys={self.max_keys}")
         if self.pass_name not in PASSES:
             raise BadInput(f"pass={self.pass_name!r} is not one of {', '.join(PASSES)}")
+
+    def _check_serving(self) -> None:
+        H_kv, Tq, lens = self.kv_heads, self.q_len, self.cache_lens
+        if not isinstance(H_kv, int) or H_kv < 1 or self.H % H_kv:
+            raise BadInput(f"H_kv={H_kv!r} must be a positive integer dividing H={self.H}")
+        if not isinstance(Tq, int) or not 1 <= Tq <= self.T:
+            raise BadInput(f"Tq={Tq!r} must be an integer from 1 to Tk=T={self.T}")
+        if lens is None:
+            return
+        if isinstance(lens, (list, tuple)) and all(isinstance(t, numbers.Integral) for t in lens):
+            object.__setattr__(self, "cache_lens", lens := tuple(int(t) for t in lens))
+        if not isinstance(lens, tuple) or len(lens) != self.B or not all(isinstance(t, int) for t in lens):
+            raise BadInput(f"cache_lens={list(lens)} must hold one integer per sequence (B={self.B})")
+        bad = [t for t in lens if not Tq <= t <= self.T]
+        if bad:
+            raise BadInput(f"cache_lens holds {bad[0]}: each sequence's cache length must be from Tq={Tq} "
+                           f"to Tk=T={self.T}")
+        for t in sorted(set(lens)):
+            try:
+                self.masks[t]
+            except BadInput as e:
+                raise BadInput(f"cache_lens holds {t}, which {self.mask.label()} does not fit: {e}") from None
+
+    @property
+    def kv_heads(self) -> int:
+        return self.H if self.H_kv is None else self.H_kv
+
+    @property
+    def q_len(self) -> int:
+        return self.T if self.Tq is None else self.Tq
+
+    @property
+    def prefill(self) -> bool:
+        """Tq = Tk queries over every sequence's whole cache (today's rows)."""
+        return self.q_len == self.T and self.cache_lens is None
+
+    @property
+    def lens(self) -> tuple[int, ...]:
+        """Tk_b of every sequence (T for each when the batch is not ragged)."""
+        return tuple(self.cache_lens) if self.cache_lens is not None else (self.T,) * self.B
+
+    @functools.cached_property
+    def masks(self) -> dict:
+        """The mask at each distinct cache length (validated there: a block size must divide it)."""
+        return {t: self.mask.at(t) for t in sorted(set(self.lens))}
+
+    def query_rows(self, Tk: int):
+        """The absolute positions Tk - Tq .. Tk - 1 of the queries of a sequence of Tk keys."""
+        import numpy as np
+
+        return np.arange(Tk - self.q_len, Tk, dtype=np.int64)
+
+    @functools.cached_property
+    def _decode_counts(self) -> dict:
+        """Per distinct cache length: (allowed pairs of its Tq queries, keys some query reads)."""
+        return {t: (int(m.row_counts(self.query_rows(t)).sum()), int(m.keys(self.query_rows(t)).size))
+                for t, m in self.masks.items()}
+
+    @property
+    def pairs(self) -> int:
+        """Allowed (query, key) pairs of one head: of one sequence (the mask's own count for
+        prefill), summed over the sequences of a ragged batch."""
+        if self.prefill:
+            return self.mask.pairs
+        per = {t: n for t, (n, _) in self._decode_counts.items()}
+        return sum(per[t] for t in self.lens) if self.cache_lens is not None else per[self.T]
+
+    @property
+    def density(self) -> float:
+        if self.prefill:
+            return self.mask.density
+        return self.pairs / float(self.q_len * (sum(self.lens) if self.cache_lens is not None else self.T))
 
     @property
     def T(self) -> int:
@@ -67,35 +146,47 @@ class Problem:
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
-        return (self.B, self.H, self.T, self.D)
+        """Of q and of the output: [B, H, Tq, D] (Tq = T for prefill)."""
+        return (self.B, self.H, self.q_len, self.D)
 
     @property
-    def flops(self) -> int:
-        """Useful FLOPs (SPEC section 3): 4 * D * pairs * B * H."""
-        return 4 * self.D * self.mask.pairs * self.B * self.H
+    def kv_shape(self) -> tuple[int, int, int, int]:
+        """Of k and v: [B, H_kv, Tk, D] (a ragged batch's sequence b uses its first Tk_b keys)."""
+        return (self.B, self.kv_heads, self.T, self.D)
 
     @property
-    def bytes_floor(self) -> int:
-        return 4 * self.B * self.H * self.T * self.D * ITEMSIZE[self.dtype]
+    def fwd_flops(self) -> int:
+        """Useful FLOPs of the forward (SPEC section 3): 4 * D * pairs * B * H (a ragged batch's
+        pairs hold its B)."""
+        seqs = 1 if self.cache_lens is not None else self.B
+        return 4 * self.D * self.pairs * seqs * self.H
+
+    @property
+    def fwd_bytes_floor(self) -> int:
+        """Bytes the forward must move at least: Q and O once at H heads; K and V once at H_kv
+        heads: every key for prefill, for a decode only the keys some query may read (SPEC
+        section 3)."""
+        qo = 2 * self.B * self.H * self.q_len
+        if self.prefill:
+            kv = 2 * self.B * self.kv_heads * self.T
+        else:
+            read = {t: n for t, (_, n) in self._decode_counts.items()}
+            kv = 2 * self.kv_heads * sum(read[t] for t in self.lens)
+        return (qo + kv) * self.D * ITEMSIZE[self.dtype]
 
     @property
     def tolerance(self) -> float:
         return TOLERANCE[self.dtype]
 
-    # per pass: ``flops`` and ``bytes_floor`` above are the forward's (kept as ``fwd_flops`` and
-    # ``fwd_bytes_floor``); the two below, defined after them, replace them with the pass's own
-    fwd_flops = flops
-    fwd_bytes_floor = bytes_floor
-
     @property
-    def flops(self) -> int:  # noqa: F811 - the pass's, over the forward's above
+    def flops(self) -> int:
         """Useful FLOPs of the pass (SPEC section 3): the forward's 4 * D * pairs * B * H; the
         backward's 10 * D * pairs * B * H (five products against two); a training step both."""
         fwd = self.fwd_flops
         return {"fwd": fwd, "bwd": fwd // 4 * 10, "fwd+bwd": fwd // 4 * 14}[self.pass_name]
 
     @property
-    def bytes_floor(self) -> int:  # noqa: F811
+    def bytes_floor(self) -> int:
         """Bytes the pass must move at least: the forward reads Q, K, V and writes O; the backward
         reads Q, K, V, O, dO and the row log-sum-exp (float32) and writes dQ, dK, dV; a training
         step both."""
@@ -148,6 +239,11 @@ class Impl:
     description: str
     dtypes: tuple[str, ...]
     passes = ("fwd",)    # the passes it computes (PASSES); a class attribute, not a field
+    # the serving shapes it takes (SPEC section 1; class attributes, not fields): by default
+    # prefill only, H_kv = H, every sequence holding Tk keys
+    gqa = False     # H_kv < H: grouped-query heads
+    decode = False  # Tq < Tk: queries at the end of the cache
+    ragged = False  # per-sequence cache lengths (cache_lens)
 
     def availability(self) -> str | None:
         """None when it can run here, else the reason it cannot."""
@@ -159,6 +255,19 @@ class Impl:
             return f"pass={prob.pass_name} is not supported by {self.name} (supports: {', '.join(self.passes)})"
         if prob.dtype not in self.dtypes:
             return f"dtype={prob.dtype} is not supported by {self.name} (supports: {', '.join(self.dtypes)})"
+        return self.unsupported_serving(prob)
+
+    def unsupported_serving(self, prob: Problem) -> str | None:
+        """Why the serving shape of ``prob`` is not one it takes (``gqa``, ``decode``, ``ragged``)."""
+        if prob.kv_heads != prob.H and not self.gqa:
+            return (f"H_kv={prob.kv_heads} < H={prob.H} (grouped-query heads) is not supported by {self.name} "
+                    f"(it takes H_kv = H only)")
+        if prob.q_len != prob.T and not self.decode:
+            return (f"Tq={prob.q_len} < Tk={prob.T} (decoding) is not supported by {self.name} "
+                    f"(it takes Tq = Tk only: prefill)")
+        if prob.cache_lens is not None and not self.ragged:
+            return (f"a ragged batch (cache_lens) is not supported by {self.name} "
+                    f"(every sequence must hold Tk={prob.T} keys)")
         return None
 
     def tolerance(self, prob: Problem) -> float:

@@ -30,11 +30,23 @@ COLUMNS = [
 STATUSES = ("ok", "failed", "skipped")
 # the columns that name a (configuration, implementation) pair
 KEY_COLUMNS = ("impl", "pattern", "params", "causal", "B", "H", "T", "D", "dtype")
-# columns added after files were written, with the value a row of an older file takes: such a file
-# reads back with it and is resumed after its rows are rewritten with it
-ADDED = {"pass": "fwd"}  # the pass axis (impls.PASSES)
-COLUMNS += ["pass"]
-KEY_COLUMNS += ("pass",)
+# columns added after files were written, and what a row of an older file (or an empty cell) holds
+# there: a value, or the value of another column of the same row (Same("H")). Such a file reads
+# back with them and is rewritten with them before it is resumed.
+
+
+class Same(str):
+    """The value of the named column of the same row (``ADDED``)."""
+
+
+ADDED = {
+    "pass": "fwd",          # the pass axis (impls.PASSES)
+    "H_kv": Same("H"),      # serving shapes (SPEC section 1): a row without them is prefill
+    "Tq": Same("T"),
+    "cache_lens": "",
+}
+COLUMNS += list(ADDED)
+KEY_COLUMNS += tuple(ADDED)
 
 
 def params_json(params: dict) -> str:
@@ -57,8 +69,10 @@ def params_from_json(pattern: str, text) -> dict:
 def _norm(col: str, v, pattern: str = "") -> str:
     if col == "causal":
         return str(v).strip().lower() in ("true", "1")
-    if col in ("B", "H", "T", "D"):
+    if col in ("B", "H", "T", "D", "H_kv", "Tq"):
         return int(float(v))
+    if col == "cache_lens":
+        return ",".join(str(int(float(x))) for x in str(v).split(",") if x.strip())
     if col == "params":
         from .patterns import PATTERNS
 
@@ -76,10 +90,20 @@ def row_key(row: dict) -> tuple:
 
 
 def _value(row: dict, col: str):
-    """``row[col]``; for a column of ADDED, its value in an older row when missing or empty."""
-    if col in ADDED and row.get(col) in (None, ""):
-        return ADDED[col]
-    return row[col]
+    """``row[col]``; for a column of ADDED that a row lacks or leaves empty, the value an older row
+    takes there."""
+    if col not in ADDED:
+        return row[col]
+    v = row.get(col)
+    if v is None or (isinstance(v, float) and v != v) or (isinstance(v, str) and not v.strip()):
+        d = ADDED[col]
+        return row[d] if isinstance(d, Same) else d
+    return v
+
+
+def with_added(row: dict) -> dict:
+    """A row of an older file with the columns of ADDED filled in."""
+    return {**row, **{c: _value(row, c) for c in ADDED}}
 
 
 class Tally(Counter):
@@ -390,7 +414,7 @@ class ResultWriter:
         header, records = scan(self.path)
         if header == COLUMNS:
             return
-        rows = [{**ADDED, **r.row} for r in records if r.row is not None]
+        rows = [with_added(r.row) for r in records if r.row is not None]
 
         def write(f):
             w = csv.DictWriter(f, fieldnames=COLUMNS)
@@ -398,7 +422,7 @@ class ResultWriter:
             w.writerows(rows)
         write_atomically(self.path, write, what="results CSV")
         self.warn(f"{self.path}: rewritten with the columns of this version "
-                  f"({', '.join(f'{c}={v}' for c, v in ADDED.items() if c not in header)} in its rows)")
+                  f"({', '.join(f'{c}={_spelled(v)}' for c, v in ADDED.items() if c not in header)} in its rows)")
 
     def is_done(self, row: dict) -> bool:
         return row_key(row) in self.done
@@ -451,6 +475,10 @@ class ResultWriter:
         self.close()
 
 
+def _spelled(d) -> str:
+    return f"its {d}" if isinstance(d, Same) else (str(d) or "empty")
+
+
 def _upgradable(header: list[str]) -> bool:
     """This version's columns in order, less some of ADDED."""
     return [c for c in COLUMNS if c in header] == header and set(COLUMNS) - set(header) <= set(ADDED)
@@ -478,7 +506,7 @@ def _cell(v):
 
 
 NUMERIC = ("median_ms", "p20_ms", "p80_ms", "tflops", "roofline", "rel_err", "tolerance", "floor_ms")
-INTEGER = ("B", "H", "T", "D")
+INTEGER = ("B", "H", "T", "D", "H_kv", "Tq")
 
 
 def read_results(path: str | os.PathLike):
@@ -495,7 +523,8 @@ def read_results(path: str | os.PathLike):
                        f"results CSV {p} is not a regular file")
     try:
         raw = p.read_bytes()
-        df = pd.read_csv(p, keep_default_na=False, na_values=[""], dtype={"reason": str, "git_commit": str})
+        df = pd.read_csv(p, keep_default_na=False, na_values=[""],
+                         dtype={"reason": str, "git_commit": str, "cache_lens": str})
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         raise BadInput(f"{p} is not a results CSV: {e}") from None
     except OSError as e:
@@ -508,9 +537,10 @@ def read_results(path: str | os.PathLike):
     missing = [c for c in needed if c not in df.columns]
     if missing:
         raise BadInput(f"{p} is not a results CSV: missing columns {', '.join(missing)}")
+    for col, d in ADDED.items():  # a file of an older version: the value its rows take
+        fill = df[d] if isinstance(d, Same) else d
+        df[col] = df[col].fillna(fill) if col in df.columns else fill
     _check_cells(df, p)
-    for col, value in ADDED.items():  # a file of an older version
-        df[col] = df[col].fillna(value) if col in df.columns else value
     df["causal"] = df["causal"].map(lambda v: str(v).strip().lower() in ("true", "1"))
     if "params" in df.columns:  # one spelling of each pattern instance, whoever wrote the row
         df["label"] = [_label(pat, ps, lab) for pat, ps, lab in zip(df["pattern"], df["params"], df["label"])]

@@ -20,12 +20,13 @@ import zlib
 from dataclasses import dataclass
 from typing import Callable
 
-from .check import judge, reference_of
+from .check import judge, problem_inputs, reference_of
 from .configs import Instance, get_config
 from .errors import BadInput
 from .impls import DTYPES, PASSES, Impl, Problem, all_impls, get_impl
 from .patterns import all_params, get_pattern, make_mask, param_columns, pattern_label
 from .results import COLUMNS, ResultWriter, Tally, now, params_json, row_key
+from .serving import draw_lens, lens_text
 from .timing import DEFAULT_BUDGET_S, Peaks, Timing, floor_ms
 
 
@@ -39,11 +40,21 @@ class Case:
     D: int
     dtype: str
     pass_name: str = "fwd"  # impls.PASSES
+    # serving shapes (None: H_kv = H, Tq = T, every sequence holding T keys)
+    H_kv: int | None = None
+    Tq: int | None = None
+    cache_lens: tuple[int, ...] | None = None
 
     def describe(self) -> str:
         lab = pattern_label(self.inst.pattern, self.inst.param_dict)
         return (f"{lab} {'causal' if self.inst.causal else 'non-causal'} T={self.T} B={self.B} H={self.H} "
-                f"D={self.D} {self.dtype}") + ("" if self.pass_name == "fwd" else f" {self.pass_name}")
+                f"D={self.D} {self.dtype}" + self.serving_text()
+                + ("" if self.pass_name == "fwd" else f" {self.pass_name}"))
+
+    def serving_text(self) -> str:
+        """`` H_kv=8 Tq=16 ragged`` for what is not prefill's default; empty for prefill."""
+        return "".join(f" {n}={v}" for n, v in (("H_kv", self.H_kv), ("Tq", self.Tq)) if v is not None) + (
+            " ragged" if self.cache_lens is not None else "")
 
 
 def powers_of_two(t_min: int, t_max: int) -> list[int]:
@@ -124,9 +135,71 @@ def instances(config: str, patterns: tuple[str, ...] = (), causal: bool | None =
 
 
 def plan(config: str = "seed", *, patterns=(), T=(), T_min=None, T_max=None, B=None, H=None, D=(),
-         dtype=(), causal=None, passes=(), **options) -> list[Case]:
+         dtype=(), causal=None, passes=(), H_kv=None, Tq=(), cache_lens=None, cache_dist=None, cache_seed=0,
+         **options) -> list[Case]:
     """Every configuration of a sweep, in order: by dtype, D, T, then pattern instance, then pass
-    (``passes``, default the config's)."""
+    (``passes``, default the config's); serving configurations by dtype, D, T, B, Tq, then instance,
+    and the config's ragged batches last."""
+    cases = _plan(config, patterns=patterns, T=T, T_min=T_min, T_max=T_max, B=B, H=H, D=D, dtype=dtype,
+                  causal=causal, passes=passes, **options)
+    return serving_cases(config, cases, B=B, H_kv=H_kv, Tq=Tq, cache_lens=cache_lens, cache_dist=cache_dist,
+                         cache_seed=cache_seed, explicit_T=bool(T or T_min or T_max))
+
+
+def serving_cases(config: str, cases: list[Case], *, B=None, H_kv=None, Tq=(), cache_lens=None, cache_dist=None,
+                  cache_seed=0, explicit_T=False) -> list[Case]:
+    """The prefill plan's cases at the serving shapes asked for: H_kv (--H-kv, else the config's),
+    every Tq (--Tq, else the config's; none: Tq = T), every B of the config unless --B is given,
+    the config's longer T for its bounded patterns (unless T is given), cache lengths given for
+    every case (--cache-lens) or drawn for each (--cache-dist), and the config's ragged batches."""
+    import dataclasses
+
+    c = get_config(config)
+    H_kv = c.H_kv if H_kv is None else H_kv
+    if H_kv is not None and H_kv < 1:
+        raise BadInput(f"--H-kv={H_kv} must be a positive integer")
+    bad = [t for t in Tq if t < 1]
+    if bad:
+        raise BadInput(f"--Tq={bad[0]} must be a positive integer")
+    Tqs = tuple(dict.fromkeys(Tq)) or c.Tqs or (None,)
+    Bs = (B,) if B is not None else (c.Bs or (None,))
+    if cache_lens is not None:
+        if B is not None and B != len(cache_lens):
+            raise BadInput(f"--cache-lens gives {len(cache_lens)} lengths for --B={B}: give one per sequence")
+        Bs = (len(cache_lens),)
+        short = [cs.T for cs in cases if cs.T < max(cache_lens)]
+        if short:
+            raise BadInput(f"--cache-lens holds {max(cache_lens)}, above T={short[0]}: every length must be at most T")
+    out = []
+    long = [] if explicit_T else [dataclasses.replace(cs, T=t) for t in c.long_Ts for cs in cases
+                                  if cs.T == cases[0].T and cs.inst.pattern in c.long_patterns]
+    for cs in cases + long:
+        for b in Bs:
+            if cs in long and c.long_Bs and b not in c.long_Bs and B is None:
+                continue  # the config's batches whose caches fit at the longer T
+            for tq in Tqs:
+                case = dataclasses.replace(cs, B=cs.B if b is None else b, H_kv=H_kv, Tq=tq)
+                if cache_dist is not None:
+                    case = dataclasses.replace(case, B=case.B, cache_lens=draw_lens(
+                        cache_dist, cache_seed, case.B, case.T, min(tq or case.T, case.T)))
+                elif cache_lens is not None:
+                    case = dataclasses.replace(case, cache_lens=tuple(cache_lens))
+                out.append(case)
+    if cache_lens is None and cache_dist is None and not explicit_T:
+        firsts: dict = {}
+        for cs in cases:
+            firsts.setdefault((cs.dtype, cs.D, cs.inst), cs)
+        for b, tq, t, dist, seed in c.ragged:
+            for cs in firsts.values():
+                out.append(dataclasses.replace(cs, B=b, T=t, H_kv=H_kv, Tq=tq,
+                                               cache_lens=draw_lens(dist, seed, b, t, tq)))
+    key = lambda cs: (cs.dtype, cs.D, cs.cache_lens is not None, cs.T, cs.B, cs.Tq or 0)  # noqa: E731
+    return sorted(out, key=key) if c.Tqs or c.Bs or c.long_Ts else out
+
+
+def _plan(config: str = "seed", *, patterns=(), T=(), T_min=None, T_max=None, B=None, H=None, D=(),
+          dtype=(), causal=None, passes=(), **options) -> list[Case]:
+    """The prefill cases of a sweep, in order: by dtype, D, T, then pattern instance, then pass."""
     c = get_config(config)
     passes = tuple(dict.fromkeys(passes)) or c.passes
     for p in passes:
@@ -220,13 +293,15 @@ def _base_row(case: Case, impl: Impl, ctx: Context, prob: Problem | None) -> dic
     row.update(config=case.config, command=ctx.command, impl=impl.name, family=impl.family,
                pattern=case.inst.pattern, causal=case.inst.causal, params=params_json(p),
                B=case.B, H=case.H, T=case.T, D=case.D, dtype=case.dtype,
-               peak_tflops=ctx.peaks.matrix_tflops(case.dtype), peak_tbps=ctx.peaks.bytes_tbps)
+               peak_tflops=ctx.peaks.matrix_tflops(case.dtype), peak_tbps=ctx.peaks.bytes_tbps,
+               H_kv=case.H if case.H_kv is None else case.H_kv, Tq=case.T if case.Tq is None else case.Tq,
+               cache_lens=lens_text(case.cache_lens))
     for name in param_columns():
         row[name] = p.get(name)
     row["pass"] = case.pass_name
     if prob is not None:
         m = prob.mask
-        row.update(label=m.label(), pairs=m.pairs, density=m.density, flops=prob.flops,
+        row.update(label=m.label(), pairs=prob.pairs, density=prob.density, flops=prob.flops,
                    bytes_floor=prob.bytes_floor,
                    floor_ms=floor_ms(prob.flops, prob.bytes_floor, row["peak_tflops"], row["peak_tbps"]))
     else:
@@ -248,6 +323,7 @@ def _setup_cols(row: dict, setup: dict | None) -> None:
 def case_seed(case: Case, seed: int) -> int:
     """Inputs of a configuration depend on the configuration and --seed only (resumable)."""
     text = f"{case.inst.pattern}|{case.inst.params}|{case.inst.causal}|{case.T}|{case.B}|{case.H}|{case.D}|{case.dtype}"
+    text += f"|{case.H_kv}|{case.Tq}|{case.cache_lens}" if case.serving_text() else ""  # prefill's as before
     return (seed * 1_000_003 + zlib.crc32(text.encode())) % (2 ** 31)
 
 
@@ -260,7 +336,8 @@ def run_case(case: Case, impls: list[Impl], ctx: Context, done: Callable[[dict],
         return []
     try:
         mask = make_mask(case.inst.pattern, case.T, case.inst.causal, **case.inst.param_dict)
-        prob = Problem(mask, case.B, case.H, case.D, case.dtype, pass_name=case.pass_name)
+        prob = Problem(mask, case.B, case.H, case.D, case.dtype, pass_name=case.pass_name, H_kv=case.H_kv,
+                       Tq=case.Tq, cache_lens=case.cache_lens)
     except BadInput as e:
         return [_finish(rows[i.name], "skipped", _one_line(e)) for i in todo]
     rows = {i.name: _base_row(case, i, ctx, prob) for i in todo}
@@ -275,7 +352,7 @@ def run_case(case: Case, impls: list[Impl], ctx: Context, done: Callable[[dict],
     runners = {}
     if candidates:
         try:
-            q, k, v = ctx.inputs(prob.shape, prob.dtype, case_seed(case, ctx.seed))
+            q, k, v = problem_inputs(prob, case_seed(case, ctx.seed), ctx.inputs)
         except Exception as e:  # noqa: BLE001 - e.g. out of memory for the inputs
             for impl in candidates:
                 out[impl.name] = _finish(rows[impl.name], "failed", f"inputs: {_reason(e)}")

@@ -57,9 +57,28 @@ class Mask:
         i = np.arange(self.T) if rows is None else np.asarray(rows)
         return self.allowed(i[:, None], np.arange(self.T)[None, :])
 
-    def row_counts(self) -> np.ndarray:
-        i = np.arange(self.T, dtype=np.int64)
+    def row_counts(self, rows=None) -> np.ndarray:
+        """Allowed keys of each row: every row, or those given (e.g. the last Tq rows of a decode)."""
+        i = np.arange(self.T, dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
         return np.asarray(self.pattern.row_counts(i, self.T, self.causal, self.params, self.table), np.int64)
+
+    def keys(self, rows, chunk: int = 1 << 22) -> np.ndarray:
+        """The sorted keys that some of ``rows`` allows (the K and V rows a decode may read): the
+        union of the rows' exact key intervals, and of the keys of their other families that the
+        predicate allows (every key for a pattern without intervals), tested ``chunk`` pairs at a
+        time. Never a T x T mask: the cost follows the intervals of the rows given."""
+        rows = np.asarray(rows, dtype=np.int64)
+        try:
+            lo, hi, exact = self.intervals(rows)
+        except NotImplementedError:  # custom: no intervals, every key a candidate
+            lo, hi, exact = np.zeros((1, 1), np.int64), np.full((1, 1), self.T, np.int64), np.array([False])
+        sure = _ranges(lo[exact].ravel(), hi[exact].ravel())
+        maybe = _ranges(lo[~exact].ravel(), hi[~exact].ravel())
+        maybe = maybe[~np.isin(maybe, sure, assume_unique=True)]
+        step = max(1, chunk // max(1, rows.size))
+        found = [maybe[c:c + step][self.allowed(rows[:, None], maybe[None, c:c + step]).any(axis=0)]
+                 for c in range(0, maybe.size, step)]
+        return np.union1d(sure, np.concatenate(found)) if found else sure
 
     @functools.cached_property
     def pairs(self) -> int:
@@ -77,6 +96,12 @@ class Mask:
         from . import pattern_label
 
         return pattern_label(self.pattern.name, self.params)
+
+    def at(self, T: int) -> "Mask":
+        """The same pattern instance at another length (a ragged batch's shorter caches)."""
+        from . import make_mask
+
+        return self if T == self.T else make_mask(self.pattern.name, T, self.causal, **self.params)
 
     def strided(self) -> tuple[int, "Mask"]:
         """(r, inner): position i belongs to residue class i % r and is row or key i // r of
@@ -142,3 +167,21 @@ class Mask:
         from ..tiles import build
 
         return build(self, BM, BN)
+
+
+def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The sorted integers of the union of half-open intervals [lo, hi) (empty ones left out)."""
+    keep = hi > lo
+    lo, hi = lo[keep], hi[keep]
+    if not lo.size:
+        return np.zeros(0, np.int64)
+    order = np.argsort(lo, kind="stable")
+    lo, hi = lo[order], np.maximum.accumulate(hi[order])
+    start = np.ones(lo.size, bool)  # an interval that begins past every earlier end starts a run
+    start[1:] = lo[1:] > hi[:-1]
+    run = np.cumsum(start) - 1
+    r_lo = lo[start]
+    r_hi = np.zeros(r_lo.size, np.int64)
+    np.maximum.at(r_hi, run, hi)
+    n = r_hi - r_lo
+    return np.repeat(r_lo - np.concatenate(([0], np.cumsum(n)[:-1])), n) + np.arange(n.sum())

@@ -31,7 +31,8 @@ class NumpyRunner(Runner):
 
     def run(self):
         self.calls += 1
-        ref = reference(self.q, self.k, self.v, self.prob.mask, self.prob.dtype, self.prob.softmax_scale)
+        ref = reference(self.q, self.k, self.v, self.prob.mask, self.prob.dtype, self.prob.softmax_scale,
+                        cache_lens=self.prob.cache_lens)
         self._out[...] = from_float32((ref * self.factor).astype(np.float32), self.prob.dtype)
 
     @property
