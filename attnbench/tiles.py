@@ -319,10 +319,37 @@ def _points(row, flag, lo, hi):
 
 def transpose(tiles: Tiles, n_ktiles: int) -> TransposedTiles:
     """The forward list ``tiles`` transposed: for each of ``n_ktiles`` key tiles, the query tiles
-    whose lists name it, ascending, with the same flags. Built from the runs without expanding
-    them: a transposed run starts at (qt, kt) when query tile qt names kt and qt - 1 does not with
-    the same flag, and ends where qt + 1 does not; the cost grows with the runs of the two lists,
-    not with their entries."""
+    whose lists name it, ascending, with the same flags: from its entries when its runs are short
+    (a list of partial tiles, BigBird's), else from its runs (dense, long windows)."""
+    if tiles.n_visited <= 4 * tiles.run_off.size + 4096:
+        return _transpose_entries(tiles, n_ktiles)
+    return _transpose_runs(tiles, n_ktiles)
+
+
+def _transpose_entries(tiles: Tiles, n_ktiles: int) -> TransposedTiles:
+    """``transpose`` entry by entry: one stable sort of the key tiles (the entries come by query
+    tile, so each key tile's query tiles come out ascending), then runs where the next entry of a
+    key tile is the next query tile with the same flag."""
+    t0 = time.perf_counter()
+    ent = tiles.entries.astype(np.int64)
+    qt = np.repeat(np.arange(tiles.ptr.size - 1, dtype=np.int64), np.diff(tiles.ptr))
+    order = np.argsort(ent >> 1, kind="stable")
+    kt, flag, qt = ent[order] >> 1, ent[order] & 1, qt[order]
+    val = qt << 1 | flag
+    start = np.ones(kt.size, bool)
+    start[1:] = (kt[1:] != kt[:-1]) | (val[1:] != val[:-1] + 2)
+    run_off = np.flatnonzero(start)
+    counts = np.bincount(kt, minlength=n_ktiles)
+    ptr = np.zeros(n_ktiles + 1, np.int64)
+    np.cumsum(counts, out=ptr[1:])
+    return TransposedTiles(tiles.BM, tiles.BN, ptr.astype(np.int32), run_off.astype(np.int64), val[run_off],
+                           time.perf_counter() - t0)
+
+
+def _transpose_runs(tiles: Tiles, n_ktiles: int) -> TransposedTiles:
+    """``transpose`` from the runs without expanding them: a transposed run starts at (qt, kt)
+    when query tile qt names kt and qt - 1 does not with the same flag, and ends where qt + 1 does
+    not; the cost grows with the runs of the two lists, not with their entries."""
     t0 = time.perf_counter()
     nq = tiles.ptr.size - 1
     row = _run_rows(tiles)

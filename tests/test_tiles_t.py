@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnbench.errors import BadInput
+from attnbench import tiles as tl
 from attnbench.patterns import examples, make_mask
 from attnbench.tiles import Tiles, TransposedTiles, build, tile_list, tile_list_t, transpose
 
@@ -24,9 +25,15 @@ def brute_transpose(t: Tiles, n_ktiles: int) -> list[list[int]]:
 
 
 def assert_transposed(m, BM, BN):
+    """Both ways of transposing (from the entries, from the runs) give the brute-force list."""
+    for how in (transpose, tl._transpose_entries, tl._transpose_runs):
+        assert_transposed_by(how, m, BM, BN)
+
+
+def assert_transposed_by(how, m, BM, BN):
     fwd = build(m, BM, BN)
     nk = -(-m.T // BN)
-    tt = transpose(fwd, nk)
+    tt = how(fwd, nk)
     assert isinstance(tt, TransposedTiles) and (tt.BM, tt.BN) == (BM, BN)
     assert tt.ptr.dtype == np.int32 and tt.ptr.size == nk + 1 and tt.n_ktiles == nk
     want = brute_transpose(fwd, nk)
