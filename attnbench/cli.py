@@ -206,7 +206,8 @@ def list_cmd():
     for im in all_impls().values():
         why = im.availability()
         state = "available" if why is None else f"unavailable: {why}"
-        click.echo(f"  {im.name:<15} [{im.family}] {', '.join(im.dtypes)}; pass {', '.join(im.passes)}: {state}")
+        click.echo(f"  {im.name:<15} [{im.family}] {', '.join(im.dtypes)}; pass {', '.join(im.passes)}; "
+                   f"{im.shapes_taken()}: {state}")
         click.echo(f"  {'':<15} {im.description}")
     click.echo("passes: fwd (forward), bwd (backward, given the forward's output and log-sum-exp), fwd+bwd "
                "(training step); no implementation computes a backward yet (the tensor-core kernels are to "

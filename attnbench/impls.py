@@ -244,6 +244,7 @@ class Impl:
     gqa = False     # H_kv < H: grouped-query heads
     decode = False  # Tq < Tk: queries at the end of the cache
     ragged = False  # per-sequence cache lengths (cache_lens)
+    takes_prefill = True  # Tq = Tk, every sequence holding Tk keys (a decoding kernel may leave it to another)
 
     def availability(self) -> str | None:
         """None when it can run here, else the reason it cannot."""
@@ -257,8 +258,17 @@ class Impl:
             return f"dtype={prob.dtype} is not supported by {self.name} (supports: {', '.join(self.dtypes)})"
         return self.unsupported_serving(prob)
 
+    def shapes_taken(self) -> str:
+        """Which shapes it runs (``attnbench list``): prefill and/or decoding, and the serving
+        shapes it takes beyond today's (grouped heads, ragged batches)."""
+        kinds = (["prefill"] if self.takes_prefill else []) + (["decoding (Tq < Tk)"] if self.decode else [])
+        kinds += (["grouped heads"] if self.gqa else []) + (["ragged batches"] if self.ragged else [])
+        return ", ".join(kinds)
+
     def unsupported_serving(self, prob: Problem) -> str | None:
         """Why the serving shape of ``prob`` is not one it takes (``gqa``, ``decode``, ``ragged``)."""
+        if prob.prefill and not self.takes_prefill:
+            return f"{self.name} takes decoding shapes only (Tq < Tk or a ragged batch); prefill is another's"
         if prob.kv_heads != prob.H and not self.gqa:
             return (f"H_kv={prob.kv_heads} < H={prob.H} (grouped-query heads) is not supported by {self.name} "
                     f"(it takes H_kv = H only)")
@@ -311,7 +321,7 @@ def timed(setup: dict, key: str):
 _REGISTRY: dict[str, Impl] = {}
 # the modules that register implementations, in the order lists and plots show them; each also
 # gives the standard builds of its kernels (``standard_builds``), which ``attnbench compile`` compiles
-MODULES = ("naive", "fast_f32", "fast_tc", "peers")
+MODULES = ("naive", "fast_f32", "fast_tc", "decode", "peers")
 
 
 def register(impl: Impl) -> Impl:

@@ -20,6 +20,8 @@
 #        --T 32768 --impl fast-tc --impl flex --impl sdpa-flash --impl sdpa-cudnn --samples 25`; DEV_ARGS
 #        adds options, e.g. --pattern dense), rows in dev.csv
 #   tilebuild: tile-list build times at T=131072, host and device (`attnbench tiles`), tile_build.csv
+#   decode: `attnbench sweep --config decode` (DECODE_ARGS adds options, e.g. --impl fast-decode --B 1),
+#           rows in decode.csv
 #
 # GPU_TESTS (optional) narrows the tests step to given files or -k expressions (the whole GPU suite
 # takes about 6 minutes on a warm H100, more on a fresh machine: split it over calls under a
@@ -112,6 +114,8 @@ for s in $steps; do
     dev) step dev attnbench sweep --config llm --T 32768 --impl fast-tc --impl flex --impl sdpa-flash \
                --impl sdpa-cudnn --samples 25 ${DEV_ARGS:-} --out "$work/dev.csv" ;;
     tilebuild) step tilebuild attnbench tiles --out "$work/tile_build.csv" ;;
+    decode) # the serving configuration (DECODE_ARGS narrows it), rows in OUT_DIR/decode.csv as they come
+           step decode attnbench sweep --config decode ${DECODE_ARGS:-} --resume --out "$out/decode.csv" ;;
     *) say "unknown step $s"; status=1 ;;
     esac
 done

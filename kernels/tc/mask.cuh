@@ -9,17 +9,15 @@
 //   tc_mask_frag(s, pat, row0, j0, T, g, t4) -> seen: masks one m16 fragment s (BN / 8 blocks of
 //     4) for any rows and keys (query rows against a key tile here; a backward's key-tile-major
 //     loop the same), rows clamped below T; returns the allowed bits it saw.
+//   tc_mask_rows(s, pat, row_a, row_b, j0, T, t4) -> seen: the same for a thread's two rows given
+//     by their positions (rows packed otherwise: a decode's query heads and positions), each < T.
 //   tc_mask_idle(seen): BN <= 32 only (else false): no thread of the warp saw an allowed key.
 #pragma once
 #include "tc/scheduler.cuh"
 
 template <class P>
-__device__ __forceinline__ unsigned tc_mask_frag(float (&s)[BN / 8][4], const P& pat, int row0, int j0_tile, int T,
-                                                 int g, int t4) {
-    // rows clamped below T so the predicate's table reads stay in range; with the causal clause a
-    // key allowed to a row < T is < T too, so only non-causal patterns test the key against T
-    const int row_a = min(row0 + g, T - 1);
-    const int row_b = min(row0 + g + 8, T - 1);
+__device__ __forceinline__ unsigned tc_mask_rows(float (&s)[BN / 8][4], const P& pat, int row_a, int row_b, int j0_tile,
+                                                 int T, int t4) {
     unsigned seen = 0;
     // the predicate 32 keys at a time for each of the thread's two rows, shifted so that bit
     // 8 jj + x is key 32 w + 8 jj + 2 t4 + x, the column of s[4 w + jj][x]
@@ -47,6 +45,14 @@ __device__ __forceinline__ unsigned tc_mask_frag(float (&s)[BN / 8][4], const P&
         }
     }
     return seen;
+}
+
+template <class P>
+__device__ __forceinline__ unsigned tc_mask_frag(float (&s)[BN / 8][4], const P& pat, int row0, int j0_tile, int T,
+                                                 int g, int t4) {
+    // rows clamped below T so the predicate's table reads stay in range; with the causal clause a
+    // key allowed to a row < T is < T too, so only non-causal patterns test the key against T
+    return tc_mask_rows(s, pat, min(row0 + g, T - 1), min(row0 + g + 8, T - 1), j0_tile, T, t4);
 }
 
 // Whether a warp whose threads saw the allowed bits `seen` (tc_mask_frag) has no allowed key in

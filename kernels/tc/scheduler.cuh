@@ -10,7 +10,8 @@
 // Interface:
 //   TcWork tc_block_work(T_all): the block's work item (qt, bh, T, base).
 //   TcTileList: init(thead, tent, qt) reads the list head and the entries of the first STAGES
-//   tiles; next(tent, it, ahead) moves to tile `it`, returning its entry, with `ahead` the entry of
+//   tiles (init_range(tent, e0, n): a stretch of a list, a decode's split); next(tent, it, ahead)
+//   moves to tile `it`, returning its entry, with `ahead` the entry of
 //   tile it + STAGES - 1 (the one loaded now; 0 past the list) and reading the entry a tile further;
 //   tc_entry_tile(ent): its key tile. (tent comes in each time: kept in the struct, the kernel
 //   lost its __restrict__ and the cubins changed.)
@@ -52,6 +53,14 @@ struct TcTileList {
         ring[1] = head.w;
 #pragma unroll
         for (int s = 2; s < STAGES; ++s) ring[s] = s < n ? tent[e0 + s] : 0;
+    }
+
+    // a stretch of a list instead (a split of a decode's list): its n entries from tent[e0]
+    __device__ __forceinline__ void init_range(const int* __restrict__ tent, int first, int count) {
+        e0 = first;
+        n = count;
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) ring[s] = s < n ? tent[e0 + s] : 0;
     }
 
     __device__ __forceinline__ int next(const int* __restrict__ tent, int it, int& ahead) {
