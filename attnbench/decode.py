@@ -23,6 +23,7 @@ from .errors import BadInput
 from .fast_tc import LOG2E, pattern_defines
 from .impls import Impl, Problem, Runner, register, timed
 from .patterns import Mask
+from .serving import one_predicate
 
 KERNEL = "decode"
 SPLIT, MERGE = "decode_split", "decode_merge"
@@ -94,11 +95,9 @@ class FastDecode(Impl):
             return why
         if prob.D not in HEAD_DS:
             return f"D={prob.D} is not supported by {self.name} (supports D in {', '.join(map(str, HEAD_DS))})"
-        if prob.cache_lens is not None and len(set(prob.lens)) > 1 and (
-                prob.mask.pattern.uses_table
-                or any(prob.mask.at(t).device_defines() != prob.mask.device_defines() for t in set(prob.lens))):
-            return (f"a ragged batch of {prob.mask.label()} is not supported by {self.name}: its compiled predicate "
-                    f"or table depends on the cache length, and one launch takes one")
+        why = one_predicate(prob)
+        if why:
+            return f"{self.name}: {why}"
         rows = prob.H // prob.kv_heads * prob.q_len
         if rows > ROWS:
             return (f"H/H_kv x Tq = {rows} query rows per key/value head exceed {ROWS} for {self.name} "

@@ -26,6 +26,7 @@ from .arrays import STORAGE, Bound, poison, unbind
 from .errors import BadInput
 from .impls import DTYPES, ITEMSIZE, Impl, Problem, Runner, device_problem, register, timed
 from .patterns import Mask
+from .serving import one_predicate
 
 SCRATCH_BYTES = 256 << 20     # cublas: scores and probabilities of one chunk of query rows
 MASK_CACHE_BYTES = 1 << 30    # cublas: the uploaded mask is kept between runs up to T*T this size
@@ -291,11 +292,21 @@ class _TorchRunner(Runner):
 
 
 # -- sdpa ---------------------------------------------------------------------------------------
-def _sdpa_mode(mask: Mask) -> str:
-    """'causal' (is_causal=True), 'none' (dense non-causal) or 'mask' (an attn_mask)."""
+def _sdpa_mode(prob: Problem) -> str:
+    """'causal' (is_causal=True), 'none' (every key: dense non-causal, or a dense decode of one
+    query per sequence, all of equal length) or 'mask' (an attn_mask). SDPA's is_causal aligns the
+    diagonal top-left, which a decode's queries (the last Tq positions) do not follow."""
+    mask = prob.mask
     if mask.pattern.name == "dense":
-        return "causal" if mask.causal else "none"
+        if prob.prefill:
+            return "causal" if mask.causal else "none"
+        if prob.q_len == 1 and prob.cache_lens is None:
+            return "none"
     return "mask"
+
+
+def _serving_mask_bytes(prob: Problem) -> int:
+    return (prob.B if prob.cache_lens is not None else 1) * prob.q_len * _padded(prob.T) * ITEMSIZE[prob.dtype]
 
 
 def _padded(T: int) -> int:
@@ -322,6 +333,46 @@ def _sdpa_mask(mask: Mask | None, T: int, dtype, device, masked_value: float):
     return m
 
 
+def serving_allowed(prob: Problem, device, b0: int = 0, b1: int | None = None):
+    """The predicate of a decode or ragged batch as a torch bool tensor [b1 - b0, 1, Tq, Tk]:
+    query t of sequence b at its absolute position Tk_b - Tq + t, keys past Tk_b excluded (one
+    sequence, [1, 1, Tq, Tk], when the batch is not ragged: every sequence alike)."""
+    import torch
+
+    from .serving import query_offsets
+
+    offs = query_offsets(prob)
+    lens = prob.lens
+    b1 = (prob.B if prob.cache_lens is not None else 1) if b1 is None else b1
+    j = torch.arange(prob.T, device=device)
+    t = torch.arange(prob.q_len, device=device)
+    rows = [prob.mask.allowed((t + int(offs[b]))[:, None], j[None, :]) & (j < lens[b])[None, :]
+            for b in range(b0, b1)]
+    return torch.stack(rows)[:, None]
+
+
+def serving_mask_mod(prob: Problem, device):
+    """FlexAttention's mask_mod of a decode or ragged batch: the pattern's predicate at each
+    query's absolute position (q_idx + Tk_b - Tq), keys past Tk_b excluded."""
+    import torch
+
+    from .serving import query_offsets
+
+    allowed = prob.mask.mask_mod(device)  # places a table on the device now
+    if prob.cache_lens is None:
+        off = prob.T - prob.q_len
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return allowed(b, h, q_idx + off, kv_idx)
+        return mask_mod
+    offs = torch.as_tensor(query_offsets(prob), device=device)
+    lens = torch.as_tensor(np.asarray(prob.lens, np.int64), device=device)
+
+    def ragged_mask_mod(b, h, q_idx, kv_idx):
+        return allowed(b, h, q_idx + offs[b], kv_idx) & (kv_idx < lens[b])
+    return ragged_mask_mod
+
+
 def _probe_T(T: int) -> int:
     # the real T when small, else one of the same residue modulo 64
     return T if T <= 1024 else 1024 + T % 64
@@ -336,7 +387,7 @@ def _no_kernel(backend: str, caught, err) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _sdpa_probe(backend: str, dtype: str, D: int, T: int, mode: str, masked_value: float,
-                device: int) -> str | None:
+                device: int, group: int = 1, Tq: int | None = None) -> str | None:
     """Run the pinned backend once on a small problem of the same kind; None if it runs,
     else the backend's own reasons (torch warns them before refusing)."""
     import torch
@@ -345,13 +396,16 @@ def _sdpa_probe(backend: str, dtype: str, D: int, T: int, mode: str, masked_valu
 
     dev = torch.device("cuda", device)
     tdt = getattr(torch, dtype)
-    q, k, v = (torch.randn(1, 1, T, D, dtype=tdt, device=dev) for _ in range(3))
-    am = _sdpa_mask(None, T, tdt, dev, masked_value) if mode == "mask" else None
+    Tq = T if Tq is None else Tq
+    q = torch.randn(1, group, Tq, D, dtype=tdt, device=dev)
+    k, v = (torch.randn(1, 1, T, D, dtype=tdt, device=dev) for _ in range(2))
+    am = _sdpa_mask(None, T, tdt, dev, masked_value)[:Tq] if mode == "mask" else None
+    gqa = {"enable_gqa": True} if group > 1 else {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             with sdpa_kernel(getattr(SDPBackend, backend)), torch.no_grad():
-                F.scaled_dot_product_attention(q, k, v, attn_mask=am, is_causal=mode == "causal")
+                F.scaled_dot_product_attention(q, k, v, attn_mask=am, is_causal=mode == "causal", **gqa)
             torch.cuda.synchronize(dev)
         except RuntimeError as e:
             return _no_kernel(backend, caught, e)
@@ -367,12 +421,19 @@ class _SdpaRunner(_TorchRunner):
 
         self.sdpa, self.sdpa_kernel = F.scaled_dot_product_attention, sdpa_kernel
         self.backend = getattr(SDPBackend, impl.backend)
-        mode = _sdpa_mode(prob.mask)
+        mode = _sdpa_mode(prob)
         self.causal = mode == "causal"
+        self.gqa = {"enable_gqa": True} if prob.kv_heads != prob.H else {}
         self.attn_mask = None
         if mode == "mask":
             with timed(self.setup, "mask_build_s"), torch.cuda.stream(self.stream()):
-                self.attn_mask = _sdpa_mask(prob.mask, prob.T, self.q.dtype, self.device, impl.masked_value)
+                if prob.prefill:
+                    self.attn_mask = _sdpa_mask(prob.mask, prob.T, self.q.dtype, self.device, impl.masked_value)
+                else:  # [B or 1, 1, Tq, Tk], additive in the inputs' dtype, rows padded as above
+                    allowed = serving_allowed(prob, self.device)
+                    m = torch.zeros(allowed.shape[:-1] + (_padded(prob.T),), dtype=self.q.dtype,
+                                    device=self.device)[..., :prob.T]
+                    self.attn_mask = m.masked_fill_(~allowed, impl.masked_value)
                 _sync()
         # first call (cuDNN builds its execution plan here), kept out of the timings
         t0 = time.perf_counter()
@@ -391,7 +452,7 @@ class _SdpaRunner(_TorchRunner):
     def _call(self):
         with self.sdpa_kernel(self.backend):
             return self.sdpa(self.q, self.k, self.v, attn_mask=self.attn_mask, is_causal=self.causal,
-                             scale=self.prob.softmax_scale)
+                             scale=self.prob.softmax_scale, **self.gqa)
 
 
 @dataclass(eq=False)
@@ -399,6 +460,9 @@ class SdpaImpl(Impl):
     backend: str = ""              # SDPBackend member
     takes_mask: bool = True
     masked_value: float = -math.inf
+    gqa = True     # enable_gqa
+    decode = True  # an attn_mask at the queries' absolute positions (dense, one query: none)
+    ragged = True  # keys past each sequence's cache masked
 
     def availability(self) -> str | None:
         why = _torch_reason()
@@ -416,12 +480,15 @@ class SdpaImpl(Impl):
         why = super().unsupported(prob)
         if why:
             return why
-        mode = _sdpa_mode(prob.mask)
+        why = one_predicate(prob)
+        if why:
+            return f"{self.name}: {why}"
+        mode = _sdpa_mode(prob)
         if mode == "mask":
             if not self.takes_mask:
                 return (f"{self.name}: the {self.backend} backend takes no attn_mask, which "
-                        f"{prob.mask.label()} needs (it runs dense attention only, causal or not)")
-            nbytes = sdpa_mask_bytes(prob.T, prob.dtype)
+                        f"{prob.mask.label()} needs here (it runs every key, or dense causal prefill)")
+            nbytes = sdpa_mask_bytes(prob.T, prob.dtype) if prob.prefill else _serving_mask_bytes(prob)
             if nbytes > SDPA_MASK_BYTES:
                 return (f"{self.name}: the attn_mask of {prob.mask.label()} at T={prob.T} would take "
                         f"{nbytes / 2**30:.1f} GiB, above the {SDPA_MASK_BYTES >> 30} GiB limit on a built mask")
@@ -429,8 +496,9 @@ class SdpaImpl(Impl):
             return None  # the machine, not the problem: availability says why
         import cupy
 
+        Tq = None if prob.prefill else min(prob.q_len, _probe_T(prob.T))
         return _sdpa_probe(self.backend, prob.dtype, prob.D, _probe_T(prob.T), mode, self.masked_value,
-                           cupy.cuda.Device().id)
+                           cupy.cuda.Device().id, prob.H // prob.kv_heads, Tq)
 
     def build(self, prob: Problem, q, k, v) -> Runner:
         return _SdpaRunner(self, prob, q, k, v)
@@ -465,21 +533,23 @@ class _FlexRunner(_TorchRunner):
     def __init__(self, prob: Problem, q, k, v, blocks=FLEX_BLOCKS):
         super().__init__(prob, q, k, v)
         self.fn, eager_build, compiled_build = _flex()
-        T = prob.T
+        T, Tq = prob.T, prob.q_len
         build = compiled_build if T >= FLEX_COMPILED_MASK_FROM else eager_build
-        mask_mod = prob.mask.mask_mod(self.device)
+        mask_mod = prob.mask.mask_mod(self.device) if prob.prefill else serving_mask_mod(prob, self.device)
+        B = prob.B if prob.cache_lens is not None else None  # a ragged batch: a block mask per sequence
+        self.gqa = {"enable_gqa": True} if prob.kv_heads != prob.H else {}
         t_select = time.perf_counter()
         best = None
         with self.torch.cuda.stream(self.stream()):
             for bs in blocks:
                 self.opts = flex_kernel_options(bs)
                 t0 = time.perf_counter()
-                self.block_mask = build(mask_mod, None, None, T, T, device=self.device, BLOCK_SIZE=bs)
+                self.block_mask = build(mask_mod, B, None, Tq, T, device=self.device, BLOCK_SIZE=bs)
                 self.run()
                 _sync()
                 first = time.perf_counter() - t0
                 t0 = time.perf_counter()
-                self.block_mask = build(mask_mod, None, None, T, T, device=self.device, BLOCK_SIZE=bs)
+                self.block_mask = build(mask_mod, B, None, Tq, T, device=self.device, BLOCK_SIZE=bs)
                 _sync()
                 rebuild = time.perf_counter() - t0
                 ms = _time_ms(self.run)
@@ -491,12 +561,15 @@ class _FlexRunner(_TorchRunner):
 
     def _call(self):
         return self.fn(self.q, self.k, self.v, block_mask=self.block_mask, scale=self.prob.softmax_scale,
-                       kernel_options=self.opts)
+                       kernel_options=self.opts, **self.gqa)
 
 
 @dataclass(eq=False)
 class FlexImpl(Impl):
     blocks: tuple = FLEX_BLOCKS  # block sizes tried in prepare; the fastest is kept
+    gqa = True     # enable_gqa
+    decode = True  # the pattern's mask_mod at the queries' absolute positions
+    ragged = True  # a block mask per sequence, keys past its cache excluded
 
     def availability(self) -> str | None:
         return _torch_reason(flex=True)
@@ -505,6 +578,9 @@ class FlexImpl(Impl):
         why = super().unsupported(prob)
         if why:
             return why
+        why = one_predicate(prob)
+        if why:
+            return f"{self.name}: {why}"
         D = prob.D
         if D < 16 or D & (D - 1):
             return f"{self.name}: head dim D={D} is not a power of two >= 16, which FlexAttention needs"

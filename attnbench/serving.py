@@ -50,3 +50,23 @@ def cache_lens_for(B: int, Tk: int, Tq: int, lens=None, dist: str | None = None,
     if dist is not None:
         return draw_lens(dist, seed, B, Tk, Tq)
     return None if lens is None else tuple(lens)
+
+
+def one_predicate(prob) -> str | None:
+    """Why one launch cannot take every sequence of ``prob``'s ragged batch with one predicate (the
+    mask at the longest length, keys past each sequence's own cut off): a pattern whose compiled
+    predicate or table depends on the length (document's drawn lengths, BigBird's random blocks,
+    an expression reading T). None when it can, or the batch is not ragged."""
+    lens = set(prob.lens)
+    if prob.cache_lens is None or len(lens) == 1:
+        return None
+    mask = prob.mask
+    if mask.pattern.uses_table or any(mask.at(t).device_defines() != mask.device_defines() for t in lens):
+        return (f"a ragged batch of {mask.label()}: its predicate or table depends on the cache length, "
+                f"and one launch takes one")
+    return None
+
+
+def query_offsets(prob) -> np.ndarray:
+    """Each sequence's position of its first query: Tk_b - Tq (int64 [B])."""
+    return np.asarray(prob.lens, np.int64) - prob.q_len

@@ -282,3 +282,55 @@ def test_unsupported_combinations_are_refused_before_any_work():
         q = k = v = random_inputs((1, 1, 8, prob.D), prob.dtype, 1)[0]  # never read: refused first
         with pytest.raises(BadInput):
             impl.prepare(prob, q, k, v)
+
+
+# ---- serving shapes: grouped heads, decoding, ragged batches --------------------------------------
+def _serving(pattern, T=1024, H=8, H_kv=2, Tq=1, cache_lens=None, dtype="bfloat16", D=64, B=None, **params):
+    B = B or (len(cache_lens) if cache_lens else 2)
+    return Problem(make_mask(pattern, T, True, **params), B=B, H=H, D=D, dtype=dtype, H_kv=H_kv, Tq=Tq,
+                   cache_lens=cache_lens)
+
+
+def test_sdpa_needs_a_mask_for_a_decode_but_one_dense_query_per_sequence():
+    """SDPA's is_causal aligns its diagonal top-left: a decode's queries (the last Tq positions)
+    take an attn_mask, but for one query of equal-length sequences dense allows every key."""
+    mode = peers._sdpa_mode
+    assert mode(_prob("dense", 128)) == "causal" and mode(_prob("dense", 128, causal=False)) == "none"
+    assert mode(_serving("dense", Tq=1)) == "none"
+    assert mode(_serving("dense", Tq=16)) == "mask"
+    assert mode(_serving("dense", Tq=1, cache_lens=(1024, 512))) == "mask"
+    assert mode(_serving("window", Tq=1, window=64)) == "mask"
+    why = get_impl("sdpa-flash").unsupported(_serving("dense", Tq=16))
+    assert why and "attn_mask" in why
+
+
+def test_the_torch_peers_take_serving_shapes_and_refuse_a_ragged_batch_of_a_length_dependent_predicate():
+    for name in TORCH_PEERS:
+        impl = get_impl(name)
+        assert impl.gqa and impl.decode and impl.ragged, name
+    assert not get_impl("cublas").decode
+    ragged = _serving("bigbird", T=1024, cache_lens=(1024, 512), block=64)
+    for name in ("sdpa-efficient", "flex"):
+        why = get_impl(name).unsupported(ragged)
+        assert why and "ragged" in why and "depends on the cache length" in why
+
+
+SERVING = [("dense", {}, 1, None), ("dense", {}, 16, None), ("streaming", {"sink": 4, "window": 64}, 1, None),
+           ("window", {"window": 256}, 16, None), ("dense", {}, 1, (1024, 512)),
+           ("streaming", {"sink": 4, "window": 64}, 4, (1024, 320))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", TORCH_PEERS)
+@pytest.mark.parametrize("pattern,params,Tq,lens", SERVING,
+                         ids=[f"{p}-Tq{tq}{'-ragged' if ls else ''}" for p, _, tq, ls in SERVING])
+def test_peer_passes_the_gate_on_serving_shapes(name, pattern, params, Tq, lens):
+    prob = _serving(pattern, T=1024, Tq=Tq, cache_lens=lens, **params)
+    impl = get_impl(name)
+    why = impl.availability() or impl.unsupported(prob)
+    if why:
+        pytest.skip(why)
+    if name == "flex":
+        impl = dataclasses.replace(impl, blocks=(128,))
+    res = gate(impl, prob)
+    assert res.ok, f"{name} {prob.mask.label()} Tq={Tq} lens={lens}: {res.reason}"
