@@ -60,18 +60,21 @@ def decode_list(mask: Mask, Tq: int) -> DecodeList:
     keys = mask.keys(rows)
     kts = np.unique(keys // BN)
     full = np.zeros(kts.size, bool)
-    inside = (kts + 1) * BN <= T
-    for n in np.flatnonzero(inside):  # every position allows every key of the tile
-        cols = np.arange(kts[n] * BN, (kts[n] + 1) * BN, dtype=np.int64)
-        full[n] = bool(mask.allowed(rows[:, None], cols[None, :]).all())
+    inside = np.flatnonzero((kts + 1) * BN <= T)
+    step = max(1, (1 << 24) // (Tq * BN))  # tiles tested at once: every position against every key
+    for a in range(0, inside.size, step):
+        n = inside[a:a + step]
+        cols = (kts[n, None] * BN + np.arange(BN)).ravel()
+        full[n] = mask.allowed(rows[:, None], cols[None, :]).reshape(Tq, n.size, BN).all(axis=(0, 2))
     ent = (kts << 1 | (~full).astype(np.int64)).astype(np.int32)
     return DecodeList(T, ent, time.perf_counter() - t0)
 
 
 class DecodeRunner(Runner):
-    def __init__(self, split, merge, grid, merge_grid, smem, args, merge_args, out, setup):
+    def __init__(self, split, merge, grid, merge_grid, smem, args, merge_args, out, setup, D):
         self._split, self._merge = split, merge
         self._grid, self._merge_grid = grid, merge_grid
+        self._merge_block = (D,)  # a thread per column
         self._smem = smem
         self._args, self._merge_args = args, merge_args
         self._out = out
@@ -79,7 +82,7 @@ class DecodeRunner(Runner):
 
     def run(self) -> None:
         self._split(self._grid, (32 * NWARPS,), self._args, shared_mem=self._smem)
-        self._merge(self._merge_grid, (self._merge_args[-1],), self._merge_args[:-1])
+        self._merge(self._merge_grid, self._merge_block, self._merge_args)
 
 
 @dataclass(eq=False)
@@ -147,9 +150,9 @@ class FastDecode(Impl):
         args = (qa, ka, va, op, lp, heads, tent_d, lens_d, list_of, np.int32(prob.H), np.int32(prob.kv_heads),
                 np.int32(prob.q_len), np.int32(prob.T), np.int32(per_split), scale_log2, table)
         merge_args = (op, lp, out, np.int32(prob.H), np.int32(prob.kv_heads), np.int32(prob.q_len),
-                      np.int32(splits), prob.D)
+                      np.int32(splits))
         return DecodeRunner(split_k, merge_k, (splits, prob.kv_heads, prob.B), (prob.B * prob.H * prob.q_len,),
-                            smem, args, merge_args, out, setup)
+                            smem, args, merge_args, out, setup, prob.D)
 
 
 IMPL = register(FastDecode(

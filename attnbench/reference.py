@@ -36,8 +36,7 @@ def reference(q, k, v, mask: Mask, dtype: str = "float32", scale: float | None =
     xp = _xp(q)
     B, H, Tq, D = q.shape
     H_kv, T = k.shape[1], k.shape[2]
-    if mask.T != T:
-        raise ValueError(f"mask is for T={mask.T}, inputs have T={T}")
+    s = _check(mask, T, D, scale)
     if H % H_kv or k.shape != v.shape or k.shape[0] != B or k.shape[3] != D:
         raise ValueError(f"q {tuple(q.shape)} with k {tuple(k.shape)}, v {tuple(v.shape)}: k and v must be "
                          f"[B, H_kv, T, D] with H_kv dividing H")
@@ -45,7 +44,6 @@ def reference(q, k, v, mask: Mask, dtype: str = "float32", scale: float | None =
         if H_kv != H:  # grouped heads: each query head's key/value head, repeated
             k, v = (xp.repeat(_as64(xp, a, dtype), H // H_kv, axis=1) for a in (k, v))
         return reference_forward(q, k, v, mask, dtype, scale, chunk_bytes, tile)[0]
-    s = _check(mask, T, D, scale)
     q64, k64, v64 = (_as64(xp, a, dtype) for a in (q, k, v))
     out = xp.empty((B, H, Tq, D), dtype=xp.float64)
     lens = [T] * B if cache_lens is None else [int(t) for t in cache_lens]
