@@ -212,10 +212,17 @@ def device_problem() -> str | None:
 class Runner:
     """A prepared implementation bound to inputs. ``run`` launches once on the current
     stream; ``out`` is the output of the last run ([B, H, T, D], storage dtype). A runner that
-    writes into one buffer of its own keeps it in ``_out``."""
+    writes into one buffer of its own keeps it in ``_out``.
+
+    For the passes ``bwd`` and ``fwd+bwd`` (``Problem.pass_name``) the runner was prepared with
+    ``do``, the output's gradient; ``run`` computes the pass (``bwd``: the backward alone, from the
+    forward state saved at prepare time; ``fwd+bwd``: the forward, saving that state, then the
+    backward) and ``grads`` gives (dq, dk, dv) of the last run, each in its input's shape and
+    storage dtype (kept in ``_grads``)."""
 
     setup: dict
     _out = None
+    _grads = None
 
     def run(self) -> None:
         raise NotImplementedError
@@ -224,12 +231,19 @@ class Runner:
     def out(self):
         return self._out
 
+    @property
+    def grads(self):
+        """(dq, dk, dv) of the last run of a backward pass; None for a forward."""
+        return self._grads
+
     def poison(self) -> None:
-        """Fill the output buffer with NaN so an element the kernel never writes fails the check."""
+        """Fill the output buffers (the forward's output, the gradients) with NaN so an element the
+        kernel never writes fails the check."""
         from .arrays import poison
 
-        if self._out is not None:
-            poison(self._out)
+        for a in (self._out, *(self._grads or ())):
+            if a is not None:
+                poison(a)
 
 
 @dataclass
@@ -285,7 +299,8 @@ class Impl:
 
     def prepare(self, prob: Problem, q, k, v, **options) -> Runner:
         """A runner bound to these inputs: the requirements checked once here (BadInput naming
-        what is missing), then ``build``."""
+        what is missing), then ``build``. A backward pass (``prob.pass_name`` ``bwd`` or
+        ``fwd+bwd``) takes the output's gradient as ``do=`` (q's shape and storage dtype)."""
         self.require(prob)
         return self.build(prob, q, k, v, **options)
 
