@@ -121,16 +121,17 @@ for s in $steps; do
     decode) # the serving configuration (DECODE_ARGS narrows it), rows in OUT_DIR/decode.csv as they come
            step decode attnbench sweep --config decode ${DECODE_ARGS:-} --resume --out "$out/decode.csv" ;;
     ab)    old="${AB_OLD:?AB_OLD names the earlier tree}"
+           mkdir -p "$work/ab"  # the rounds' CSVs stay in the tar (a device call brings back few files)
            for r in $(seq 1 "${AB_ROUNDS:-3}"); do
-               step ab_new_$r attnbench sweep --config llm ${AB_ARGS:-} --out "$work/ab_new_$r.csv"
+               step ab_new_$r attnbench sweep --config llm ${AB_ARGS:-} --out "$work/ab/new_$r.csv"
                # the earlier tree's package first on the path, its commit in the rows
                step ab_old_$r env PYTHONPATH="$(cd "$old" && pwd)" ATTNBENCH_GIT_COMMIT="${AB_OLD_COMMIT:-old}" \
-                   python3 -m attnbench.cli sweep --config llm ${AB_ARGS:-} --out "$work/ab_old_$r.csv"
+                   python3 -m attnbench.cli sweep --config llm ${AB_ARGS:-} --out "$work/ab/old_$r.csv"
            done
            python3 - "$work" <<'PY' && pack
 import glob, sys, pandas as pd
 w = sys.argv[1]
-pd.concat([pd.read_csv(f) for f in sorted(glob.glob(f"{w}/ab_*_*.csv"))]).to_csv(f"{w}/ab.csv", index=False)
+pd.concat([pd.read_csv(f) for f in sorted(glob.glob(f"{w}/ab/*_*.csv"))]).to_csv(f"{w}/ab.csv", index=False)
 PY
            ;;
     *) say "unknown step $s"; status=1 ;;
