@@ -220,7 +220,7 @@ def test_the_forward_saves_the_rows_log_sum_exp(wgmma):
             o, lse = forward_lse(mask, q, k, v, dtype=dtype, wgmma=wgmma)
             ref_o, ref_lse = reference_forward(q, k, v, mask, dtype)
             assert lse.dtype == cupy.float32 and lse.shape == (2, 3, T)
-            assert rel_error(to_float32(o, dtype), ref_o) <= 5e-3
+            assert rel_error(to_float32(o, dtype), ref_o) <= {"bfloat16": 1e-2, "float16": 5e-3}[dtype]
             assert float(cupy.abs(lse.astype(cupy.float64) - ref_lse).max()) < 2e-3, (pattern, D, dtype)
 
 
