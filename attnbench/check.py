@@ -24,7 +24,7 @@ class GateResult:
 def judge(impl: Impl, prob: Problem, runner: Runner, q, k, v, ref=None) -> GateResult:
     """Poison the runner's output, run once, compare with the float64 reference (computed
     here unless the caller passes the one of these inputs)."""
-    if prob.pass_name != "fwd":  # no implementation computes a backward yet: none can pass unchecked
+    if prob.pass_name != "fwd":  # gradients have no gate yet (issue 18 item 4): none can pass unchecked
         return GateResult(False, math.nan, impl.tolerance(prob),
                           f"no gate for pass={prob.pass_name} yet (its reference: reference.reference_backward)")
     runner.poison()

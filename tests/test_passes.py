@@ -1,5 +1,5 @@
 """The pass axis (fwd, bwd, fwd+bwd): FLOPs and bytes per SPEC section 3, implementations that say
-which passes they compute (today: the forward only), --pass on the commands, the pass column and
+which passes they compute (the tensor-core family all three, the others the forward only), --pass on the commands, the pass column and
 older CSVs without it, plots and tables per pass."""
 import csv
 import shutil
@@ -47,9 +47,15 @@ def test_an_unknown_pass_is_refused():
         Problem(make_mask("dense", 8), 1, 1, 16, "float32", pass_name="backward")
 
 
+BACKWARD_IMPLS = {"fast-tc", "fast-tc-sync"}  # the tensor-core family (attnbench/fast_tc_bwd.py)
+
+
 @pytest.mark.parametrize("pass_name", ["bwd", "fwd+bwd"])
-def test_every_implementation_is_forward_only_today_and_says_so(pass_name):
-    for impl in all_impls().values():
+def test_implementations_without_a_backward_say_so(pass_name):
+    impls = all_impls()
+    assert {n for n, i in impls.items() if i.passes != ("fwd",)} == BACKWARD_IMPLS
+    assert all(impls[n].passes == PASSES for n in BACKWARD_IMPLS)
+    for impl in (i for n, i in impls.items() if n not in BACKWARD_IMPLS):
         assert impl.passes == ("fwd",)
         prob = Problem(make_mask("dense", 64), 1, 1, 64, impl.dtypes[0], pass_name=pass_name)
         why = impl.unsupported(prob)
