@@ -313,3 +313,45 @@ def test_attention_returns_a_tensor_in_the_graph_only_when_asked():
     with pytest.raises(BadInput, match="dtype=torch.float32"):
         attnbench.attention(*(t.float() for t in (q, k, v)), pattern="window", window=16)
 
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,causal,D", [(64, False, 64), (128, True, 64), (1000, True, 128)])
+def test_the_backward_stage_by_stage(T, causal, D):
+    """Each stage against the reference on its own, so that a failure says which one is wrong: the
+    forward's output and log-sum-exp, the prep's (lse log2 e, delta), then dV (P alone), dK, dQ."""
+    import cupy
+
+    from attnbench import fast_tc_bwd as fb
+    from attnbench.arrays import to_float32
+    from attnbench.reference import reference_backward, reference_forward, rel_error
+
+    dtype = "bfloat16"
+    mask = make_mask("dense", T, causal)
+    prob = Problem(mask, 1, 2, D, dtype, pass_name="bwd")
+    q, k, v, do = _inputs(prob, seed=5)
+    ref_o, _ = reference_forward(q, k, v, mask, dtype)
+    rdq, rdk, rdv, rlse, rdelta = reference_backward(q, k, v, do, mask, dtype)
+    errs = {}
+    for wgmma in (False, True):
+        o, lse = fb.forward_lse(mask, q, k, v, dtype=dtype, wgmma=wgmma)
+        errs[f"o{int(wgmma)}"] = rel_error(to_float32(o, dtype), ref_o)
+        errs[f"lse{int(wgmma)}"] = float(cupy.abs(lse.astype(cupy.float64) - rlse).max())
+    bw = fb.Backward(prob)
+    grads = tuple(cupy.full(prob.shape, 0x7FC0, dtype=q.dtype) for _ in range(3))
+    ld, acc = bw.scratch()
+    prep, main, conv = bw.launches(q, k, v, o, lse, do, *grads, ld, acc)
+    prep()
+    errs["ld.lse2"] = float(cupy.abs(ld[..., 0].astype(cupy.float64) - rlse * 1.4426950408889634).max())
+    delta16 = (to_float32(do, dtype).astype(cupy.float64) * to_float32(o, dtype)).sum(-1)
+    errs["ld.delta"] = float(cupy.abs(ld[..., 1] - delta16).max())
+    errs["acc zeroed"] = float(cupy.abs(acc).max())
+    main()
+    conv()
+    for name, got, want in zip(("dq", "dk", "dv"), grads, (rdq, rdk, rdv)):
+        errs[name] = rel_error(to_float32(got, dtype), want)
+        g = to_float32(got, dtype).astype(cupy.float64)
+        errs[name + " norm ratio"] = float(cupy.linalg.norm(g) / cupy.linalg.norm(want)) if cupy.isfinite(g).all() else -1
+    bad = [n for n in ("o0", "o1", "dq", "dk", "dv") if not errs[n] <= 1e-2]
+    bad += [n for n in ("lse0", "lse1", "ld.lse2", "ld.delta", "acc zeroed") if not errs[n] <= 2e-2]
+    assert not bad, (bad, errs)
