@@ -366,11 +366,22 @@ def table_array(mask: Mask):
     return cupy.asarray(table if table is not None else np.zeros(1, np.int32), dtype=cupy.int32)
 
 
+# the forward that stores the log-sum-exp holds its row sums to the end: at 4 blocks a multiprocessor
+# (128 registers) the mma.sync D=64 build spills, at 3 it does not
+LSE_MAX_MINB = 3
+
+
+def lse_shape(cfg: TileConfig) -> TileConfig:
+    """The shape of the forward with the log-sum-exp (FWD_LSE) for a forward of shape ``cfg``."""
+    return replace(cfg, MINB=min(cfg.MINB, LSE_MAX_MINB))
+
+
 def forward_launch(prob: Problem, cfg: TileConfig, arrays, out, lse=None, setup: dict | None = None) -> Launch:
     """The forward of ``prob`` on q, k, v (``arrays``) into ``out``, with shape ``cfg``; with ``lse``
     (float32 [B, H, T]) the entry that also stores each row's log-sum-exp (natural log, FWD_LSE).
     The list build, compile and map encoding are timed into ``setup``."""
     setup = {} if setup is None else setup
+    cfg = lse_shape(cfg) if lse is not None else cfg
     stride, inner = prob.mask.strided()
     tiles = tile_list(inner, cfg.BM, cfg.BN)
     setup.update(setup_times(tiles))

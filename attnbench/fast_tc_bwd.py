@@ -268,10 +268,11 @@ def backward(mask: Mask, q, k, v, o, lse, do, scale: float | None = None, dtype:
 def _builds_of(mask: Mask, D: int, dtype: str) -> list[tuple[str, dict]]:
     """The backward of ``mask`` and the forwards with the log-sum-exp it runs after (mma.sync and
     wgmma shapes)."""
-    from .fast_tc import KERNEL as FWD, choose_config, kernel_defines
+    from .fast_tc import KERNEL as FWD, choose_config, kernel_defines, lse_shape
 
     return [(KERNEL, bwd_defines(D, dtype, mask))] + [
-        (FWD, {**kernel_defines(D, dtype, mask, choose_config(mask, D, wgmma)), "FWD_LSE": 1}) for wgmma in (False, True)]
+        (FWD, {**kernel_defines(D, dtype, mask, lse_shape(choose_config(mask, D, wgmma))), "FWD_LSE": 1})
+        for wgmma in (False, True)]
 
 
 def _unique(builds) -> list[tuple[str, dict]]:

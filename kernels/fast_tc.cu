@@ -112,7 +112,7 @@ __device__ __forceinline__ void fast_tc_body(const u16* __restrict__ Qg, const u
     }
     TcLoad::drain();
 
-//XX
+    if (LSE) tc_store_lse(Lg, sf, scale_log2, T_all, qt, T, warp, g, t4);  // before staging: it reads sf's sums
     tc_stage_output<TcMma::Layout>(sm.q, acc, sf.l, warp, g, t4);
     tc_store_output<TcMma::Layout>(gm.o, &mapO, sm.q, qt, T, warp, lane);
 }
