@@ -78,7 +78,8 @@ def bind(x, name: str, dtype: str | None = None) -> Bound:
             raise BadInput(f"{name} has dtype {x.dtype}: supported are float32, float16, bfloat16")
         if not x.is_contiguous():
             raise BadInput(f"{name} is not contiguous: call .contiguous() first")
-        t = x.view(torch.int16) if tname == "bfloat16" else x
+        t = x.detach()  # a tensor that requires grad exports no DLPack capsule; the storage is the same
+        t = t.view(torch.int16) if tname == "bfloat16" else t
         arr = cupy.from_dlpack(t)
         if tname == "bfloat16":
             arr = arr.view(cupy.uint16)
