@@ -112,7 +112,12 @@ __device__ __forceinline__ void fast_tc_body(const u16* __restrict__ Qg, const u
     }
     TcLoad::drain();
 
-    if (LSE) tc_store_lse(Lg, sf, scale_log2, T_all, qt, T, warp, g, t4);  // before staging: it reads sf's sums
+    if (LSE) {
+        tc_store_lse(Lg, sf, scale_log2, T_all, qt, T, warp, g, t4);  // before staging: it reads sf's sums
+        // the warp's lanes done reading its Q rows before they stage the output over them (racecheck
+        // warned of the read-then-write across lanes in this build; the plain build reports none)
+        __syncwarp();
+    }
     tc_stage_output<TcMma::Layout>(sm.q, acc, sf.l, warp, g, t4);
     tc_store_output<TcMma::Layout>(gm.o, &mapO, sm.q, qt, T, warp, lane);
 }
