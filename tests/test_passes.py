@@ -154,9 +154,9 @@ def test_pass_on_the_commands(tmp_path):
         assert "--pass" in CliRunner().invoke(main, [cmd, "--help"]).output
 
 
-def test_the_gate_passes_no_backward_unchecked():
+def test_the_gate_of_a_backward_needs_the_output_gradient():
     from attnbench.check import judge
 
     prob = Problem(make_mask("dense", 8), 1, 1, 16, "float32", pass_name="bwd")
-    g = judge(FakeImpl("a"), prob, None, None, None, None)
-    assert not g.ok and "no gate for pass=bwd" in g.reason
+    with pytest.raises(ValueError, match="needs do"):
+        judge(FakeImpl("a"), prob, None, None, None, None)
