@@ -33,6 +33,8 @@ def test_list_shows_patterns_and_implementations():
     (["run", "--impl", "nope"], ["'--impl': 'nope' is not one of", "'naive'"]),
     (["run", "--D", "0"], ["D=0"]),
     # the backward passes: a dtype or a pass the implementation does not compute, a serving shape
+    (["run", "--pass", "bwd", "--impl", "sdpa-flash", "--dtype", "float32", "--D", "64"],
+     ["dtype=float32 is not supported by sdpa-flash"]),
     (["run", "--pass", "bwd", "--impl", "fast-f32", "--dtype", "float32", "--D", "64"],
      ["pass=bwd is not supported by fast-f32 (supports: fwd)"]),
     (["run", "--pass", "fwd+bwd", "--impl", "cublas", "--dtype", "bfloat16", "--D", "64", "--H", "4", "--H-kv", "2"],

@@ -1,6 +1,6 @@
 """The pass axis (fwd, bwd, fwd+bwd): FLOPs and bytes per SPEC section 3, implementations that say
-which passes they compute (today: the forward only), --pass on the commands, the pass column and
-older CSVs without it, plots and tables per pass."""
+which passes they compute (the peers all three, the float32 family the forward only), --pass on the
+commands, the pass column and older CSVs without it, plots and tables per pass."""
 import csv
 import shutil
 import sys
@@ -48,12 +48,18 @@ def test_an_unknown_pass_is_refused():
 
 
 @pytest.mark.parametrize("pass_name", ["bwd", "fwd+bwd"])
-def test_every_implementation_is_forward_only_today_and_says_so(pass_name):
-    for impl in all_impls().values():
-        assert impl.passes == ("fwd",)
+def test_the_peers_compute_every_pass_and_the_others_say_which_they_do_not(pass_name):
+    impls = all_impls()
+    for name in ("cublas", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flex"):
+        assert impls[name].passes == PASSES
+    for name in ("naive", "fast-f32"):  # the float32 family stays forward-only
+        assert impls[name].passes == ("fwd",)
+    for impl in impls.values():
+        if pass_name in impl.passes:
+            continue
         prob = Problem(make_mask("dense", 64), 1, 1, 64, impl.dtypes[0], pass_name=pass_name)
         why = impl.unsupported(prob)
-        assert why == f"pass={pass_name} is not supported by {impl.name} (supports: fwd)"
+        assert why == f"pass={pass_name} is not supported by {impl.name} (supports: {', '.join(impl.passes)})"
         with pytest.raises(BadInput, match=f"not supported by {impl.name}"):
             impl.require(prob)  # the input first: refused on a machine without a GPU too
 
@@ -160,3 +166,4 @@ def test_the_gate_of_a_backward_needs_the_output_gradient():
     prob = Problem(make_mask("dense", 8), 1, 1, 16, "float32", pass_name="bwd")
     with pytest.raises(ValueError, match="needs do"):
         judge(FakeImpl("a"), prob, None, None, None, None)
+
