@@ -210,9 +210,10 @@ def list_cmd():
                    f"{im.shapes_taken()}: {state}")
         click.echo(f"  {'':<15} {im.description}")
     click.echo("passes: fwd (forward), bwd (backward, given the forward's output and log-sum-exp), fwd+bwd "
-               "(training step), each implementation's above; the peers compute all three (the torch peers "
-               "through autograd), the float32 family (naive, fast-f32) stays forward-only, and serving shapes "
-               "(H_kv < H, Tq < Tk, ragged batches) are forward-only")
+               "(training step), each implementation's above; fast-tc and fast-tc-sync compute all three (their "
+               "backward on mma.sync on every GPU), the peers too (the torch peers through autograd), the float32 "
+               "family (naive, fast-f32) stays forward-only, and serving shapes (H_kv < H, Tq < Tk, ragged "
+               "batches) are forward-only")
 
 
 def case_options(impl: str, T: int, H: int, D: int, dtype: str):

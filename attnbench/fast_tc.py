@@ -9,10 +9,13 @@ moved by bulk tensor copies (TMA, maps from ``attnbench.tma``), and with mma.syn
 ``fast-tc-sync`` is the mma.sync kernel with cp.async on every GPU.
 A strided pattern (``Mask.strided``: dilated) runs as its inner pattern on every residue class,
 one grid layer per class, rows gathered at the stride: no tile of it is partial for the stride.
+Both take the passes bwd and fwd+bwd too: the forward with FWD_LSE 1 (entry fast_tc_fwd_lse) saves
+each row's log-sum-exp and the backward (kernels/fast_tc_bwd.cu, mma.sync on every GPU) runs after
+it; see ``attnbench.fast_tc_bwd``, whose ``forward_lse`` and ``backward`` are re-exported here.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
@@ -26,6 +29,7 @@ from .tma import TensorMap, head_maps
 
 KERNEL = "fast_tc"
 ENTRY = "fast_tc_fwd"
+ENTRY_LSE = "fast_tc_fwd_lse"  # the forward that also stores each row's log-sum-exp (FWD_LSE 1)
 LOG2E = 1.4426950408889634
 DEFAULT_SMEM = 48 * 1024
 MAX_GRID_Y = 65535
@@ -261,6 +265,9 @@ class FastTCRunner(Runner):
 
 @dataclass(eq=False)
 class FastTC(Impl):
+    # the backward (kernels/fast_tc_bwd.cu) runs on mma.sync on every GPU, after this impl's forward
+    # with the log-sum-exp (wgmma on sm_90 for fast-tc); a wgmma backward is still to come
+    passes = ("fwd", "bwd", "fwd+bwd")
     wgmma: bool = True  # take the Hopper shapes on sm_90
     tile: TileSpec | None = None  # fields of the chosen shape fixed (``--tile-config``)
 
@@ -293,14 +300,29 @@ class FastTC(Impl):
             return f"dilation={stride} exceeds {MAX_GRID_Z} for {self.name} (one grid layer per residue class)"
         return None
 
-    def build(self, prob: Problem, q, k, v, cfg: TileConfig | None = None) -> Runner:
+    def build(self, prob: Problem, q, k, v, cfg: TileConfig | None = None, do=None) -> Runner:
+        if prob.pass_name != "fwd":
+            from .fast_tc_bwd import build_backward
+
+            return build_backward(self, prob, q, k, v, do, cfg)
         import cupy
 
-        arrays = [bind(x, name, prob.dtype).array for x, name in ((q, "q"), (k, "k"), (v, "v"))]
-        for a, name in zip(arrays, "qkv"):
-            if tuple(a.shape) != prob.shape:
-                raise BadInput(f"{name} has shape {tuple(a.shape)}, expected {prob.shape}")
-        setup = {}
+        if do is not None:
+            raise BadInput(f"do= is the output's gradient of a backward pass; pass={prob.pass_name} takes none")
+        arrays = bind_inputs(prob, q, k, v)
+        setup: dict = {}
+        cfg = self.checked_shape(prob, cfg, setup)
+        out = cupy.empty(prob.shape, dtype=arrays[0].dtype)
+        ln = forward_launch(prob, cfg, arrays, out, setup=setup)
+        runner = FastTCRunner(ln.kernel, ln.grid, ln.block, ln.smem, ln.args, out, setup, cfg)
+        runner.maps = ln.maps  # the host bytes the launch copies the maps from
+        return runner
+
+    def checked_shape(self, prob: Problem, cfg: TileConfig | None, setup: dict) -> TileConfig:
+        """The forward's tile shape for ``prob`` (``cfg`` when given), refused by name when the kernel
+        cannot be built with it or this GPU cannot run it; its choice timed into ``setup``."""
+        import cupy
+
         with timed(setup, "config_s"):  # the lists it looked at included
             cfg = cfg or self.shape_for(prob.mask, prob.D)
         why = cfg.problem()
@@ -310,35 +332,69 @@ class FastTC(Impl):
         if cfg.WG and cupy.cuda.Device().compute_capability != "90":
             raise BadInput(f"{self.name}: tile shape {cfg} needs an sm_90 GPU (wgmma), "
                            f"this one is sm_{cupy.cuda.Device().compute_capability}")
-        stride, inner = prob.mask.strided()
-        tiles = tile_list(inner, cfg.BM, cfg.BN)
-        setup.update(setup_times(tiles))
-        dev = tiles.device()
-        head, entries = dev.heads, dev.entries
-        table = inner.table
-        table = cupy.asarray(table if table is not None else np.zeros(1, np.int32), dtype=cupy.int32)
+        return cfg
 
-        with timed(setup, "compile_s"):
-            mod = get_module(KERNEL, kernel_defines(prob.D, prob.dtype, prob.mask, cfg), cfg.arch)
-            kernel = mod.get_function(ENTRY)
-            smem = cfg.smem_bytes(prob.D)
-            if smem > DEFAULT_SMEM:
-                kernel.max_dynamic_shared_size_bytes = smem
 
-        out = cupy.empty(prob.shape, dtype=arrays[0].dtype)
-        nq = -(-inner.T // cfg.BM)
-        scale_log2 = np.float32(prob.softmax_scale * LOG2E)
-        if uses_tma(cfg, prob.mask):
-            with timed(setup, "tma_maps_s"):
-                maps = head_maps(arrays + [out], (cfg.BM, cfg.BN, cfg.BN, cfg.BM))
-        else:
-            maps = [TensorMap()] * 4  # zeros, not read
-        args = (arrays[0], arrays[1], arrays[2], out, head, entries, np.int32(prob.T), scale_log2, table,
-                *(m.arg for m in maps))
-        grid = (nq, prob.B * prob.H, min(stride, prob.T))  # one layer per non-empty residue class
-        runner = FastTCRunner(kernel, grid, (cfg.threads,), smem, args, out, setup, cfg)
-        runner.maps = maps  # the host bytes the launch copies the maps from
-        return runner
+def bind_inputs(prob: Problem, *arrays, names: str = "qkv") -> list:
+    """CuPy storage arrays of the inputs, each of the problem's shape and dtype (BadInput naming it)."""
+    out = [bind(x, name, prob.dtype).array for x, name in zip(arrays, names)]
+    for a, name in zip(out, names):
+        if tuple(a.shape) != prob.shape:
+            raise BadInput(f"{name} has shape {tuple(a.shape)}, expected {prob.shape}")
+    return out
+
+
+@dataclass
+class Launch:
+    """One kernel launch bound to its arguments (``maps``: the host bytes of its tensor maps)."""
+    kernel: object
+    grid: tuple
+    block: tuple
+    smem: int
+    args: tuple
+    maps: list = field(default_factory=list)
+
+    def __call__(self) -> None:
+        self.kernel(self.grid, self.block, self.args, shared_mem=self.smem)
+
+
+def table_array(mask: Mask):
+    """The pattern's table on the device (int32; one 0 for a pattern without one)."""
+    import cupy
+
+    table = mask.table
+    return cupy.asarray(table if table is not None else np.zeros(1, np.int32), dtype=cupy.int32)
+
+
+def forward_launch(prob: Problem, cfg: TileConfig, arrays, out, lse=None, setup: dict | None = None) -> Launch:
+    """The forward of ``prob`` on q, k, v (``arrays``) into ``out``, with shape ``cfg``; with ``lse``
+    (float32 [B, H, T]) the entry that also stores each row's log-sum-exp (natural log, FWD_LSE).
+    The list build, compile and map encoding are timed into ``setup``."""
+    setup = {} if setup is None else setup
+    stride, inner = prob.mask.strided()
+    tiles = tile_list(inner, cfg.BM, cfg.BN)
+    setup.update(setup_times(tiles))
+    dev = tiles.device()
+    defines = kernel_defines(prob.D, prob.dtype, prob.mask, cfg)
+    if lse is not None:
+        defines["FWD_LSE"] = 1
+    with timed(setup, "compile_s"):
+        mod = get_module(KERNEL, defines, cfg.arch)
+        kernel = mod.get_function(ENTRY_LSE if lse is not None else ENTRY)
+        smem = cfg.smem_bytes(prob.D)
+        if smem > DEFAULT_SMEM:
+            kernel.max_dynamic_shared_size_bytes = smem
+    nq = -(-inner.T // cfg.BM)
+    scale_log2 = np.float32(prob.softmax_scale * LOG2E)
+    if uses_tma(cfg, prob.mask):
+        with timed(setup, "tma_maps_s"):
+            maps = head_maps(list(arrays) + [out], (cfg.BM, cfg.BN, cfg.BN, cfg.BM))
+    else:
+        maps = [TensorMap()] * 4  # zeros, not read
+    args = (arrays[0], arrays[1], arrays[2], out, dev.heads, dev.entries, np.int32(prob.T), scale_log2,
+            table_array(inner), *(m.arg for m in maps)) + ((lse,) if lse is not None else ())
+    grid = (nq, prob.B * prob.H, min(stride, prob.T))  # one layer per non-empty residue class
+    return Launch(kernel, grid, (cfg.threads,), smem, args, maps)
 
 
 IMPL = register(FastTC(
@@ -358,12 +414,13 @@ SYNC_IMPL = register(FastTC(
 
 __all__ = ["SHAPES", "shape", "CONFIGS", "WIDE_CONFIGS", "PARTIAL_CONFIGS", "HOPPER_CONFIGS", "HOPPER_WIDE_CONFIGS",
            "HOPPER_PARTIAL_CONFIGS", "choose_config", "TileConfig", "TileSpec", "parse_tile_config", "FastTC", "IMPL", "SYNC_IMPL",
-           "kernel_defines", "tile_list"]
+           "kernel_defines", "tile_list", "forward_lse", "backward"]
 
 
 def standard_builds() -> list[tuple[str, dict]]:
     """The llm configuration (SPEC section 5) at its build T: every pattern, D = 64 and 128, bfloat16;
-    float16 for dense causal; the mma.sync and the wgmma (sm_90a, ``target_arch``) shapes."""
+    float16 for dense causal; the mma.sync and the wgmma (sm_90a, ``target_arch``) shapes; then the
+    backward's builds and the forwards with the log-sum-exp it runs after (fast_tc_bwd)."""
     from .configs import LLM
 
     builds = []
@@ -375,7 +432,9 @@ def standard_builds() -> list[tuple[str, dict]]:
                     b = (KERNEL, kernel_defines(D, dtype, mask, choose_config(mask, D, wgmma)))
                     if b not in builds:
                         builds.append(b)
-    return builds
+    from .fast_tc_bwd import standard_builds as backward_builds
+
+    return builds + [b for b in backward_builds() if b not in builds]
 
 
 GATE_TS = (1, 7, 100, 1000, 4096)  # the sizes of the GPU gate tests (tests/test_fast_tc.py)
@@ -385,18 +444,34 @@ def gate_builds() -> list[tuple[str, dict]]:
     """Every build the GPU gate compiles: each registered pattern's first example at each gate T,
     causal or not, D = 64 and 128, bfloat16 and float16, both main loops. ``attnbench compile
     --gate-builds --hashes`` before and after a source change shows whether a GPU's earlier
-    verdict on these builds still stands."""
+    verdict on these builds still stands. The backward's builds of the same masks follow."""
+    from .fast_tc_bwd import gate_builds as backward_builds
     from .patterns import REGISTERED, make_mask
 
-    builds = []
+    builds, masks = [], []
     for pat in REGISTERED:
         for T in GATE_TS:
             for causal in (True, False):
                 mask = make_mask(pat.name, T, causal, **pat.examples(T)[0])
+                masks.append(mask)
                 for D in (64, 128):
                     for dtype in ("bfloat16", "float16"):
                         for wgmma in (False, True):
                             b = (KERNEL, kernel_defines(D, dtype, mask, choose_config(mask, D, wgmma)))
                             if b not in builds:
                                 builds.append(b)
-    return builds
+    return builds + [b for b in backward_builds(masks) if b not in builds]
+
+
+def forward_lse(mask: Mask, q, k, v, scale: float | None = None, **kw):
+    """The forward that saves each row's log-sum-exp: (o, lse) (attnbench.fast_tc_bwd.forward_lse)."""
+    from .fast_tc_bwd import forward_lse as run
+
+    return run(mask, q, k, v, scale, **kw)
+
+
+def backward(mask: Mask, q, k, v, o, lse, do, scale: float | None = None, **kw):
+    """The gradients (dq, dk, dv) given o, lse and do (attnbench.fast_tc_bwd.backward)."""
+    from .fast_tc_bwd import backward as run
+
+    return run(mask, q, k, v, o, lse, do, scale, **kw)

@@ -252,9 +252,20 @@ def _device_inputs(shape, dtype, seed):
 
 
 def _free_device_memory():
+    """Give back what a configuration left: CuPy's pool and, when a torch peer ran, torch's cache.
+    Objects a failure left in reference cycles (an exception's frames holding a peer's tensors)
+    are collected first, else an out-of-memory failure keeps its memory through every later
+    configuration."""
+    import gc
+    import sys
+
     import cupy
 
+    gc.collect()
     cupy.get_default_memory_pool().free_all_blocks()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 @dataclass
@@ -373,6 +384,7 @@ def run_case(case: Case, impls: list[Impl], ctx: Context, done: Callable[[dict],
                 continue
             except Exception as e:  # noqa: BLE001 - a failure of one implementation is a row
                 out[impl.name] = _finish(row, "failed", _reason(e))
+                e = None  # noqa: F841 - its traceback holds the failed run's arrays: let go before cleanup
                 ctx.cleanup()
                 continue
             row.update(rel_err=g.rel_err, tolerance=g.tolerance)

@@ -379,11 +379,20 @@ _KEEP = 32
 
 def _cached(cache: OrderedDict, mask, BM: int, BN: int, make):
     """``make()``, kept in ``cache`` per (pattern, parameters, T, causal, BM, BN), the last _KEEP."""
-    key = (mask.pattern.name, tuple(sorted(mask.params.items())), mask.T, mask.causal, BM, BN)
+    return lru(cache, (mask_key(mask), BM, BN), make)
+
+
+def mask_key(mask) -> tuple:
+    """What a mask's lists and kernels depend on: (pattern, parameters, T, causal)."""
+    return (mask.pattern.name, tuple(sorted(mask.params.items())), mask.T, mask.causal)
+
+
+def lru(cache: OrderedDict, key, make, keep: int = _KEEP):
+    """``cache[key]``, made by ``make()`` when missing; the last ``keep`` keys used are kept."""
     t = cache.get(key)
     if t is None:
         t = cache[key] = make()
-        while len(cache) > _KEEP:
+        while len(cache) > keep:
             cache.popitem(last=False)
     else:
         cache.move_to_end(key)

@@ -14,7 +14,8 @@
 //   mainloop_wgmma.cuh  products on wgmma (WG 1); loads by bulk tensor copies (TcLoadTma, TMA 1)
 //   mask.cuh            partial-tile masking with the pattern predicate
 //   softmax.cuh         the online softmax (lazy max, rescale only past 2^RESCALE_LOG2)
-//   epilogue.cuh        normalise, stage, store (16-byte stores or the TMA store)
+//   epilogue.cuh        normalise, stage, store (16-byte stores or the TMA store); the rows'
+//                       log-sum-exp for the backward (FWD_LSE 1: the entry fast_tc_fwd_lse)
 // The products (TcMma) and the loads (TcLoad) are chosen once below; every part keeps a fixed
 // interface (written in its header), so the kernel body has no #if of its own.
 #include "tc/config.cuh"
@@ -37,12 +38,16 @@ typedef TcLoadTma TcLoad;
 typedef TcLoadAsync<TcMma> TcLoad;
 #endif
 
-extern "C" __global__ void __launch_bounds__(THREADS, MINB)
-fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* __restrict__ Vg,
-            u16* __restrict__ Og, const int4* __restrict__ thead, const int* __restrict__ tent,
-            int T_all, float scale_log2, const int* __restrict__ table, const __grid_constant__ TmaMap mapQ,
-            const __grid_constant__ TmaMap mapK, const __grid_constant__ TmaMap mapV,
-            const __grid_constant__ TmaMap mapO) {
+// The forward's body; with LSE, each row's log-sum-exp is stored too (tc_store_lse). The two entry
+// points below pass their parameters through (the maps by address: __grid_constant__ parameters
+// stay in parameter space).
+template <bool LSE>
+__device__ __forceinline__ void fast_tc_body(const u16* __restrict__ Qg, const u16* __restrict__ Kg,
+                                             const u16* __restrict__ Vg, u16* __restrict__ Og,
+                                             const int4* __restrict__ thead, const int* __restrict__ tent, int T_all,
+                                             float scale_log2, const int* __restrict__ table, const TmaMap& mapQ,
+                                             const TmaMap& mapK, const TmaMap& mapV, const TmaMap& mapO,
+                                             float* __restrict__ Lg) {
     // 1024-byte alignment: every tile starts at a multiple of its row pitch (CH * 16 bytes), which
     // the XOR addressing of the ldmatrix reads relies on (TcSmem)
     extern __shared__ __align__(1024) unsigned char smem[];
@@ -107,6 +112,26 @@ fast_tc_fwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
     }
     TcLoad::drain();
 
+//XX
     tc_stage_output<TcMma::Layout>(sm.q, acc, sf.l, warp, g, t4);
     tc_store_output<TcMma::Layout>(gm.o, &mapO, sm.q, qt, T, warp, lane);
 }
+
+// One entry point per module: fast_tc_fwd, or with FWD_LSE 1 fast_tc_fwd_lse, which also stores the
+// rows' log-sum-exp (natural log of the sum of exp(scale * s) over the row's allowed keys; float32
+// [B, H, T], Lg) for the backward (kernels/fast_tc_bwd.cu). A build of the one leaves the other's
+// code untouched.
+#define FAST_TC_PARAMS                                                                                              \
+    const u16 *__restrict__ Qg, const u16 *__restrict__ Kg, const u16 *__restrict__ Vg, u16 *__restrict__ Og,     \
+        const int4 *__restrict__ thead, const int *__restrict__ tent, int T_all, float scale_log2,                 \
+        const int *__restrict__ table, const __grid_constant__ TmaMap mapQ, const __grid_constant__ TmaMap mapK, \
+        const __grid_constant__ TmaMap mapV, const __grid_constant__ TmaMap mapO
+#if FWD_LSE
+extern "C" __global__ void __launch_bounds__(THREADS, MINB) fast_tc_fwd_lse(FAST_TC_PARAMS, float* __restrict__ Lg) {
+    fast_tc_body<true>(Qg, Kg, Vg, Og, thead, tent, T_all, scale_log2, table, mapQ, mapK, mapV, mapO, Lg);
+}
+#else
+extern "C" __global__ void __launch_bounds__(THREADS, MINB) fast_tc_fwd(FAST_TC_PARAMS) {
+    fast_tc_body<false>(Qg, Kg, Vg, Og, thead, tent, T_all, scale_log2, table, mapQ, mapK, mapV, mapO, nullptr);
+}
+#endif

@@ -22,6 +22,10 @@
 #   tilebuild: tile-list build times at T=131072, host and device (`attnbench tiles`), tile_build.csv
 #   decode: `attnbench sweep --config decode` (DECODE_ARGS adds options, e.g. --impl fast-decode --B 1),
 #           rows in decode.csv
+#   ab: this tree against an earlier one, alternating: AB_OLD names a folder holding a checkout of the
+#       earlier commit (e.g. `git archive C | tar -x -C old`, carried beside the tree) and AB_OLD_COMMIT
+#       its commit; AB_ROUNDS (default 3) rounds of `attnbench sweep --config llm $AB_ARGS` each way,
+#       every row in ab.csv with the git_commit of the tree that ran it
 #   traincheck: `attnbench check --pass bwd` (the gradient gate) on every implementation that runs here,
 #           small cases (TRAINCHECK_ARGS replaces them)
 #   train: `attnbench sweep --config training` (fwd, bwd, fwd+bwd) for fast-tc and the peers, 10 samples,
@@ -120,6 +124,20 @@ for s in $steps; do
     tilebuild) step tilebuild attnbench tiles --out "$work/tile_build.csv" ;;
     decode) # the serving configuration (DECODE_ARGS narrows it), rows in OUT_DIR/decode.csv as they come
            step decode attnbench sweep --config decode ${DECODE_ARGS:-} --resume --out "$out/decode.csv" ;;
+    ab)    old="${AB_OLD:?AB_OLD names the earlier tree}"
+           mkdir -p "$work/ab"  # the rounds' CSVs stay in the tar (a device call brings back few files)
+           for r in $(seq 1 "${AB_ROUNDS:-3}"); do
+               step ab_new_$r attnbench sweep --config llm ${AB_ARGS:-} --out "$work/ab/new_$r.csv"
+               # the earlier tree's package first on the path, its commit in the rows
+               step ab_old_$r env PYTHONPATH="$(cd "$old" && pwd)" ATTNBENCH_GIT_COMMIT="${AB_OLD_COMMIT:-old}" \
+                   python3 -m attnbench.cli sweep --config llm ${AB_ARGS:-} --out "$work/ab/old_$r.csv"
+           done
+           python3 - "$work" <<'PY' && pack
+import glob, sys, pandas as pd
+w = sys.argv[1]
+pd.concat([pd.read_csv(f) for f in sorted(glob.glob(f"{w}/ab/*_*.csv"))]).to_csv(f"{w}/ab.csv", index=False)
+PY
+           ;;
     traincheck) # the gradient gate of every peer that runs here, bfloat16, D=64 (TRAINCHECK_ARGS overrides)
            step traincheck attnbench check --pass bwd ${TRAINCHECK_ARGS:---T 7 --T 1000 --H 2 --pattern dense --pattern window --pattern streaming --pattern block_diagonal} ;;
     train) # the training configuration's passes (TRAIN_ARGS narrows it, default T=32768), rows in

@@ -2,6 +2,8 @@
 tile lists; its parameters, labels, device constants, kernels and refusals on every command."""
 import json
 
+import numpy as np
+
 import pytest
 from click.testing import CliRunner
 
@@ -302,3 +304,23 @@ def test_device_lists_and_counts_of_built_ins_as_expressions(n):
         ours, theirs = flags(got.tiles, T), flags(build(ref, 64, 32), T)
         assert not ((theirs == 2) & (ours != 2)).any() and not ((ours > 0) & (theirs == 0)).any()
         assert (flags(cl.host(m, 64, 32, m.pattern.bound(T, m.params).boxes).tiles, T) == ours).all()
+
+
+def test_predicate_looks_nothing_up_when_called(monkeypatch):
+    """FlexAttention traces the mask_mod under torch.compile: a cache lookup inside (custom's bound
+    expression) would break the graph and build the block mask eagerly over all T x T pairs. The
+    predicate resolves the expression when it is made; calling it needs no lookup."""
+    from attnbench.patterns import custom as custom_mod
+    from attnbench.patterns import make_mask
+
+    m = make_mask("custom", 256, True, expr="(j < 4) | (i - j < W)", param=(("W", 16),))
+    pred = m.pattern.predicate(m.T, m.causal, m.params, None)
+    want = m.dense()
+
+    def no_lookup(*a, **k):
+        raise AssertionError("bind called inside the predicate")
+
+    monkeypatch.setattr(custom_mod, "bind", no_lookup)
+    i, j = np.arange(256)[:, None], np.arange(256)[None, :]
+    got = pred(i, j) & (j <= i)
+    assert (got == want).all()

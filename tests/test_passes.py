@@ -1,6 +1,6 @@
 """The pass axis (fwd, bwd, fwd+bwd): FLOPs and bytes per SPEC section 3, implementations that say
-which passes they compute (the peers all three, the float32 family the forward only), --pass on the
-commands, the pass column and older CSVs without it, plots and tables per pass."""
+which passes they compute (the tensor-core family and the peers all three, the others the forward
+only), --pass on the commands, the pass column and older CSVs without it, plots and tables per pass."""
 import csv
 import shutil
 import sys
@@ -47,16 +47,18 @@ def test_an_unknown_pass_is_refused():
         Problem(make_mask("dense", 8), 1, 1, 16, "float32", pass_name="backward")
 
 
+# the tensor-core family (attnbench/fast_tc_bwd.py) and the peers (attnbench/peers.py); the float32
+# family (naive, fast-f32) and fast-decode stay forward-only
+BACKWARD_IMPLS = {"fast-tc", "fast-tc-sync", "cublas", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flex"}
+
+
 @pytest.mark.parametrize("pass_name", ["bwd", "fwd+bwd"])
-def test_the_peers_compute_every_pass_and_the_others_say_which_they_do_not(pass_name):
+def test_implementations_without_a_backward_say_so(pass_name):
     impls = all_impls()
-    for name in ("cublas", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flex"):
-        assert impls[name].passes == PASSES
-    for name in ("naive", "fast-f32"):  # the float32 family stays forward-only
-        assert impls[name].passes == ("fwd",)
-    for impl in impls.values():
-        if pass_name in impl.passes:
-            continue
+    assert {n for n, i in impls.items() if i.passes != ("fwd",)} == BACKWARD_IMPLS
+    assert all(impls[n].passes == PASSES for n in BACKWARD_IMPLS)
+    for impl in (i for n, i in impls.items() if n not in BACKWARD_IMPLS):
+        assert impl.passes == ("fwd",)
         prob = Problem(make_mask("dense", 64), 1, 1, 64, impl.dtypes[0], pass_name=pass_name)
         why = impl.unsupported(prob)
         assert why == f"pass={pass_name} is not supported by {impl.name} (supports: {', '.join(impl.passes)})"

@@ -1,4 +1,4 @@
-"""compute-sanitizer memcheck and racecheck over every kernel family (GPU machines with the tool)."""
+"""compute-sanitizer memcheck and racecheck over every kernel family (GPU machines with the tool), the\ntensor-core backward included."""
 import os
 import re
 import shutil
@@ -23,3 +23,37 @@ def test_kernels_are_sanitizer_clean(impl, tool):
     assert "ERROR SUMMARY: 0 errors" in out or "RACECHECK SUMMARY: 0 hazards" in out, out[-2000:]
     m = re.search(r"checked (\d+), passed (\d+), failed 0, skipped 0", out)
     assert m and m.group(1) == m.group(2) != "0", out[-2000:]
+
+
+# fast-tc's backward (fwd+bwd: the forward with the log-sum-exp, prep, main, dQ conversion) on small
+# cases: odd T, a partial last tile, non-causal keys past T, a strided pattern, both head dims
+BACKWARD_RUNS = """
+import cupy
+from attnbench.arrays import random_inputs
+from attnbench.impls import Problem, get_impl
+from attnbench.patterns import make_mask
+n = 0
+for impl in ("fast-tc", "fast-tc-sync"):
+    for pattern, T, causal, params in (("dense", 100, True, {}), ("streaming", 77, True, dict(sink=4, window=16)),
+                                       ("window", 64, False, dict(window=8)),
+                                       ("dilated", 77, False, dict(window=8, dilation=3))):
+        for D, dtype in ((64, "bfloat16"), (128, "float16")):
+            prob = Problem(make_mask(pattern, T, causal, **params), 1, 2, D, dtype, pass_name="fwd+bwd")
+            q, k, v = random_inputs(prob.shape, prob.dtype, seed=1)
+            do = random_inputs(prob.shape, prob.dtype, seed=2)[0]
+            get_impl(impl).prepare(prob, q, k, v, do=do).run()
+            cupy.cuda.get_current_stream().synchronize()
+            n += 1
+print(f"backward runs {n}")
+"""
+
+
+@pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer not on PATH")
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
+def test_backward_kernels_are_sanitizer_clean(tool):
+    cmd = ["compute-sanitizer", "--tool", tool, "--error-exitcode", "17", sys.executable, "-c", BACKWARD_RUNS]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    assert "ERROR SUMMARY: 0 errors" in out or "RACECHECK SUMMARY: 0 hazards" in out, out[-2000:]
+    assert "backward runs 16" in out, out[-2000:]

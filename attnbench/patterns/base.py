@@ -168,6 +168,14 @@ class Pattern:
     def allowed(self, i, j, T: int, causal: bool, p: dict, table):
         raise NotImplementedError
 
+    def predicate(self, T: int, causal: bool, p: dict, table):
+        """``allowed`` with T, the parameters and the table bound: a function (i, j) of index
+        tensors. FlexAttention traces it under torch.compile, so a pattern whose ``allowed`` looks
+        something up in a cache (custom's bound expression) resolves that here, outside the trace:
+        a cache lookup inside breaks the graph, and the block mask's build then runs eagerly over
+        all T x T pairs."""
+        return lambda i, j: self.allowed(i, j, T, causal, p, table)
+
     def row_counts(self, i, T: int, causal: bool, p: dict, table):
         raise NotImplementedError
 

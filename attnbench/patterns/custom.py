@@ -58,6 +58,9 @@ class Custom(Pattern):
     def allowed(self, i, j, T, causal, p, table):
         return self.bound(T, p).allowed(i, j)
 
+    def predicate(self, T, causal, p, table):
+        return self.bound(T, p).predicate
+
     def _mask(self, T, causal, p):
         from .mask import Mask
 

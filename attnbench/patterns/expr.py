@@ -457,15 +457,24 @@ class Bound:
 
     def allowed(self, i, j):
         """The predicate on index arrays that broadcast (numpy or torch), in int64."""
-        if is_torch(i):
-            i, j = i.long(), j.long()
-        else:
-            i, j = np.asarray(i, dtype=np.int64), np.asarray(j, dtype=np.int64)
-        v = self._eval(i, j)
-        if isinstance(v, (bool, np.bool_)):  # a constant expression: its value at every pair
-            return (i == i) & (j == j) if v else (i != i) & (j != j)
-        uses = _vars(self.tree)
-        return v & (i == i) if "i" not in uses else v & (j == j) if "j" not in uses else v  # the pairs' shape
+        return self.predicate(i, j)
+
+    @functools.cached_property
+    def predicate(self):
+        """``allowed`` as a closure over what it needs, looked up once: the function that
+        FlexAttention's mask_mod traces (no cache or property lookups inside)."""
+        ev, uses, const = self._eval, _vars(self.tree), self.constant
+
+        def allowed(i, j):
+            if is_torch(i):
+                i, j = i.long(), j.long()
+            else:
+                i, j = np.asarray(i, dtype=np.int64), np.asarray(j, dtype=np.int64)
+            if const is not None:  # a constant expression: its value at every pair
+                return (i == i) & (j == j) if const else (i != i) & (j != j)
+            v = ev(i, j)
+            return v & (i == i) if "i" not in uses else v & (j == j) if "j" not in uses else v  # the pairs' shape
+        return allowed
 
     @functools.cached_property
     def c(self) -> str:

@@ -42,13 +42,19 @@ class Mask:
         """FlexAttention's ``mask_mod(b, h, q_idx, kv_idx)``: this mask's own predicate.
         Give the device the indices will live on so that any table the predicate reads is
         placed there now, outside any torch.compile trace."""
-        if device is not None and self.table is not None:
-            import torch
+        if device is None:
+            def mask_mod(b, h, q_idx, kv_idx):
+                return self.allowed(q_idx, kv_idx)
+            return mask_mod
+        import torch
 
-            self._torch_table(torch.device(device))
+        table = self._torch_table(torch.device(device))
+        pred = self.pattern.predicate(self.T, self.causal, self.params, table)  # looked up now, not in the trace
+        causal = self.causal
 
         def mask_mod(b, h, q_idx, kv_idx):
-            return self.allowed(q_idx, kv_idx)
+            a = pred(q_idx, kv_idx)
+            return a & (kv_idx <= q_idx) if causal else a
 
         return mask_mod
 

@@ -137,6 +137,15 @@ __device__ __forceinline__ float tc_rcp(float x) {
     return y;
 }
 
+// x summed over the 4 lanes holding one row of an accumulator fragment (the lanes of one g)
+__device__ __forceinline__ float tc_quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+#define TC_LN2 0.6931471805599453f
+#define TC_LOG2E 1.4426950408889634f
+
 __device__ __forceinline__ float tc_exp2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));

@@ -2,7 +2,7 @@
 //
 // HEAD_D (64 or 128), BN (keys per tile, multiple of 16), STRIDE, QREG, WG, NWARPS, MT, MINB
 // (blocks per SM for __launch_bounds__), STAGES (>= 2), TMA, AB_F16 (1: float16, 0: bfloat16),
-// LAZY (default WG), and the pattern itself: CAUSAL, AB_PATTERN_T and AB_PATTERN_ARGS
+// LAZY (default WG), FWD_LSE (default 0), and the pattern itself: CAUSAL, AB_PATTERN_T and AB_PATTERN_ARGS
 // (Mask.device_defines() of Mask.tile_predicate(BM, BN); kernels/common.cuh), its parameters as
 // constants so that its divisions become multiplications by constants.
 #pragma once
@@ -48,6 +48,10 @@
 // with it at D=64 and take the tile's max on every tile); tc/softmax.cuh
 #ifndef LAZY
 #define LAZY WG
+#endif
+// FWD_LSE 1: fast_tc.cu's entry point is fast_tc_fwd_lse, which also stores each row's log-sum-exp
+#ifndef FWD_LSE
+#define FWD_LSE 0
 #endif
 
 #define THREADS (NWARPS * 32)

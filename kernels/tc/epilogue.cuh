@@ -14,8 +14,13 @@
 //     until it has read shared memory.
 //   tc_store_output<Layout>(o, mapO, sQ, qt, T, warp, lane): the build's store (TMA 1: the bulk
 //     copy, else the rows).
+//   tc_store_lse(L, sf, scale_log2, T_all, qt, T, warp, g, t4): each row's log-sum-exp, natural
+//     log: ln(sum over its allowed keys of exp(scale * s)) = (m * scale_log2 + log2(l)) * ln 2,
+//     float32, into L [B * H][T_all] at the block's rows (class positions c + STRIDE * a); -inf
+//     for a row without allowed keys (none in any pattern).
 #pragma once
 #include "tc/common.cuh"
+#include "tc/softmax.cuh"
 
 template <class Layout>
 __device__ __forceinline__ void tc_stage_output(u32 sQ, const TcAcc& acc, const TcRows& l, int warp, int g, int t4) {
@@ -24,9 +29,7 @@ __device__ __forceinline__ void tc_stage_output(u32 sQ, const TcAcc& acc, const 
         float inv[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            float x = l[m][r];
-            x += __shfl_xor_sync(0xffffffffu, x, 1);
-            x += __shfl_xor_sync(0xffffffffu, x, 2);
+            const float x = tc_quad_sum(l[m][r]);
             inv[r] = x > 0.f ? tc_rcp(x) : 0.f;
         }
         const int wrow = warp * RW + m * 16;
@@ -75,4 +78,19 @@ __device__ __forceinline__ void tc_store_output(u16* __restrict__ o, const void*
 #else
     tc_store_rows<Layout>(o, sQ, qt, T, warp, lane);
 #endif
+}
+
+__device__ __forceinline__ void tc_store_lse(float* __restrict__ L, const TcSoftmax& sf, float scale_log2, int T_all,
+                                             int qt, int T, int warp, int g, int t4) {
+    const size_t base = (size_t)blockIdx.y * (size_t)T_all + blockIdx.z;
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const float x = tc_quad_sum(sf.l[m][r]);
+            const int row = qt * BM + warp * RW + m * 16 + g + 8 * r;
+            if (t4 == 0 && row < T)
+                L[base + (size_t)row * STRIDE] = x > 0.f ? (sf.m[m][r] * scale_log2 + __log2f(x)) * TC_LN2 : AB_NEG_INF;
+        }
+    }
 }

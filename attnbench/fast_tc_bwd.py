@@ -1,0 +1,302 @@
+"""fast-tc's backward (kernels/fast_tc_bwd.cu) and its forward that saves each row's log-sum-exp.
+
+The backward runs on mma.sync with cp.async on every GPU (a wgmma backward for sm_90 is still to
+come), key-tile-major over the transposed tile list (``tiles.tile_list_t``: for each key tile the
+query tiles that visit it, flagged full or partial, so only partial tiles are masked), with dQ
+accumulated by float32 atomics. Three launches: ``fast_tc_bwd_prep`` (delta = rowsum(dO * O) beside
+the log-sum-exp, the dQ accumulator zeroed), ``fast_tc_bwd`` (dK, dV, and dQ's sums),
+``fast_tc_bwd_dq`` (dQ times the scale in the storage dtype).
+
+The log-sum-exp is the natural log: ``lse[b, h, i] = log(sum_j exp(scale * q_i . k_j))`` over row
+i's allowed keys, float32 [B, H, T] (``reference.reference_forward``'s), as the forward with
+FWD_LSE 1 (entry ``fast_tc_fwd_lse``) stores it.
+
+Low-level API on CuPy storage arrays (bfloat16 as uint16 bit patterns): ``forward_lse(mask, q, k,
+v, scale)`` -> (o, lse) and ``backward(mask, q, k, v, o, lse, do, scale)`` -> (dq, dk, dv). The
+runners of ``fast-tc`` and ``fast-tc-sync`` for the passes ``bwd`` and ``fwd+bwd``
+(``build_backward``) and ``attnbench.attention``'s autograd function use them.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from .arrays import bind
+from .compile import get_module
+from .errors import BadInput
+from .fast_tc import (IMPL, SYNC_IMPL, LOG2E, FastTC, Launch, TileConfig, bind_inputs, forward_launch,
+                      pattern_defines, table_array)
+from .impls import Problem, Runner, timed
+from .patterns import Mask
+from .tiles import lru, mask_key, tile_list, tile_list_t
+
+KERNEL = "fast_tc_bwd"
+MAIN, PREP, DQ = "fast_tc_bwd", "fast_tc_bwd_prep", "fast_tc_bwd_dq"
+PREP_THREADS = 256  # BWD_PREP_THREADS, of the prep and convert kernels
+DEFAULT_SMEM = 48 * 1024
+
+
+@dataclass(frozen=True)
+class BwdConfig:
+    """Compile-time shape of the backward: NWARPS warps, key tiles and query tiles of
+    BM = BN = 16 * NWARPS rows (a warp owns 16 query rows of S and dP, 16 keys of dK and dV)."""
+    NWARPS: int
+    STAGES: int  # buffers the Q and dO tiles stream through
+    MINB: int    # blocks per multiprocessor asked of the register allocator
+
+    @property
+    def BN(self) -> int:
+        return 16 * self.NWARPS
+
+    @property
+    def BM(self) -> int:
+        return self.BN
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.NWARPS
+
+    def smem_bytes(self, D: int) -> int:
+        """K and V, STAGES Q and dO tiles, the staged P and dS."""
+        return 2 * D * (2 * self.BN + 2 * self.STAGES * self.BM) + 2 * 2 * self.BM * self.BN
+
+
+# per head dimension: (shape, why). Registers (sm_80 / sm_90, NVRTC 13): D=64 about 195, D=128
+# about 252 of 255 without spills (P kept packed while dP is computed)
+BWD_SHAPES: dict[int, tuple[BwdConfig, str]] = {
+    64: (BwdConfig(NWARPS=4, STAGES=2, MINB=2), "64 x 64 tiles, Q and dO in 2 stages (56 KiB): 2 blocks per SM"),
+    128: (BwdConfig(NWARPS=4, STAGES=2, MINB=1), "64 x 64 tiles, Q and dO in 2 stages (112 KiB); dK and dV "
+                                                 "take 128 registers a thread"),
+}
+
+
+def bwd_config(D: int) -> BwdConfig:
+    return BWD_SHAPES[D][0]
+
+
+def bwd_defines(D: int, dtype: str, mask: Mask, cfg: BwdConfig | None = None) -> dict:
+    """The -D constants of kernels/fast_tc_bwd.cu for a head dimension, dtype and pattern (the inner
+    pattern and its stride when the pattern is strided)."""
+    cfg = cfg or bwd_config(D)
+    stride, inner = mask.strided()
+    d = dict(HEAD_D=D, BN=cfg.BN, NWARPS=cfg.NWARPS, STAGES=cfg.STAGES, MT=1, MINB=cfg.MINB, QREG=0,
+             AB_F16=int(dtype == "float16"), STRIDE=stride)
+    d.update(pattern_defines(inner.tile_predicate(cfg.BM, cfg.BN)))
+    return d
+
+
+def check_dtype(dtype: str, what: str = "the backward") -> None:
+    if dtype not in ("bfloat16", "float16"):
+        raise BadInput(f"dtype={dtype} is not supported by {what} of fast-tc (supports: bfloat16, float16; "
+                       f"the float32 family is forward-only)")
+
+
+class Backward:
+    """The backward of one problem: its transposed list on the device and its kernels compiled
+    (timed into ``setup``); ``launches`` binds them to arrays."""
+
+    def __init__(self, prob: Problem, setup: dict | None = None, cfg: BwdConfig | None = None):
+        check_dtype(prob.dtype)
+        if prob.D not in BWD_SHAPES:
+            raise BadInput(f"D={prob.D} is not supported by the backward of fast-tc "
+                           f"(supports D in {', '.join(map(str, sorted(BWD_SHAPES)))})")
+        self.prob = prob
+        self.cfg = cfg = cfg or bwd_config(prob.D)
+        self.setup = setup = {} if setup is None else setup
+        stride, inner = prob.mask.strided()
+        self.stride, self.inner = stride, inner
+        tt = tile_list_t(inner, cfg.BM, cfg.BN)
+        # the list at the backward's tile shape and its transposition (what a changed mask costs)
+        setup["tiles_t_build_s"] = tile_list(inner, cfg.BM, cfg.BN).build_s + tt.build_s
+        self.tiles = tt.device()
+        setup["tiles_t_device_s"] = self.tiles.build_s
+        self.table = table_array(inner)
+        with timed(setup, "compile_s"):
+            mod = get_module(KERNEL, bwd_defines(prob.D, prob.dtype, prob.mask, cfg))
+            self.main, self.prep, self.dq = (mod.get_function(x) for x in (MAIN, PREP, DQ))
+            self.smem = cfg.smem_bytes(prob.D)
+            if self.smem > DEFAULT_SMEM:
+                self.main.max_dynamic_shared_size_bytes = self.smem
+        setup["bwd_tile_config"] = f"NWARPS={cfg.NWARPS},BN={cfg.BN},STAGES={cfg.STAGES},MINB={cfg.MINB}"
+
+    def scratch(self):
+        """(ld, dq_acc): float32 [B, H, T, 2] (lse * log2 e, delta) and float32 [B, H, T, D]."""
+        import cupy
+
+        B, H, T, D = self.prob.shape
+        return cupy.empty((B, H, T, 2), cupy.float32), cupy.empty((B, H, T, D), cupy.float32)
+
+    def launches(self, q, k, v, o, lse, do, dq, dk, dv, ld, dq_acc) -> list[Launch]:
+        """prep, main, convert on these storage arrays (lse float32 [B, H, T]; ld, dq_acc: ``scratch``)."""
+        prob, cfg = self.prob, self.cfg
+        B, H, T, D = prob.shape
+        rows = B * H * T
+        per_block = PREP_THREADS // (D // 8)
+        scale = prob.softmax_scale
+        n_kt = -(-self.inner.T // cfg.BN)
+        prep = Launch(self.prep, (-(-rows // per_block),), (PREP_THREADS,), 0, (o, do, lse, ld, dq_acc, np.int32(rows)))
+        main = Launch(self.main, (n_kt, B * H, min(self.stride, T)), (cfg.threads,), self.smem,
+                      (q, k, v, do, ld, dq_acc, dk, dv, self.tiles.heads, self.tiles.entries, np.int32(T),
+                       np.float32(scale * LOG2E), np.float32(scale), self.table))
+        n8 = rows * D // 8
+        conv = Launch(self.dq, (-(-n8 // PREP_THREADS),), (PREP_THREADS,), 0,
+                      (dq_acc, dq, np.float32(scale), np.int64(n8)))
+        return [prep, main, conv]
+
+
+class FastTCBwdRunner(Runner):
+    """``bwd``: the forward with the log-sum-exp ran once at prepare time, ``run`` is the backward
+    (prep, main, convert); ``fwd+bwd``: ``run`` is the forward with the log-sum-exp, then the
+    backward. ``grads`` (dq, dk, dv); ``out`` the forward's output for ``fwd+bwd`` (None for
+    ``bwd``: its saved output is no output of the run, and poisoning it would break the next)."""
+
+    def __init__(self, fwd: Launch, bwd: list[Launch], o, grads, setup: dict, cfg: TileConfig, with_fwd: bool):
+        self._fwd, self._bwd = fwd, bwd
+        self._o = o
+        self._out = o if with_fwd else None
+        self._grads = grads
+        self._with_fwd = with_fwd
+        self.setup = setup
+        self.cfg = cfg
+
+    def run(self) -> None:
+        if self._with_fwd:
+            self._fwd()
+        for ln in self._bwd:
+            ln()
+
+
+def build_backward(impl: FastTC, prob: Problem, q, k, v, do, cfg: TileConfig | None = None) -> Runner:
+    """The runner of ``impl`` for ``prob.pass_name`` ``bwd`` or ``fwd+bwd`` (``do``: the output's
+    gradient, q's shape and storage dtype). BadInput naming what is missing or wrong, before any
+    launch."""
+    import cupy
+
+    if do is None:
+        raise BadInput(f"pass={prob.pass_name} needs do=, the output's gradient (q's shape and dtype)")
+    check_dtype(prob.dtype)
+    q, k, v, do = bind_inputs(prob, q, k, v, do, names=("q", "k", "v", "do"))
+    setup: dict = {}
+    fcfg = impl.checked_shape(prob, cfg, setup)
+    B, H, T, D = prob.shape
+    o = cupy.empty(prob.shape, dtype=q.dtype)
+    lse = cupy.empty((B, H, T), cupy.float32)
+    fwd = forward_launch(prob, fcfg, (q, k, v), o, lse, setup)
+    bwd = Backward(prob, setup)
+    grads = tuple(cupy.empty(prob.shape, dtype=q.dtype) for _ in range(3))
+    launches = bwd.launches(q, k, v, o, lse, do, *grads, *bwd.scratch())
+    with_fwd = prob.pass_name == "fwd+bwd"
+    if not with_fwd:
+        fwd()  # the forward's saved state, once
+    return FastTCBwdRunner(fwd, launches, o, grads, setup, fcfg, with_fwd)
+
+
+# ---- low-level API ------------------------------------------------------------------------------
+_PLANS: OrderedDict = OrderedDict()  # forward shapes and backward plans of the low-level API
+
+
+def _problem(mask: Mask, shape, dtype: str, scale) -> Problem:
+    if len(shape) != 4:
+        raise BadInput(f"q has shape {tuple(shape)}: expected 4 dimensions [B, H, T, D]")
+    B, H, T, D = (int(x) for x in shape)
+    if T != mask.T:
+        raise BadInput(f"q has T={T} but the mask is for T={mask.T}")
+    return Problem(mask, B, H, D, dtype, scale)
+
+
+def _bound(mask: Mask, scale, dtype, **arrays):
+    """(problem, CuPy storage arrays) of inputs of one shape and dtype; BadInput naming the first
+    that does not fit."""
+    names = list(arrays)
+    first = bind(arrays[names[0]], names[0], dtype)
+    check_dtype(first.dtype, "forward_lse / backward")
+    prob = _problem(mask, first.array.shape, first.dtype, scale)
+    if prob.D not in BWD_SHAPES:
+        raise BadInput(f"D={prob.D} is not supported by the backward of fast-tc (supports D in "
+                       f"{', '.join(map(str, sorted(BWD_SHAPES)))})")
+    out = bind_inputs(prob, *arrays.values(), names=names)
+    for a, name in zip(out, names):
+        if a.data.ptr % 16:
+            raise BadInput(f"{name} does not start at a 16-byte boundary (the kernels read 16 bytes at a time)")
+    return prob, out
+
+
+def _cached(prob: Problem, what: str, wgmma: bool, make):
+    """``make()`` kept per (what, mask, shape, dtype, scale, products, device), the last 16."""
+    import cupy
+
+    key = (what, mask_key(prob.mask), prob.shape, prob.dtype, prob.softmax_scale, wgmma, cupy.cuda.Device().id)
+    return lru(_PLANS, key, make, keep=16)
+
+
+def forward_lse(mask: Mask, q, k, v, scale: float | None = None, dtype: str | None = None, wgmma: bool = True):
+    """fast-tc's forward of q, k, v ([B, H, T, D] CuPy storage arrays, bfloat16 or float16) under
+    ``mask``, saving each row's log-sum-exp: (o, lse), o in q's storage dtype, lse float32
+    [B, H, T] (natural log). ``wgmma``: fast-tc's shapes (wgmma on sm_90), else fast-tc-sync's."""
+    import cupy
+
+    prob, (q, k, v) = _bound(mask, scale, dtype, q=q, k=k, v=v)
+    impl = IMPL if wgmma else SYNC_IMPL
+    cfg = _cached(prob, "fwd-shape", wgmma, lambda: impl.checked_shape(prob, None, {}))
+    B, H, T, D = prob.shape
+    o = cupy.empty(prob.shape, dtype=q.dtype)
+    lse = cupy.empty((B, H, T), cupy.float32)
+    forward_launch(prob, cfg, (q, k, v), o, lse)()
+    return o, lse
+
+
+def backward(mask: Mask, q, k, v, o, lse, do, scale: float | None = None, dtype: str | None = None):
+    """The gradients (dq, dk, dv) of fast-tc's attention at q, k, v given its output ``o``, the
+    rows' log-sum-exp ``lse`` (float32 [B, H, T], natural log, as ``forward_lse`` gives them) and
+    the output's gradient ``do``; CuPy storage arrays of q's shape and dtype."""
+    import cupy
+
+    prob, (q, k, v, o, do) = _bound(mask, scale, dtype, q=q, k=k, v=v, o=o, do=do)
+    if not isinstance(lse, cupy.ndarray) or lse.dtype != cupy.float32 or tuple(lse.shape) != prob.shape[:3] \
+            or not lse.flags.c_contiguous:
+        raise BadInput(f"lse must be a contiguous float32 CuPy array of shape {prob.shape[:3]} (forward_lse's), got "
+                       f"{type(lse).__name__} {getattr(lse, 'dtype', '')} {tuple(getattr(lse, 'shape', ()))}")
+    plan = _cached(prob, "bwd", False, lambda: Backward(prob))
+    grads = tuple(cupy.empty(prob.shape, dtype=q.dtype) for _ in range(3))
+    for ln in plan.launches(q, k, v, o, lse, do, *grads, *plan.scratch()):
+        ln()
+    return grads
+
+
+def _builds_of(mask: Mask, D: int, dtype: str) -> list[tuple[str, dict]]:
+    """The backward of ``mask`` and the forwards with the log-sum-exp it runs after (mma.sync and
+    wgmma shapes)."""
+    from .fast_tc import KERNEL as FWD, choose_config, kernel_defines
+
+    return [(KERNEL, bwd_defines(D, dtype, mask))] + [
+        (FWD, {**kernel_defines(D, dtype, mask, choose_config(mask, D, wgmma)), "FWD_LSE": 1}) for wgmma in (False, True)]
+
+
+def _unique(builds) -> list[tuple[str, dict]]:
+    out = []
+    for b in builds:
+        if b not in out:
+            out.append(b)
+    return out
+
+
+def standard_builds() -> list[tuple[str, dict]]:
+    """Those of every llm instance (SPEC section 5) at its build T, D = 64 and 128, bfloat16 (and
+    float16 for dense causal)."""
+    from .configs import LLM
+
+    return _unique(b for D in BWD_SHAPES for inst in LLM.instances
+                   for dtype in (("bfloat16", "float16") if inst.pattern == "dense" else ("bfloat16",))
+                   for b in _builds_of(inst.mask(LLM.build_T), D, dtype))
+
+
+def gate_builds(masks) -> list[tuple[str, dict]]:
+    """Those of these masks at D = 64 and 128, bfloat16 and float16."""
+    return _unique(b for mask in masks for D in BWD_SHAPES for dtype in ("bfloat16", "float16")
+                   for b in _builds_of(mask, D, dtype))
+
+
+__all__ = ["BWD_SHAPES", "BwdConfig", "Backward", "FastTCBwdRunner", "backward", "build_backward", "bwd_defines",
+           "forward_lse", "gate_builds", "standard_builds"]

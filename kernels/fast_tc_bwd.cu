@@ -1,0 +1,195 @@
+// Tensor-core attention backward for bfloat16 / float16 (float32 accumulation), FlashAttention-2
+// style, key-tile-major over the transposed tile list (for each key tile, the query tiles whose
+// forward lists name it, flagged full or partial; attnbench.tiles.tile_list_t). Three kernels:
+//
+//   fast_tc_bwd_prep  per row: delta = rowsum(dO * O) in float32, stored beside the forward's
+//                     log-sum-exp in base 2 (LD [B * H * T] of float2 (lse * log2 e, delta)); the
+//                     row of the float32 dQ accumulator zeroed. Grid: rows / (256 / CH); 256 threads,
+//                     CH per row.
+//   fast_tc_bwd       grid (key tiles, B * H, residue classes); block NWARPS warps. The block loads
+//                     its K and V tile (BN keys) once and keeps dK and dV in registers; the query
+//                     tiles (BM = BN rows) of its list stream Q and dO through STAGES shared-memory
+//                     buffers by cp.async (TcLoadAsync, the stages the forward streams K and V
+//                     through). For each: S = Q K^T, partial tiles only masked with the pattern
+//                     predicate (tc_mask_frag, as the forward), P = exp2(S scale log2 e - lse2);
+//                     dP = dO V^T; dS = P (dP - delta); dQ += dS K (float32 atomics); then
+//                     dV += P^T dO and dK += dS^T Q. At the end dK (times the scale) and dV are
+//                     stored in the storage dtype.
+//   fast_tc_bwd_dq    dQ = scale * the accumulator, in the storage dtype. Grid: elements / 2048.
+//
+// Layout, and why: S and dP are computed query-major (warp w owns query rows 16 w .. 16 w + 15,
+// the forward's layout) so the forward's masking applies unchanged and dS, still in registers, is
+// the A operand of dQ += dS K exactly as P is of the forward's P V (K read by ldmatrix.trans like
+// V). P and dS are staged through shared memory as 16-bit values and read transposed
+// (ldmatrix.trans) for the key-major products dV += P^T dO and dK += dS^T Q, where warp w owns
+// keys 16 w .. 16 w + 15: so BM == BN == 16 * NWARPS. dK and dV take HEAD_D / 4 floats a thread
+// (128 at D = 128); dQ is computed and added in column chunks of DQ_CHUNK so that its accumulators
+// stay small. Two barriers a query tile: after the refill's (tile `it` landed, every warp done with
+// the stage refilled and with the staged P and dS of the tile before) and before the key-major
+// products (P and dS staged by every warp).
+//
+// The parts are in kernels/tc/ (bwd_mma.cuh: operands and products; bwd_epilogue.cuh: row
+// statistics, dQ atomics, dK / dV stores; the forward's scheduler, mask and cp.async loader). The
+// pattern and the tile shape are compile-time constants as in the forward (tc/config.cuh);
+// strided patterns run as their inner pattern on each residue class, a grid layer per class.
+#include "tc/config.cuh"
+#include "tc/common.cuh"
+#include "tc/scheduler.cuh"
+#include "tc/mask.cuh"
+#include "tc/mainloop_sync.cuh"
+#include "tc/bwd_mma.cuh"
+#include "tc/bwd_epilogue.cuh"
+
+#ifndef DQ_CHUNK
+#define DQ_CHUNK 32
+#endif
+static_assert(HEAD_D % DQ_CHUNK == 0 && DQ_CHUNK % 16 == 0, "DQ_CHUNK: a multiple of 16 dividing HEAD_D");
+static_assert(!TMA, "backward: cp.async loads");
+
+typedef TcLoadAsync<TcMmaSync> TcLoad;
+#define BWD_PREP_THREADS 256
+
+extern "C" __global__ void __launch_bounds__(BWD_PREP_THREADS)
+fast_tc_bwd_prep(const u16* __restrict__ Og, const u16* __restrict__ dOg, const float* __restrict__ Lg,
+                 float2* __restrict__ LD, float* __restrict__ dQacc, int rows) {
+    const int row = blockIdx.x * (BWD_PREP_THREADS / CH) + threadIdx.x / CH, c = threadIdx.x % CH;
+    const bool ok = row < rows;
+    float d = 0.f;
+    if (ok) {
+        const size_t at = (size_t)row * HEAD_D + c * 8;
+        const uint4 o = *reinterpret_cast<const uint4*>(Og + at);
+        const uint4 g = *reinterpret_cast<const uint4*>(dOg + at);
+        const u32 ov[4] = {o.x, o.y, o.z, o.w}, gv[4] = {g.x, g.y, g.z, g.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float2 a = tc_unpack(ov[i]), b = tc_unpack(gv[i]);
+            d = fmaf(a.x, b.x, fmaf(a.y, b.y, d));
+        }
+        float4* z = reinterpret_cast<float4*>(dQacc + at);
+        z[0] = z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    // the CH lanes of a row (aligned groups within the warp) add their parts
+#pragma unroll
+    for (int off = CH / 2; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffffu, d, off);
+    if (ok && c == 0) LD[row] = make_float2(Lg[row] * TC_LOG2E, d);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, MINB)
+fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* __restrict__ Vg,
+            const u16* __restrict__ dOg, const float2* __restrict__ LD, float* __restrict__ dQacc,
+            u16* __restrict__ dKg, u16* __restrict__ dVg, const int4* __restrict__ thead,
+            const int* __restrict__ tent, int T_all, float scale_log2, float scale, const int* __restrict__ table) {
+    // 1024-byte alignment: every tile starts at a multiple of its row pitch (tc/bwd_mma.cuh)
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const TcWork w = tc_block_work(T_all);
+    const int kt = (int)gridDim.x - 1 - w.qt;  // the key tile: near 0 first (causal: the longest lists)
+    const int T = w.T;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int g = lane >> 2, t4 = lane & 3;
+    const AB_PATTERN_T pat{AB_PATTERN_ARGS};
+
+    // shared memory: K, V (resident), Q stages, dO stages, staged P, staged dS
+    const u32 sK = tc_smem_addr(smem);
+    const u32 sV = sK + TILE_BYTES;
+    TcSmem sm;  // the loader's view: the streamed Q and dO tiles where the forward streams K and V
+    sm.q = 0;
+    sm.k = sV + TILE_BYTES;
+    sm.v = sm.k + STAGES * TILE_BYTES;
+    const u32 sP = sm.v + STAGES * TILE_BYTES;
+    const u32 sS = sP + BM * BWD_PROWB;
+    const TcGlobal gm = {nullptr, Qg + w.base, dOg + w.base, nullptr, nullptr, nullptr, nullptr, nullptr};
+    const float2* ld = LD + (size_t)blockIdx.y * T_all + blockIdx.z;
+    float* dq = dQacc + w.base;
+
+    tc_load_tile<TcRowLayout, BN>(sK, Kg + w.base, kt * BN, T);
+    tc_load_tile<TcRowLayout, BN>(sV, Vg + w.base, kt * BN, T);
+    tc_commit();
+    TcLoad lq;
+    lq.init(sm, gm, w);
+    TcTileList list;
+    list.init(thead, tent, kt);
+    const int n = list.n;
+    lq.first_tiles(list);  // waits for K and V
+
+    // the lane's operand addresses (stage st of Q / dO at + st * TILE_BYTES)
+    const u32 aQ = sm.k + warp * 16 * BWD_ROWB + tc_lane_a(lane, BWD_ROWB);
+    const u32 aO = sm.v + warp * 16 * BWD_ROWB + tc_lane_a(lane, BWD_ROWB);
+    const u32 nK = sK + tc_lane_n(lane, BWD_ROWB), nV = sV + tc_lane_n(lane, BWD_ROWB);
+    const u32 tK = sK + tc_lane_t(lane, BWD_ROWB);
+    const u32 tQ = sm.k + tc_lane_t(lane, BWD_ROWB), tO = sm.v + tc_lane_t(lane, BWD_ROWB);
+    const u32 nP = (sP + tc_lane_n(lane, BWD_PROWB)) ^ (u32)(warp << 5);  // the warp's keys
+    const u32 nS = (sS + tc_lane_n(lane, BWD_PROWB)) ^ (u32)(warp << 5);
+
+    TcBwdCols dk, dv;
+    tc_zero_frag(dk);
+    tc_zero_frag(dv);
+    // a key tile reaching past this class's end: its keys >= T masked on every query tile
+    const bool edge = kt * BN + BN > T;
+
+    int st = 0, st_fill = STAGES - 1;
+    for (int it = 0; it < n; ++it) {
+        const int nx = it + STAGES - 1;
+        int ent_nx;
+        const int ent = list.next(tent, it, ent_nx);
+        TcLoad::refill(sm, gm, T, 0, st, st_fill, 0, ent_nx, nx, n);
+        st_fill = st_fill == STAGES - 1 ? 0 : st_fill + 1;
+        const int qt = tc_entry_tile(ent);
+        const u32 so = st * TILE_BYTES;
+        st = st == STAGES - 1 ? 0 : st + 1;
+        const int row0 = qt * BM + warp * 16;
+        const float2 ra = tc_bwd_row_stats(ld, row0 + g, T), rb = tc_bwd_row_stats(ld, row0 + g + 8, T);
+
+        TcBwdRows x;
+        TcBwdFrag p, f;
+        tc_bwd_rows(x, aQ + so, nK);  // S = Q K^T
+        if ((ent & 1) || edge) tc_mask_frag(x, pat, row0, kt * BN, T, g, t4);
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {  // P = exp(scale S - lse), masked keys and padding rows 0
+            x[j][0] = tc_exp2(fmaf(x[j][0], scale_log2, -ra.x));
+            x[j][1] = tc_exp2(fmaf(x[j][1], scale_log2, -ra.x));
+            x[j][2] = tc_exp2(fmaf(x[j][2], scale_log2, -rb.x));
+            x[j][3] = tc_exp2(fmaf(x[j][3], scale_log2, -rb.x));
+        }
+        // P kept packed (16-bit, as the products read it) while dP is computed: half the registers
+        tc_bwd_pack(p, x);
+        tc_bwd_stage(sP, p, warp, g, t4);
+        tc_bwd_rows(x, aO + so, nV);  // dP = dO V^T
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {  // dS = P (dP - delta)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float2 pv = tc_unpack(p[kk][e]);
+                const float dl = (e & 1) ? rb.y : ra.y;
+                float* d = x[2 * kk + (e >> 1)] + 2 * (e & 1);
+                d[0] = pv.x * (d[0] - dl);
+                d[1] = pv.y * (d[1] - dl);
+            }
+        }
+        tc_bwd_pack(f, x);
+        tc_bwd_stage(sS, f, warp, g, t4);
+#pragma unroll 1
+        for (int c0 = 0; c0 < HEAD_D; c0 += DQ_CHUNK) {  // dQ += dS K, a column chunk at a time
+            float c[DQ_CHUNK / 8][4];
+            tc_bwd_dq_chunk<DQ_CHUNK>(c, f, tK, c0);
+            tc_bwd_dq_add<DQ_CHUNK>(dq, c, c0, row0, T, g, t4);
+        }
+        __syncthreads();  // P and dS staged by every warp
+        tc_bwd_cols(dv, nP, tO + so);  // dV += P^T dO
+        tc_bwd_cols(dk, nS, tQ + so);  // dK += dS^T Q
+    }
+    TcLoad::drain();
+
+    const int key0 = kt * BN + warp * 16;
+    tc_bwd_store_cols(dKg + w.base, dk, scale, key0, T, g, t4);
+    tc_bwd_store_cols(dVg + w.base, dv, 1.f, key0, T, g, t4);
+}
+
+extern "C" __global__ void __launch_bounds__(BWD_PREP_THREADS)
+fast_tc_bwd_dq(const float* __restrict__ dQacc, u16* __restrict__ dQg, float scale, long long n8) {
+    const long long i = (long long)blockIdx.x * BWD_PREP_THREADS + threadIdx.x;  // 8 elements each
+    if (i >= n8) return;
+    const float4 a = reinterpret_cast<const float4*>(dQacc)[2 * i];
+    const float4 b = reinterpret_cast<const float4*>(dQacc)[2 * i + 1];
+    reinterpret_cast<uint4*>(dQg)[i] = make_uint4(tc_pack(a.x * scale, a.y * scale), tc_pack(a.z * scale, a.w * scale),
+                                                  tc_pack(b.x * scale, b.y * scale), tc_pack(b.z * scale, b.w * scale));
+}

@@ -1,0 +1,57 @@
+// The backward's reads and writes of global memory outside the tile pipeline: the rows' saved
+// statistics, dQ's float32 atomics, dK and dV's stores, and the element loops of the prep and
+// convert kernels.
+//
+// Interface:
+//   tc_unpack(x): the two 16-bit values of a packed register as floats (lo, hi).
+//   tc_bwd_row_stats(ld, row, T): (lse2, delta) of a class row (ld: the row's class base; rows
+//     STRIDE apart), (+inf, 0) past T: P = 0 and dS = 0 on padding rows.
+//   tc_bwd_dq_add<C>(dq, c, c0, row0, T, g, t4): c (a warp's [16][C] chunk of dS K at columns
+//     c0) added to float32 dq (the class base, rows STRIDE * HEAD_D floats apart) at rows
+//     row0 + g and row0 + g + 8 below T, by atomicAdd.
+//   tc_bwd_store_cols(o, acc, scale, row0, T, g, t4): a warp's [16][HEAD_D] accumulators times
+//     scale as 16-bit values into rows row0 + g and + 8 below T (4-byte stores, once per block).
+#pragma once
+#include "tc/common.cuh"
+
+__device__ __forceinline__ float2 tc_unpack(u32 x) {
+#if AB_F16
+    return make_float2(ab_f16_to_f32((u16)(x & 0xffffu)), ab_f16_to_f32((u16)(x >> 16)));
+#else
+    return make_float2(ab_bf16_to_f32((u16)(x & 0xffffu)), ab_bf16_to_f32((u16)(x >> 16)));
+#endif
+}
+
+__device__ __forceinline__ float2 tc_bwd_row_stats(const float2* __restrict__ ld, int row, int T) {
+    return row < T ? ld[(size_t)row * STRIDE] : make_float2(__int_as_float(0x7f800000), 0.f);
+}
+
+template <int C>
+__device__ __forceinline__ void tc_bwd_dq_add(float* __restrict__ dq, const float (&c)[C / 8][4], int c0, int row0,
+                                              int T, int g, int t4) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = row0 + g + 8 * h;
+        if (row < T) {
+            float* p = dq + (size_t)row * (STRIDE * HEAD_D) + c0 + 2 * t4;
+#pragma unroll
+            for (int j = 0; j < C / 8; ++j) {
+                atomicAdd(p + 8 * j, c[j][2 * h]);
+                atomicAdd(p + 8 * j + 1, c[j][2 * h + 1]);
+            }
+        }
+    }
+}
+
+__device__ __forceinline__ void tc_bwd_store_cols(u16* __restrict__ o, const float (&acc)[HEAD_D / 8][4], float scale,
+                                                  int row0, int T, int g, int t4) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = row0 + g + 8 * h;
+        if (row < T) {
+            u32* p = reinterpret_cast<u32*>(o + (size_t)row * (STRIDE * HEAD_D) + 2 * t4);
+#pragma unroll
+            for (int j = 0; j < HEAD_D / 8; ++j) p[4 * j] = tc_pack(acc[j][2 * h] * scale, acc[j][2 * h + 1] * scale);
+        }
+    }
+}

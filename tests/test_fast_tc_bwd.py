@@ -1,0 +1,357 @@
+"""fast-tc's backward (kernels/fast_tc_bwd.cu, attnbench/fast_tc_bwd.py): compiles for sm_80 / sm_90
+without spills and refuses bad input before any launch (CPU); on the GPU, dQ, dK and dV against the
+float64 reference for every llm pattern and more, the forward's log-sum-exp, fwd+bwd, and training
+through attnbench.attention against SDPA.
+
+GPU: python3 -m pytest -q -m gpu tests/test_fast_tc_bwd.py (about 2 minutes on an H100, most of it
+compiling)."""
+import numpy as np
+import pytest
+
+from attnbench.compile import compile_only, source
+from attnbench.configs import LLM
+from attnbench.fast_tc import IMPL, SYNC_IMPL, choose_config, kernel_defines
+from attnbench.fast_tc_bwd import BWD_SHAPES, bwd_defines, standard_builds
+from attnbench.impls import Problem, get_impl
+from attnbench.patterns import PATTERNS, BadInput, make_mask
+
+DTYPES = ("bfloat16", "float16")
+DIMS = (64, 128)
+BWD_KERNELS = ["fast_tc_bwd", "fast_tc_bwd_dq", "fast_tc_bwd_prep"]
+
+
+# ---- CPU: NVRTC ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("D", DIMS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("pattern,T,causal,params", [
+    ("dense", 4096, True, {}), ("streaming", 4096, True, dict(sink=16, window=64)),
+    ("dilated", 4096, True, dict(window=512, dilation=2)), ("bigbird", 4096, True, {}),
+    ("document", 4096, False, {}), ("custom", 4096, True, {}), ("window", 1000, False, dict(window=100)),
+])
+def test_backward_compiles_without_spills(arch, D, dtype, pattern, T, causal, params):
+    mask = make_mask(pattern, T, causal, **params)
+    reports = compile_only("fast_tc_bwd", bwd_defines(D, dtype, mask), arch)
+    assert sorted(r.kernel for r in reports) == BWD_KERNELS
+    for r in reports:
+        assert r.arch == arch and 0 < r.registers <= 255
+        assert (r.spill_stores, r.spill_loads, r.stack) == (0, 0, 0), r
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_the_forward_with_lse_is_an_entry_of_its_own(arch):
+    """FWD_LSE 1 builds fast_tc_fwd_lse alone; the plain build keeps fast_tc_fwd alone."""
+    mask = make_mask("streaming", 4096, True, sink=16, window=64)
+    for D in DIMS:
+        d = kernel_defines(D, "bfloat16", mask, choose_config(mask, D, wgmma=arch == "sm_90a"))
+        (plain,) = compile_only("fast_tc", d, arch)
+        (lse,) = compile_only("fast_tc", {**d, "FWD_LSE": 1}, arch)
+        assert (plain.kernel, lse.kernel) == ("fast_tc_fwd", "fast_tc_fwd_lse")
+        assert (lse.spill_stores, lse.spill_loads, lse.stack) == (0, 0, 0), lse
+
+
+def test_standard_builds_hold_the_backward_of_every_llm_instance():
+    builds = standard_builds()
+    bwd = [d for n, d in builds if n == "fast_tc_bwd"]
+    fwd = [d for n, d in builds if n == "fast_tc"]
+    assert {d["HEAD_D"] for d in bwd} == set(DIMS) and {d["AB_F16"] for d in bwd} == {0, 1}
+    assert all(d.get("FWD_LSE") == 1 for d in fwd) and {d.get("WG", 0) for d in fwd} == {0, 1}
+    for inst in LLM.instances:
+        for D in DIMS:
+            assert bwd_defines(D, "bfloat16", inst.mask(LLM.build_T)) in bwd
+    from attnbench import compile as kc
+
+    every = kc.standard_builds()
+    assert all(b in every for b in builds)  # attnbench compile and tests/test_compile.py build them
+
+
+def test_defines_run_strided_patterns_on_their_residue_classes():
+    m = make_mask("dilated", 1000, True, window=64, dilation=3)
+    d = bwd_defines(128, "float16", m)
+    assert (d["AB_PATTERN_T"], d["AB_PATTERN_ARGS"], d["STRIDE"], d["AB_F16"]) == ("ab_window", "1,64", 3, 1)
+    cfg = BWD_SHAPES[128][0]
+    assert (d["BN"], d["NWARPS"], d["QREG"], d["MT"]) == (cfg.BN, cfg.NWARPS, 0, 1) and cfg.BM == cfg.BN
+    # the backward's source composes fast_tc's parts with its own
+    src = source("fast_tc_bwd", d)
+    assert "struct TcTileList" in src and "tc_bwd_cols" in src and src.count("struct TcTileList") == 1
+
+
+# ---- CPU: refusals before any launch ------------------------------------------------------------
+@pytest.fixture
+def no_device_check(monkeypatch):
+    """Pretend a device is there, so a refusal comes from the input, not from the machine."""
+    from attnbench.impls import Impl
+
+    monkeypatch.setattr(Impl, "availability", lambda self: None)
+
+
+def test_passes_dtypes_and_the_output_gradient_are_checked_by_name(no_device_check):
+    mask = make_mask("window", 256, True)
+    for impl in (IMPL, SYNC_IMPL):
+        assert impl.passes == ("fwd", "bwd", "fwd+bwd")
+        for p in ("bwd", "fwd+bwd"):
+            assert impl.unsupported(Problem(mask, 1, 2, 64, "bfloat16", pass_name=p)) is None
+            why = impl.unsupported(Problem(mask, 1, 2, 64, "float32", pass_name=p))
+            assert "dtype=float32" in why
+            with pytest.raises(BadInput, match="do="):  # before any array is looked at
+                impl.prepare(Problem(mask, 1, 2, 64, "bfloat16", pass_name=p), None, None, None)
+    for name in ("naive", "fast-f32"):
+        with pytest.raises(BadInput, match=f"pass=bwd is not supported by {name}"):
+            get_impl(name).require(Problem(mask, 1, 1, 64, "float32", pass_name="bwd"))
+
+
+def test_the_low_level_api_refuses_host_arrays_and_float32_by_name():
+    from attnbench.fast_tc_bwd import backward, forward_lse
+
+    mask = make_mask("dense", 64)
+    host = np.zeros((1, 1, 64, 64), np.float32)
+    with pytest.raises(BadInput, match="q is a numpy array"):
+        forward_lse(mask, host, host, host)
+    with pytest.raises(BadInput, match="q is a numpy array"):
+        backward(mask, host, host, host, host, host, host)
+
+
+def test_attention_with_grad_refuses_impls_without_a_backward():
+    from attnbench import _attention_with_grad
+
+    with pytest.raises(BadInput, match="impl='naive' computes no backward"):
+        _attention_with_grad(None, None, None, "dense", "naive", True, None)
+
+
+# ---- GPU: gradients against the float64 reference ---------------------------------------------
+def _fit_T(pattern: str, params: dict, T: int) -> int:
+    """T, or the next size its block parameter divides (block_diagonal 16: 1008, not a multiple of
+    the 64-row tiles; 64- and 128-key blocks: multiples of them)."""
+    block = params.get("block") if pattern in ("block_diagonal", "bigbird") else None
+    return T if not block else -(-T // block) * block
+
+
+def _cases():
+    """Every llm instance, then document, prefix_lm, custom and non-causal / unequal-class cases;
+    each at two of the four (D, dtype) pairs, odd T, B=2, H=3, alternating fast-tc and fast-tc-sync."""
+    insts = [(i.pattern, i.causal, i.param_dict) for i in LLM.instances]
+    # (the pattern's examples at the T of each case: document's first holds lengths that sum to T)
+    insts += [("document", True, 0), ("document", False, 1), ("prefix_lm", False, dict(prefix=256)),
+              ("custom", True, 1), ("window", False, dict(window=100)), ("dilated", False, dict(window=7, dilation=3)),
+              ("streaming", False, dict(sink=4, window=33))]
+    for n, (pattern, causal, given) in enumerate(insts):
+        pairs = ((64, "bfloat16", 1000), (128, "float16", 777)) if n % 2 == 0 else \
+            ((128, "bfloat16", 1000), (64, "float16", 777))
+        for D, dtype, T in pairs:
+            params = PATTERNS[pattern].examples(T)[given] if isinstance(given, int) else given
+            T = _fit_T(pattern, params, T)
+            label = "-".join(f"{k}{v}" for k, v in sorted(params.items()) if v not in ((), None, ""))[:40]
+            yield pytest.param(pattern, causal, params, D, dtype, T, n % 2,
+                               id=f"{pattern}-{label}-{'c' if causal else 'nc'}-D{D}-{dtype}-T{T}")
+
+
+def _inputs(prob: Problem, seed: int):
+    from attnbench.arrays import random_inputs
+
+    q, k, v = random_inputs(prob.shape, prob.dtype, seed)
+    do = random_inputs(prob.shape, prob.dtype, seed + 1000)[0]
+    return q, k, v, do
+
+
+def _check_grads(prob: Problem, grads, q, k, v, do, out=None):
+    from attnbench.arrays import to_float32
+    from attnbench.reference import reference_backward, reference_forward, rel_error
+
+    ref = reference_backward(q, k, v, do, prob.mask, prob.dtype, prob.softmax_scale)
+    errs = {}
+    for name, got, want in zip(("dq", "dk", "dv"), grads, ref[:3]):
+        assert tuple(got.shape) == prob.shape, name
+        errs[name] = rel_error(to_float32(got, prob.dtype), want)
+    if out is not None:
+        errs["o"] = rel_error(to_float32(out, prob.dtype), reference_forward(q, k, v, prob.mask, prob.dtype,
+                                                                             prob.softmax_scale)[0])
+    bad = {n: e for n, e in errs.items() if not e <= prob.tolerance}  # NaN fails too
+    assert not bad, (errs, prob.tolerance)
+    return errs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pattern,causal,params,D,dtype,T,sync", list(_cases()))
+def test_gradients_match_the_reference(pattern, causal, params, D, dtype, T, sync):
+    mask = make_mask(pattern, T, causal, **params)
+    prob = Problem(mask, 2, 3, D, dtype, pass_name="bwd")
+    q, k, v, do = _inputs(prob, seed=T + D)
+    runner = (SYNC_IMPL if sync else IMPL).prepare(prob, q, k, v, do=do)
+    assert runner.out is None and {"tiles_t_build_s", "compile_s"} <= set(runner.setup)
+    runner.poison()
+    runner.run()
+    _check_grads(prob, runner.grads, q, k, v, do)
+    runner.poison()  # a second run writes every gradient again
+    runner.run()
+    _check_grads(prob, runner.grads, q, k, v, do)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", [IMPL, SYNC_IMPL], ids=["fast-tc", "fast-tc-sync"])
+@pytest.mark.parametrize("pattern,params,T", [("dense", {}, 1000), ("streaming", dict(sink=16, window=64), 777),
+                                              ("dilated", dict(window=33, dilation=5), 1000)])
+def test_fwd_plus_bwd_recomputes_the_forward_each_run(impl, pattern, params, T):
+    mask = make_mask(pattern, T, True, **params)
+    for D, dtype in ((64, "float16"), (128, "bfloat16")):
+        prob = Problem(mask, 2, 3, D, dtype, pass_name="fwd+bwd")
+        q, k, v, do = _inputs(prob, seed=5)
+        runner = impl.prepare(prob, q, k, v, do=do)
+        runner.poison()
+        assert runner.out is not None
+        runner.run()
+        _check_grads(prob, runner.grads, q, k, v, do, out=runner.out)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("wgmma", [True, False], ids=["fast-tc", "fast-tc-sync"])
+def test_the_forward_saves_the_rows_log_sum_exp(wgmma):
+    import cupy
+
+    from attnbench.arrays import random_inputs, to_float32
+    from attnbench.fast_tc import forward_lse
+    from attnbench.reference import reference_forward, rel_error
+
+    for pattern, T, causal, params in (("dense", 1000, True, {}), ("streaming", 777, True, dict(sink=16, window=64)),
+                                       ("dilated", 1000, False, dict(window=16, dilation=3)),
+                                       ("bigbird", 1024, True, {})):
+        mask = make_mask(pattern, T, causal, **params)
+        for D, dtype in ((64, "bfloat16"), (128, "float16")):
+            q, k, v = random_inputs((2, 3, T, D), dtype, seed=11)
+            o, lse = forward_lse(mask, q, k, v, dtype=dtype, wgmma=wgmma)
+            ref_o, ref_lse = reference_forward(q, k, v, mask, dtype)
+            assert lse.dtype == cupy.float32 and lse.shape == (2, 3, T)
+            assert rel_error(to_float32(o, dtype), ref_o) <= {"bfloat16": 1e-2, "float16": 5e-3}[dtype]
+            assert float(cupy.abs(lse.astype(cupy.float64) - ref_lse).max()) < 2e-3, (pattern, D, dtype)
+
+
+@pytest.mark.gpu
+def test_the_low_level_api_gives_the_runners_gradients():
+    from attnbench.fast_tc import backward, forward_lse
+
+    mask = make_mask("window", 300, True, window=64)
+    prob = Problem(mask, 1, 2, 64, "bfloat16", scale=0.3)
+    q, k, v, do = _inputs(prob, seed=3)
+    o, lse = forward_lse(mask, q, k, v, 0.3, dtype="bfloat16")
+    grads = backward(mask, q, k, v, o, lse, do, 0.3, dtype="bfloat16")
+    _check_grads(prob, grads, q, k, v, do)
+    with pytest.raises(BadInput, match="lse must be"):
+        backward(mask, q, k, v, o, lse[:, :1], do, 0.3, dtype="bfloat16")
+    with pytest.raises(BadInput, match="do has shape"):
+        backward(mask, q, k, v, o, lse, do[:, :1], 0.3, dtype="bfloat16")
+
+
+# ---- GPU: autograd -----------------------------------------------------------------------------
+def _layer(torch, E: int, H: int, D: int, seed: int):
+    torch.manual_seed(seed)
+    qkv = torch.nn.Linear(E, 3 * H * D, bias=False, device="cuda")
+    out = torch.nn.Linear(H * D, E, bias=False, device="cuda")
+    return torch.nn.ModuleList([qkv, out])
+
+
+def _apply(layer, x, attn, H: int, D: int):
+    import torch
+
+    B, T, _ = x.shape
+    q, k, v = layer[0](x).view(B, T, 3, H, D).permute(2, 0, 3, 1, 4)  # each [B, H, T, D], strided
+    o = attn(*(t.to(torch.bfloat16) for t in (q, k, v))).float()
+    return layer[1](o.transpose(1, 2).reshape(B, T, H * D))
+
+
+@pytest.mark.gpu
+def test_training_through_attention_follows_sdpa():
+    """A projection + attention + projection layer learns a random teacher with SGD, once with
+    attnbench.attention (dense causal, our backward) and once with SDPA, from the same weights: the
+    first gradients agree, both losses fall and the curves agree."""
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F
+
+    import attnbench
+
+    B, T, E, H, D, steps = 4, 256, 64, 2, 64, 300
+    ours = lambda q, k, v: attnbench.attention(q, k, v, pattern="dense", causal=True)  # noqa: E731
+    sdpa = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(B, T, E, device="cuda", generator=g)
+    with torch.no_grad():
+        y = _apply(_layer(torch, E, H, D, seed=1), x, sdpa, H, D) * 4
+    curves, first = {}, {}
+    for name, attn in (("ours", ours), ("sdpa", sdpa)):
+        layer = _layer(torch, E, H, D, seed=2)
+        opt = torch.optim.SGD(layer.parameters(), lr=0.5, momentum=0.9)
+        losses = []
+        for step in range(steps):
+            opt.zero_grad()
+            loss = F.mse_loss(_apply(layer, x, attn, H, D), y) / y.var()
+            loss.backward()
+            if step == 0:
+                first[name] = layer[0].weight.grad.detach().clone()
+            opt.step()
+            losses.append(loss.item())
+        curves[name] = np.array(losses)
+    a, b = first["ours"], first["sdpa"]
+    assert float((a - b).norm() / b.norm()) < 2e-2  # the q, k, v projections' gradient: our backward
+    for c in curves.values():
+        assert np.isfinite(c).all() and c[-10:].mean() < 0.8 * c[0], c[::30]
+    gap = np.abs(curves["ours"] - curves["sdpa"]) / curves["sdpa"]
+    assert gap.max() < 0.05, (gap.max(), curves["ours"][::30], curves["sdpa"][::30])
+
+
+@pytest.mark.gpu
+def test_attention_returns_a_tensor_in_the_graph_only_when_asked():
+    torch = pytest.importorskip("torch")
+
+    import attnbench
+
+    q, k, v = (torch.randn(1, 2, 100, 64, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(3))
+    out = attnbench.attention(q, k, v, pattern="window", window=16)
+    assert out.requires_grad and out.grad_fn is not None and out.dtype == torch.float16
+    out.float().square().sum().backward()
+    assert all(t.grad is not None and t.grad.shape == t.shape and torch.isfinite(t.grad).all() for t in (q, k, v))
+    with torch.no_grad():
+        plain = attnbench.attention(q, k, v, pattern="window", impl="fast-tc", window=16)
+    assert plain.grad_fn is None and float((plain - out.detach()).abs().max()) < 1e-2
+    with pytest.raises(BadInput, match="dtype=torch.float32"):
+        attnbench.attention(*(t.float() for t in (q, k, v)), pattern="window", window=16)
+
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,causal,D", [(64, False, 64), (128, True, 64), (1000, True, 128)])
+def test_the_backward_stage_by_stage(T, causal, D):
+    """Each stage against the reference on its own, so that a failure says which one is wrong: the
+    forward's output and log-sum-exp, the prep's (lse log2 e, delta), then dV (P alone), dK, dQ."""
+    import cupy
+
+    from attnbench import fast_tc_bwd as fb
+    from attnbench.arrays import to_float32
+    from attnbench.reference import reference_backward, reference_forward, rel_error
+
+    dtype = "bfloat16"
+    mask = make_mask("dense", T, causal)
+    prob = Problem(mask, 1, 2, D, dtype, pass_name="bwd")
+    q, k, v, do = _inputs(prob, seed=5)
+    ref_o, _ = reference_forward(q, k, v, mask, dtype)
+    rdq, rdk, rdv, rlse, rdelta = reference_backward(q, k, v, do, mask, dtype)
+    errs = {}
+    for wgmma in (False, True):
+        o, lse = fb.forward_lse(mask, q, k, v, dtype=dtype, wgmma=wgmma)
+        errs[f"o{int(wgmma)}"] = rel_error(to_float32(o, dtype), ref_o)
+        errs[f"lse{int(wgmma)}"] = float(cupy.abs(lse.astype(cupy.float64) - rlse).max())
+    bw = fb.Backward(prob)
+    grads = tuple(cupy.full(prob.shape, 0x7FC0, dtype=q.dtype) for _ in range(3))
+    ld, acc = bw.scratch()
+    prep, main, conv = bw.launches(q, k, v, o, lse, do, *grads, ld, acc)
+    prep()
+    errs["ld.lse2"] = float(cupy.abs(ld[..., 0].astype(cupy.float64) - rlse * 1.4426950408889634).max())
+    delta16 = (to_float32(do, dtype).astype(cupy.float64) * to_float32(o, dtype)).sum(-1)
+    errs["ld.delta"] = float(cupy.abs(ld[..., 1] - delta16).max())
+    errs["acc zeroed"] = float(cupy.abs(acc).max())
+    main()
+    conv()
+    for name, got, want in zip(("dq", "dk", "dv"), grads, (rdq, rdk, rdv)):
+        errs[name] = rel_error(to_float32(got, dtype), want)
+        g = to_float32(got, dtype).astype(cupy.float64)
+        errs[name + " norm ratio"] = float(cupy.linalg.norm(g) / cupy.linalg.norm(want)) if cupy.isfinite(g).all() else -1
+    bad = [n for n in ("o0", "o1", "dq", "dk", "dv") if not errs[n] <= 1e-2]
+    bad += [n for n in ("lse0", "lse1", "ld.lse2", "ld.delta", "acc zeroed") if not errs[n] <= 2e-2]
+    assert not bad, (bad, errs)
