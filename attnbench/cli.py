@@ -210,8 +210,10 @@ def list_cmd():
                    f"{im.shapes_taken()}: {state}")
         click.echo(f"  {'':<15} {im.description}")
     click.echo("passes: fwd (forward), bwd (backward, given the forward's output and log-sum-exp), fwd+bwd "
-               "(training step); fast-tc and fast-tc-sync compute all three (their backward on mma.sync on "
-               "every GPU), the float32 family (naive, fast-f32) stays forward-only")
+               "(training step), each implementation's above; fast-tc and fast-tc-sync compute all three (their "
+               "backward on mma.sync on every GPU), the peers too (the torch peers through autograd), the float32 "
+               "family (naive, fast-f32) stays forward-only, and serving shapes (H_kv < H, Tq < Tk, ragged "
+               "batches) are forward-only")
 
 
 def case_options(impl: str, T: int, H: int, D: int, dtype: str):
@@ -241,8 +243,9 @@ def case_options(impl: str, T: int, H: int, D: int, dtype: str):
 @serving_options()
 @friendly
 def run_cmd(pattern, T, B, H, D, dtype, impl, max_t, max_keys, causal, pass_name, **kw):
-    """Run dense and a pattern once each, check both, print time, TFLOP/s, error and speedup."""
-    from .check import judge, problem_inputs
+    """Run dense and a pattern once each, check both, print time, TFLOP/s, error and speedup
+    (a backward pass: its gradients checked, the pass timed)."""
+    from .check import grad_inputs, judge, problem_inputs
     from .impls import get_impl
 
     serving = serving_given(kw)
@@ -255,13 +258,15 @@ def run_cmd(pattern, T, B, H, D, dtype, impl, max_t, max_keys, causal, pass_name
     for prob in probs:  # refuse before any launch
         im.require(prob)
     q, k, v = problem_inputs(probs[0], seed=1234)
-    click.echo(f"{im.name}: B={B} H={H} T={T} D={D} {dtype} {'causal' if causal else 'non-causal'}")
+    grad = grad_inputs(probs[0], seed=1234)  # a backward pass: the output gradient do
+    click.echo(f"{im.name}: B={B} H={H} T={T} D={D} {dtype} {'causal' if causal else 'non-causal'}"
+               + ("" if pass_name == "fwd" else f", pass {pass_name}"))
     from .timing import EventTimer
 
     runners, results = {}, []
     for prob in probs:
-        runner = im.prepare(prob, q, k, v)
-        res = judge(im, prob, runner, q, k, v)
+        runner = im.prepare(prob, q, k, v, **grad)
+        res = judge(im, prob, runner, q, k, v, **grad)
         results.append(res)
         if res.ok:
             runners[prob.mask.label()] = runner.run
@@ -321,8 +326,9 @@ def check_cmd(impls, patterns, Ts, D, B, H, causal, pass_name, **kw):
                 raise BadInput(f"{opt}={v} must be a positive integer")
     for T in Ts:  # the masks' own limits too, before any implementation is asked whether it can run here
         make_mask("dense", T)
-    # the serving options against the longest T (a shorter T that Tq or a cache length exceeds: skipped)
-    serving_problem(make_mask("dense", max(Ts or (4096,))), B, H, D, "float32", serving)
+    # the serving options against the longest T (a shorter T that Tq or a cache length exceeds: skipped),
+    # and with the pass (serving shapes are forward-only)
+    serving_problem(make_mask("dense", max(Ts or (4096,))), B, H, D, "float32", serving, pass_name=pass_name)
     for name in given:
         if not any(name in PATTERNS[p].defaults() for p in patterns):
             raise BadInput(f"{all_params()[name][0][1].flag}: none of the patterns checked takes it "

@@ -63,6 +63,12 @@ class Problem:
                            f"above max_keys={self.max_keys}")
         if self.pass_name not in PASSES:
             raise BadInput(f"pass={self.pass_name!r} is not one of {', '.join(PASSES)}")
+        if self.pass_name != "fwd" and (self.kv_heads != self.H or not self.prefill):
+            shape = "; ".join(w for w, on in ((f"H_kv={self.kv_heads} < H={self.H}", self.kv_heads != self.H),
+                                               (f"Tq={self.q_len} < Tk={self.T}", self.q_len != self.T),
+                                               ("a ragged batch (cache_lens)", self.cache_lens is not None)) if on)
+            raise BadInput(f"pass={self.pass_name} takes prefill shapes only (H_kv = H, Tq = Tk, no cache_lens): "
+                           f"serving shapes are forward-only, and this one has {shape}")
 
     def _check_serving(self) -> None:
         H_kv, Tq, lens = self.kv_heads, self.q_len, self.cache_lens

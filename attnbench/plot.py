@@ -1,6 +1,7 @@
 """Figures from a results CSV (matplotlib's Agg backend: no display, no GPU needed).
 
-For every (dtype, D, B, H) group of ``ok`` rows, PNGs named ``<csv stem>_<group>_<kind>.png``.
+For every (dtype, D, B, H) group of ``ok`` rows (and pass, where the CSV holds backward rows),
+PNGs named ``<csv stem>_<group>_<kind>.png``.
 Four kinds are small multiples (a panel per pattern instance, a line per implementation, one colour
 each; attnbench's solid, peers dashed and marked "(peer)"; legend in family order, attnbench first):
   * ``runtime``: median ms vs T, log-log;
@@ -30,14 +31,17 @@ GROUP = ["dtype", "D", "B", "H"]
 SAME_CONFIG = ["impl", "T", "B", "H", "D", "dtype", "causal"]
 HEADLINE = "best-attnbench-vs-dense"
 KINDS = ("runtime", "speedup-over-dense", "tflops", "share-of-floor", HEADLINE)
-# a CSV of more than one pass (fwd, bwd, fwd+bwd) groups by pass too: figures and tables per pass,
-# named with the pass (``..._H16_fwd-bwd_runtime.png``); a CSV of one pass as before
+# a CSV with backward rows (bwd, fwd+bwd) groups by pass too: figures and tables per pass, named
+# with the pass (``..._H16_fwd-bwd_runtime.png``), so no line or table mixes passes; a CSV of forward
+# rows alone as before
 PASS_TAG = "pass_tag"
+# useful FLOPs per pass (SPEC section 3), for the titles
+FLOPS_OF = {"fwd": "4*D*pairs*B*H", "bwd": "10*D*pairs*B*H", "fwd+bwd": "14*D*pairs*B*H"}
 
 
 def with_pass_tag(df):
-    """``df`` with a PASS_TAG column (the pass, file-name safe) when it holds more than one pass."""
-    if "pass" not in df or df["pass"].nunique() <= 1:
+    """``df`` with a PASS_TAG column (the pass, file-name safe) when it holds a pass other than fwd."""
+    if "pass" not in df or set(df["pass"].astype(str)) <= {"fwd"}:
         return df
     return df.assign(**{PASS_TAG: df["pass"].map(lambda p: str(p).replace("+", "-"))})
 
@@ -196,7 +200,9 @@ def group_figures(df) -> dict[str, "plt.Figure"]:
         sp, "speedup", "dense ms / pattern ms (x)",
         "Speedup over dense = dense time / pattern time, each implementation against its own dense "
         "(same T, causal flag) vs T", ref=1.0)
-    figs["tflops"] = _panels(ok, "tflops", "useful TFLOP/s", "Useful TFLOP/s (4*D*pairs*B*H / median) vs T")
+    passes = sorted(set(ok["pass"].astype(str))) if "pass" in ok else ["fwd"]
+    flops = FLOPS_OF.get(passes[0], "useful FLOPs") if len(passes) == 1 else "useful FLOPs"
+    figs["tflops"] = _panels(ok, "tflops", "useful TFLOP/s", f"Useful TFLOP/s ({flops} / median) vs T")
     figs["share-of-floor"] = _panels(
         ok.assign(roofline_pct=100 * ok["roofline"]), "roofline_pct", "share of the floor (%)",
         "Share of the floor = floor time / measured time vs T\n(floor: max of FLOPs / matmul peak, "

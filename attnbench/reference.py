@@ -95,6 +95,14 @@ def reference_backward(q, k, v, do, mask: Mask, dtype: str = "float32", scale: f
     dS = P * (dP - delta), dQ = scale dS K, dK = scale dS^T Q. The forward runs first (its
     output and log-sum-exp), then the same blocks of rows again, each block adding to dK and dV
     of the keys it sees only."""
+    g = reference_gradients(q, k, v, do, mask, dtype, scale, chunk_bytes, tile)
+    return g["dq"], g["dk"], g["dv"], g["lse"], g["delta"]
+
+
+def reference_gradients(q, k, v, do, mask: Mask, dtype: str = "float32", scale: float | None = None,
+                        chunk_bytes: int = 1 << 28, tile: int = 128) -> dict:
+    """``reference_backward`` with the forward's output kept: a dict of float64 arrays ``out``, ``dq``,
+    ``dk``, ``dv``, ``lse`` and ``delta`` (what a training step's gate compares: the output too)."""
     xp = _xp(q)
     B, H, T, D = q.shape
     s = _check(mask, T, D, scale)
@@ -113,7 +121,7 @@ def reference_backward(q, k, v, do, mask: Mask, dtype: str = "float32", scale: f
         kidx = slice(int(keys[0]), int(keys[-1]) + 1) if _one_range(keys) else xp.asarray(keys)
         dk[:, :, kidx] += xp.matmul(ds.swapaxes(-1, -2), qr) * s
         dv[:, :, kidx] += xp.matmul(p.swapaxes(-1, -2), dor)
-    return dq, dk, dv, lse, delta
+    return {"out": out, "dq": dq, "dk": dk, "dv": dv, "lse": lse, "delta": delta}
 
 
 def _check(mask: Mask, T: int, D: int, scale: float | None) -> float:
@@ -188,10 +196,10 @@ def _blocks(mask: Mask, q64, k64, v64, chunk_bytes: int, tile: int):
                              f"the closed form counts {mask.pairs}: the tile list misses some")
 
 
-def rel_error(out, ref) -> float:
-    """||out - ref|| / ||ref||, NaN when out holds NaN or Inf."""
+def rel_error(out, ref, norm: float | None = None) -> float:
+    """||out - ref|| / ||ref|| (or over ``norm`` where given), NaN when out holds NaN or Inf."""
     xp = _xp(ref)
     o = xp.asarray(out, dtype=xp.float64)
     if not bool(xp.isfinite(o).all()):
         return float("nan")
-    return float(xp.linalg.norm(o - ref) / xp.linalg.norm(ref))
+    return float(xp.linalg.norm(o - ref) / (xp.linalg.norm(ref) if norm is None else norm))

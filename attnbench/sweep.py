@@ -20,7 +20,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Callable
 
-from .check import judge, problem_inputs, reference_of
+from .check import grad_inputs, judge, problem_inputs, reference_of
 from .configs import Instance, get_config
 from .errors import BadInput
 from .impls import DTYPES, PASSES, Impl, Problem, all_impls, get_impl
@@ -363,20 +363,22 @@ def run_case(case: Case, impls: list[Impl], ctx: Context, done: Callable[[dict],
     runners = {}
     if candidates:
         try:
-            q, k, v = problem_inputs(prob, case_seed(case, ctx.seed), ctx.inputs)
+            seed = case_seed(case, ctx.seed)
+            q, k, v = problem_inputs(prob, seed, ctx.inputs)
+            grad = grad_inputs(prob, seed, ctx.inputs)  # a backward pass: the output gradient do
         except Exception as e:  # noqa: BLE001 - e.g. out of memory for the inputs
             for impl in candidates:
                 out[impl.name] = _finish(rows[impl.name], "failed", f"inputs: {_reason(e)}")
             candidates = []
-        ref = None  # one float64 reference per configuration, for every implementation
+        ref = None  # one float64 reference per configuration (a backward's: its gradients), for every implementation
         for impl in candidates:
             row = rows[impl.name]
             try:
-                runner = impl.prepare(prob, q, k, v)
+                runner = impl.prepare(prob, q, k, v, **grad)
                 _setup_cols(row, getattr(runner, "setup", None))
                 if ref is None:
-                    ref = reference_of(prob, q, k, v)
-                g = judge(impl, prob, runner, q, k, v, ref)
+                    ref = reference_of(prob, q, k, v, **grad)
+                g = judge(impl, prob, runner, q, k, v, ref, **grad)
             except BadInput as e:
                 out[impl.name] = _finish(row, "skipped", _one_line(e))
                 continue

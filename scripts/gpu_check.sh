@@ -26,6 +26,10 @@
 #       earlier commit (e.g. `git archive C | tar -x -C old`, carried beside the tree) and AB_OLD_COMMIT
 #       its commit; AB_ROUNDS (default 3) rounds of `attnbench sweep --config llm $AB_ARGS` each way,
 #       every row in ab.csv with the git_commit of the tree that ran it
+#   traincheck: `attnbench check --pass bwd` (the gradient gate) on every implementation that runs here,
+#           small cases (TRAINCHECK_ARGS replaces them)
+#   train: `attnbench sweep --config training` (fwd, bwd, fwd+bwd) for fast-tc and the peers, 10 samples,
+#          T=32768 (TRAIN_ARGS replaces that, e.g. "--T 4096 --D 64"), rows in train.csv
 #
 # GPU_TESTS (optional) narrows the tests step to given files or -k expressions (the whole GPU suite
 # takes about 6 minutes on a warm H100, more on a fresh machine: split it over calls under a
@@ -134,6 +138,12 @@ w = sys.argv[1]
 pd.concat([pd.read_csv(f) for f in sorted(glob.glob(f"{w}/ab/*_*.csv"))]).to_csv(f"{w}/ab.csv", index=False)
 PY
            ;;
+    traincheck) # the gradient gate of every peer that runs here, bfloat16, D=64 (TRAINCHECK_ARGS overrides)
+           step traincheck attnbench check --pass bwd ${TRAINCHECK_ARGS:---T 7 --T 1000 --H 2 --pattern dense --pattern window --pattern streaming --pattern block_diagonal} ;;
+    train) # the training configuration's passes (TRAIN_ARGS narrows it, default T=32768), rows in
+           # OUT_DIR/train.csv as they come
+           step train attnbench sweep --config training --impl fast-tc --impl flex --impl sdpa-flash --impl sdpa-cudnn \
+               --impl sdpa-efficient --impl cublas --samples 10 ${TRAIN_ARGS:---T 32768} --resume --out "$out/train.csv" ;;
     *) say "unknown step $s"; status=1 ;;
     esac
 done

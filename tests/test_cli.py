@@ -32,6 +32,15 @@ def test_list_shows_patterns_and_implementations():
     (["run", "--dtype", "bfloat16"], ["dtype=bfloat16", "naive"]),
     (["run", "--impl", "nope"], ["'--impl': 'nope' is not one of", "'naive'"]),
     (["run", "--D", "0"], ["D=0"]),
+    # the backward passes: a dtype or a pass the implementation does not compute, a serving shape
+    (["run", "--pass", "bwd", "--impl", "sdpa-flash", "--dtype", "float32", "--D", "64"],
+     ["dtype=float32 is not supported by sdpa-flash"]),
+    (["run", "--pass", "bwd", "--impl", "fast-f32", "--dtype", "float32", "--D", "64"],
+     ["pass=bwd is not supported by fast-f32 (supports: fwd)"]),
+    (["run", "--pass", "fwd+bwd", "--impl", "cublas", "--dtype", "bfloat16", "--D", "64", "--H", "4", "--H-kv", "2"],
+     ["pass=fwd+bwd takes prefill shapes only", "H_kv=2 < H=4", "forward-only"]),
+    (["check", "--pass", "bwd", "--impl", "cublas", "--H", "4", "--Tq", "1"],
+     ["pass=bwd takes prefill shapes only", "Tq=1 < Tk=4096"]),
 ])
 def test_bad_input_is_refused_by_name_before_any_launch(args, words, no_launch, monkeypatch):
     # pretend a device is there, so refusal comes from the input, not the machine

@@ -1,6 +1,6 @@
 """The pass axis (fwd, bwd, fwd+bwd): FLOPs and bytes per SPEC section 3, implementations that say
-which passes they compute (the tensor-core family all three, the others the forward only), --pass on the commands, the pass column and
-older CSVs without it, plots and tables per pass."""
+which passes they compute (the tensor-core family and the peers all three, the others the forward
+only), --pass on the commands, the pass column and older CSVs without it, plots and tables per pass."""
 import csv
 import shutil
 import sys
@@ -47,7 +47,9 @@ def test_an_unknown_pass_is_refused():
         Problem(make_mask("dense", 8), 1, 1, 16, "float32", pass_name="backward")
 
 
-BACKWARD_IMPLS = {"fast-tc", "fast-tc-sync"}  # the tensor-core family (attnbench/fast_tc_bwd.py)
+# the tensor-core family (attnbench/fast_tc_bwd.py) and the peers (attnbench/peers.py); the float32
+# family (naive, fast-f32) and fast-decode stay forward-only
+BACKWARD_IMPLS = {"fast-tc", "fast-tc-sync", "cublas", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flex"}
 
 
 @pytest.mark.parametrize("pass_name", ["bwd", "fwd+bwd"])
@@ -59,7 +61,7 @@ def test_implementations_without_a_backward_say_so(pass_name):
         assert impl.passes == ("fwd",)
         prob = Problem(make_mask("dense", 64), 1, 1, 64, impl.dtypes[0], pass_name=pass_name)
         why = impl.unsupported(prob)
-        assert why == f"pass={pass_name} is not supported by {impl.name} (supports: fwd)"
+        assert why == f"pass={pass_name} is not supported by {impl.name} (supports: {', '.join(impl.passes)})"
         with pytest.raises(BadInput, match=f"not supported by {impl.name}"):
             impl.require(prob)  # the input first: refused on a machine without a GPU too
 
@@ -160,9 +162,82 @@ def test_pass_on_the_commands(tmp_path):
         assert "--pass" in CliRunner().invoke(main, [cmd, "--help"]).output
 
 
-def test_the_gate_passes_no_backward_unchecked():
+def test_the_gate_of_a_backward_needs_the_output_gradient():
     from attnbench.check import judge
 
     prob = Problem(make_mask("dense", 8), 1, 1, 16, "float32", pass_name="bwd")
-    g = judge(FakeImpl("a"), prob, None, None, None, None)
-    assert not g.ok and "no gate for pass=bwd" in g.reason
+    with pytest.raises(ValueError, match="needs do"):
+        judge(FakeImpl("a"), prob, None, None, None, None)
+
+
+# -- a CSV of the training configuration's three passes (tests/data/train.csv) ---------------------------
+TRAIN = Path(__file__).parent / "data" / "train.csv"
+TAGS = {"fwd": "fwd", "bwd": "bwd", "fwd+bwd": "fwd-bwd"}
+
+
+def test_the_training_csv_holds_every_pass_with_its_flops_and_floor():
+    df = read_results(TRAIN)
+    assert set(df["pass"]) == set(PASSES)
+    for _, r in df[df["status"] == "ok"].iterrows():
+        B, H, T, D = r["B"], r["H"], r["T"], r["D"]
+        mult = {"fwd": 4, "bwd": 10, "fwd+bwd": 14}[r["pass"]]
+        assert r["flops"] == mult * D * r["pairs"] * B * H
+        fwd_bytes, bwd_bytes = 4 * B * H * T * D * 4, 8 * B * H * T * D * 4 + 4 * B * H * T
+        assert r["bytes_floor"] == {"fwd": fwd_bytes, "bwd": bwd_bytes, "fwd+bwd": fwd_bytes + bwd_bytes}[r["pass"]]
+        assert r["floor_ms"] == pytest.approx(max(r["flops"] / (r["peak_tflops"] * 1e12),
+                                                  r["bytes_floor"] / (r["peak_tbps"] * 1e12)) * 1e3)
+    skipped = df[df["impl"] == "fake-fwd-only"]
+    assert set(skipped[skipped["status"] == "skipped"]["pass"]) == {"bwd", "fwd+bwd"}
+
+
+def test_plots_of_the_training_csv_come_per_pass_and_never_mix_passes(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from attnbench.plot import KINDS, group_figures, with_pass_tag
+
+    names = {x.name for x in plot_csv(TRAIN, tmp_path)}
+    assert names == {f"train_float32_D16_B1_H2_{tag}_{kind}.png" for tag in TAGS.values() for kind in KINDS}
+    df = with_pass_tag(read_results(TRAIN))
+    for p in PASSES:
+        g = df[df["pass"] == p]
+        figs = group_figures(g)
+        try:
+            flops = {"fwd": "4*D*pairs*B*H", "bwd": "10*D*pairs*B*H", "fwd+bwd": "14*D*pairs*B*H"}[p]
+            assert f"Useful TFLOP/s ({flops} / median)" in figs["tflops"]._suptitle.get_text()
+            assert f"pass {p}" in figs["runtime"]._suptitle.get_text()
+            ax = next(a for a in figs["runtime"].axes if a.get_visible() and a.get_title() == "dense")
+            line = next(x for x in ax.get_lines() if x.get_label() == "fake-exact")
+            rows = g[(g["impl"] == "fake-exact") & (g["pattern"] == "dense")].sort_values("T")
+            assert list(line.get_ydata()) == list(rows["median_ms"])  # this pass's points alone
+        finally:
+            for f in figs.values():
+                plt.close(f)
+
+
+def test_tables_of_the_training_csv_come_per_pass(tmp_path):
+    full = render([str(TRAIN)], base=tmp_path)
+    titles = [x for x in full.splitlines() if x.startswith("### ")]
+    assert titles == [f"### training, pass {p}: `{TRAIN.as_posix()}`" for p in PASSES]
+    bwd = full[full.index("### training, pass bwd"):full.index("### training, pass fwd+bwd")]
+    assert "train_float32_D16_B1_H2_bwd_runtime.png" in bwd and "_fwd-bwd_" not in bwd
+    assert "- fake-fwd-only: skipped at T=32, 64: pass=bwd is not supported by fake-fwd-only (supports: fwd)" in bwd
+    df = read_results(TRAIN)
+    r = df[(df["pass"] == "bwd") & (df["impl"] == "fake-exact") & (df["pattern"] == "dense") & (df["T"] == 64)].iloc[0]
+    assert f"| 64 | {r['median_ms']:.4g} | {r['tflops']:.3g} |" in bwd
+    head = render_headline([str(TRAIN)], base=tmp_path)
+    for p in PASSES:
+        assert f"**training, pass {p}: float32, B=1 H=2 D=16, T=64**" in head
+        assert f"train_float32_D16_B1_H2_{TAGS[p]}_best-attnbench-vs-dense.png" in head
+
+
+def test_a_csv_of_backward_rows_alone_is_still_named_by_its_pass(tmp_path):
+    df = pd.read_csv(TRAIN, keep_default_na=False, dtype=str)
+    p = tmp_path / "bwd.csv"
+    df[df["pass"] == "bwd"].to_csv(p, index=False)
+    names = {x.name for x in plot_csv(p, tmp_path)}
+    assert names and all(n.startswith("bwd_float32_D16_B1_H2_bwd_") for n in names)
+    assert "### training, pass bwd: `" in render([str(p)], base=tmp_path)
+    # forward rows alone: as before, no pass in names or titles
+    df[df["pass"] == "fwd"].to_csv(p, index=False)
+    assert all("_fwd_" not in x.name for x in plot_csv(p, tmp_path / "f"))
+    assert "pass fwd" not in render([str(p)], base=tmp_path)

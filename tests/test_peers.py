@@ -196,11 +196,14 @@ def _ready(name, prob, pin_block=True):
     why = impl.unsupported(prob)
     if why:
         assert isinstance(why, str) and why.strip()
-        assert not _must_run(name, prob), f"{name} refused {prob.mask.label()} {prob.dtype}: {why}"
+        assert not _must_run(name, prob), f"{name} refused {prob.mask.label()} {prob.dtype} {prob.pass_name}: {why}"
         with pytest.raises(BadInput):
             impl.require(prob)
         pytest.skip(why)
-    if name == "flex" and pin_block:
+    if name == "flex" and pin_block and prob.pass_name != "fwd":
+        # a backward: one setting (block 128, Flex's defaults), a compile per case; the pick has its tests
+        impl = dataclasses.replace(impl, bwd_settings=peers.FLEX_BWD_SETTINGS[:1])
+    elif name == "flex" and pin_block:
         # one block size per case, either by turns, to halve the compiles; the pick has its own test
         key = f"{prob.mask.label()} {prob.mask.causal} {prob.T} {prob.dtype}".encode()
         impl = dataclasses.replace(impl, blocks=(64,) if zlib.crc32(key) % 2 else (128,))
