@@ -1,12 +1,20 @@
-"""The custom expression's bits form (attnbench/patterns/expr_bits.py): the 32-key word of a row
-from key intervals, against the expression evaluated pair by pair, in the numpy emulation of what
-the device computes (every bit of every word of every row, j0 at every offset, keys up to T + 63)."""
+"""The custom expression's bits form (attnbench/patterns/expr_bits.py, kernels/patterns/custom.cuh):
+the 32-key word of a row from key intervals, against the expression evaluated pair by pair. On the
+CPU: the numpy emulation (every bit of every word of every row, j0 at every offset, keys up to
+T + 63), the generated C itself compiled on the host against the real device helpers, and NVRTC
+builds of every kernel that takes the predicate."""
+import shutil
+import struct
+import subprocess
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from attnbench import compile as kc
 from attnbench.errors import BadInput
+from attnbench.patterns import make_mask
 from attnbench.patterns.custom import Custom
 from attnbench.patterns.expr import bind
 from attnbench.patterns.expr_bits import LIM32, REF_T, atoms
@@ -182,3 +190,185 @@ def test_widths_and_one_text_for_every_T():
     assert len(texts) == 1 and "long long" not in texts.pop()
     assert kinds("i * 300 - j < 5", REF_T) == [("lin", False)]  # 300 REF_T > 2^29
     assert kinds("i * 200 - j < 5", REF_T) == [("lin", True)]
+
+
+def test_device_constants_carry_both_forms():
+    m = make_mask("custom", 4096, True, expr="(j < 16) | (i - j < W)", param="W=64")
+    d = m.device_defines()
+    assert d["AB_CUSTOM_EXPR"] == "((ab_j<16LL)|((ab_i-ab_j)<64LL))"
+    assert d["AB_CUSTOM_BITS"] == m.pattern.bound(4096, m.params).c_bits
+
+
+# ---- the generated C on the host, with the device helpers of kernels/ ------------------------------------
+HOST_T = 150
+SHIM = r"""
+#pragma once
+#include <algorithm>
+using std::max;
+using std::min;
+#define __device__
+#define __forceinline__ inline
+float __uint_as_float(unsigned);  // declared for common.cuh's float helpers, which no test calls
+"""
+
+
+def host_common() -> str:
+    """kernels/common.cuh for g++: its PTX shifts as C shifts that give 0 from 32 on (PTX clamps the
+    count to 32); everything else as it is (the asm of unused functions is never emitted)."""
+    text = (kc.kernel_dir() / "common.cuh").read_text()
+    for name, op in (("ab_shl", "<<"), ("ab_shr", ">>")):
+        start = text.index(f"__device__ __forceinline__ unsigned {name}(")
+        end = text.index("}\n", start) + 2
+        text = text[:start] + (f"__device__ __forceinline__ unsigned {name}(unsigned x, unsigned n) "
+                               f"{{ return n >= 32u ? 0u : x {op} n; }}\n") + text[end:]
+    return SHIM + text.replace("#pragma once", "")
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no g++")
+def test_the_c_text_on_the_host_is_the_expression_bit_for_bit(tmp_path):
+    cases = [(t, p) for t, p in MORE + EXAMPLES]
+    bounds = [bind(t, HOST_T, tuple(p)) for t, p in cases]
+    (tmp_path / "common.cuh").write_text(host_common())
+    funcs = "\n".join(f"static unsigned f{n}(int ab_i, int ab_j0) {{ return {b.c_bits}; }}" for n, b in enumerate(bounds))
+    table = ", ".join(f"f{n}" for n in range(len(bounds)))
+    (tmp_path / "main.cpp").write_text(
+        f'#include "{kc.kernel_dir() / "patterns" / "custom.cuh"}"\n{funcs}\n'
+        f"static unsigned (*fs[])(int, int) = {{{table}}};\n"
+        "#include <cstdio>\nint main() {\n"
+        f"  for (auto f : fs) for (int i = 0; i < {HOST_T}; ++i) for (int j0 = 0; j0 <= {HOST_T + 32}; ++j0) {{\n"
+        "    unsigned w = f(i, j0); fwrite(&w, 4, 1, stdout); }\n  return 0;\n}\n")
+    exe = tmp_path / "bits"
+    r = subprocess.run(["g++", "-std=c++17", "-O1", "-Wno-unknown-pragmas", f"-I{tmp_path}", "-DAB_CUSTOM_EXPR=true",
+                        "-o", str(exe), str(tmp_path / "main.cpp")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = np.frombuffer(subprocess.run([str(exe)], check=True, capture_output=True).stdout, dtype=np.uint32)
+    out = out.reshape(len(bounds), HOST_T, HOST_T + 33)
+    for n, b in enumerate(bounds):
+        assert (out[n] == b.bits(np.arange(HOST_T)[:, None], np.arange(HOST_T + 33)[None, :])).all(), cases[n]
+        got, want = words_of(b, HOST_T)
+        assert (got == want).all()
+
+
+# ---- NVRTC: every form compiles; the kernels that take the predicate -------------------------------------
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_every_generated_form_compiles(arch):
+    """All the forms above in one program: a kernel that calls each (so each is compiled to code)."""
+    bounds = [bind(t, 1000, tuple(p)) for t, p in ALL]
+    defines = make_mask("custom", 1000, False, expr="j <= i").device_defines(runtime=True)
+    src = kc.source("predicate", defines)
+    funcs = "\n".join(f"__device__ unsigned f{n}(int ab_i, int ab_j0) {{ return {b.c_bits}; }}"
+                      for n, b in enumerate(bounds))
+    calls = " ^ ".join(f"f{n}(i, j0)" for n in range(len(bounds)))
+    src += f'\n{funcs}\nextern "C" __global__ void all_forms(int i, int j0, unsigned* out) {{ *out = {calls}; }}\n'
+    _, log = kc._nvrtc("forms", src, list(kc.options(defines)) + [f"-arch={arch}", "-Xptxas=-v"])
+    assert [r.kernel for r in kc.parse_ptxas(log, "forms")] == ["all_forms", "predicate_bits"]
+
+
+# every kind of atom, in both widths
+KINDS_EXPR = ("((i - j) // 4 == 0) | (min(i, j) % 3 == max(-j, 1 - T)) | (abs(i - j) < W) | (j < S) "
+              "| (i // B == j // B) | (j + V > V - 3) | ((j - V) // 9 == (i - V) // 9) | (j * V % 7 == 1)")
+
+
+def kinds_mask(T, causal):
+    return make_mask("custom", T, causal, expr=KINDS_EXPR, param=f"W=3,S=2,B=100,V={2 ** 40}")
+
+
+def test_the_kinds_expression_has_every_kind_in_both_widths():
+    got = set(kinds(KINDS_EXPR, 4096, (("B", 100), ("S", 2), ("V", 2 ** 40), ("W", 3))))
+    assert got == {(k, w) for k in ("lin", "div", "each") for w in (True, False)}
+    check(KINDS_EXPR, 300, (("B", 100), ("S", 2), ("V", 2 ** 40), ("W", 3)))
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_predicate_classify_naive_decode_and_backward_compile_with_the_bits_form(arch):
+    from attnbench import decode, fast_tc_bwd
+
+    m = kinds_mask(4096, True)
+    d = m.device_defines(runtime=True)
+    assert "AB_CUSTOM_BITS" in d
+    for source, kernels, extra in [("predicate", ["predicate_bits"], {}), ("classify", ["classify_tiles"], {}),
+                                   ("naive", ["naive_dense", "naive_sparse"], dict(MAX_T=1, MAX_KEYS=1024, C=64))]:
+        assert sorted(r.kernel for r in kc.compile_only(source, {**d, **extra}, arch)) == kernels
+    for D in (64, 128):
+        for r in kc.compile_only("decode", decode.kernel_defines(D, "bfloat16", m), arch):
+            assert r.spill_stores == 0, r
+        for r in kc.compile_only("fast_tc_bwd", fast_tc_bwd.bwd_defines(D, "bfloat16", m), arch):
+            assert r.spill_stores == 0, r
+
+
+def text_instructions(cubin: bytes) -> dict:
+    """SASS instructions per kernel of a cubin (the size of its .text section / 16 bytes)."""
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    size, count, names = struct.unpack_from("<HHH", cubin, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQ", cubin, shoff + k * size) for k in range(count)]
+    base = sections[names][4]
+    out = {}
+    for name, _, _, _, _, nbytes in sections:
+        label = cubin[base + name:cubin.index(b"\0", base + name)].decode()
+        if label.startswith(".text."):
+            out[label[6:]] = nbytes // 16
+    return out
+
+
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("wgmma", [False, True])
+def test_fast_tc_of_the_llm_expressions_is_the_built_ins_code(D, wgmma):
+    """The custom instances that equal streaming 16+64 and window 256 compile, in the llm shapes at
+    T=32768, to as many instructions and registers as the built-ins (the old per-key loop cost
+    80 to 160 instructions more and up to 13 registers); no build spills."""
+    from attnbench import fast_tc
+
+    def build(mask):
+        d = fast_tc.kernel_defines(D, "bfloat16", mask, fast_tc.choose_config(mask, D, wgmma))
+        arch = kc.target_arch(d, "sm_90")
+        cubin, log = kc._nvrtc("fast_tc", kc.source("fast_tc", d), list(kc.options(d)) + [f"-arch={arch}", "-Xptxas=-v"])
+        (r,) = kc.parse_ptxas(log, "fast_tc")
+        assert r.spill_stores == 0 and r.spill_loads == 0
+        return text_instructions(cubin)[r.kernel], r.registers
+
+    for expr, name, params in (("(j < 16) | (i - j < 64)", "streaming", dict(sink=16, window=64)),
+                               ("i - j < 256", "window", dict(window=256))):
+        (ci, cr), (bi, br) = build(make_mask("custom", 32768, True, expr=expr)), build(make_mask(name, 32768, True, **params))
+        assert ci <= bi and cr <= br, (expr, D, wgmma, (ci, cr), (bi, br))
+    build(make_mask("custom", 32768, False, expr="i // 128 == j // 128"))
+    build(kinds_mask(32768, True))
+
+
+# ---- on a device ------------------------------------------------------------------------------------
+KINDS_PARAMS = (("B", 100), ("S", 2), ("V", 2 ** 40), ("W", 3))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [True, False])
+def test_device_words_are_the_expression_bit_for_bit(causal):
+    """kernels/predicate.cu's ab_allowed_bits (the bits form) and ab_allowed against the expression,
+    for every expression above that is a valid mask or not (no mask needed: the bound expression)."""
+    from types import SimpleNamespace
+
+    from test_predicate import check_bits
+
+    T = 320
+    i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+    for text, params in MORE + EXAMPLES + [(KINDS_EXPR, KINDS_PARAMS)]:
+        b = bind(text, T, tuple(params))
+        defines = {"AB_PATTERN_T": "ab_custom", "AB_PATTERN_ARGS": "causal", "AB_CUSTOM_EXPR": b.c,
+                   "AB_CUSTOM_BITS": b.c_bits}
+        truth = np.broadcast_to(b.allowed(i, j), (T, T)) & ((j <= i) if causal else True)
+        fake = SimpleNamespace(T=T, causal=causal, table=None, device_args=lambda: np.zeros(1, np.int32),
+                               device_defines=lambda runtime=False, d=defines: d)
+        check_bits(fake, truth)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [True, False])
+def test_fast_tc_passes_the_gate_on_every_kind_of_word(causal):
+    from attnbench.check import gate
+    from attnbench.fast_tc import IMPL, SYNC_IMPL
+    from attnbench.impls import Problem
+
+    for T in (777, 4099):
+        mask = kinds_mask(T, causal)
+        for impl in (IMPL, SYNC_IMPL):
+            for D in (64, 128):
+                res = gate(impl, Problem(mask, 1, 2, D, "bfloat16"))
+                assert res.ok, (impl.name, T, D, res)
