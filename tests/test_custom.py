@@ -100,7 +100,9 @@ def test_device_constants_carry_the_expression_with_T_and_values_as_literals():
     m = make_mask("custom", 100, True, expr="(i - j < W) | (j >= T - S)", param="W=8,S=2")
     d = m.device_defines()
     assert d == {"AB_PATTERN_T": "ab_custom", "AB_PATTERN_ARGS": "1",
-                 "AB_CUSTOM_EXPR": "(((ab_i-ab_j)<8LL)|(ab_j>=98LL))"}
+                 "AB_CUSTOM_EXPR": "(((ab_i-ab_j)<8LL)|(ab_j>=98LL))",
+                 "AB_CUSTOM_BITS": "(ab_cmp_word<AB_GT>(ab_clamp_word(((ab_i-ab_j0)-8)))"
+                                   "|ab_cmp_word<AB_GE>(ab_clamp_word((-(ab_j0-98)))))"}
     assert m.device_defines(runtime=True)["AB_PATTERN_ARGS"] == "causal"
     assert m.device_args().tolist() == [0]
     # without T, one build serves every T
@@ -129,6 +131,7 @@ def test_fast_tc_and_fast_f32_compile_with_an_expression():
     for wgmma in (False, True):
         d = fast_tc.kernel_defines(64, "bfloat16", m, fast_tc.choose_config(m, 64, wgmma))
         assert d["AB_CUSTOM_EXPR"] == m.pattern.bound(4096, m.params).c
+        assert d["AB_CUSTOM_BITS"] == m.pattern.bound(4096, m.params).c_bits
         (r,) = kc.compile_only("fast_tc", d, kc.target_arch(d, "sm_90"))
         assert r.spill_stores == 0
     assert [r.kernel for r in kc.compile_only("fast_f32", fast_f32.defines(64, m), "sm_80")] == \

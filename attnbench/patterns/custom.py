@@ -2,7 +2,9 @@
 ``--expr "(i - j < W) | (j < S) | (j % 512 == 0)" --param W=1024 --param S=4`` (the grammar:
 attnbench/patterns/expr.py). The expression is the predicate before the causal clause. numpy and
 torch evaluate it for the reference mask and FlexAttention, the device compiles it in as the C
-text AB_CUSTOM_EXPR (kernels/patterns/custom.cuh, T and the parameters as literals), and having no
+text AB_CUSTOM_EXPR (kernels/patterns/custom.cuh, T and the parameters as literals), with
+AB_CUSTOM_BITS, the words of 32 keys built from key intervals for the partial tiles
+(attnbench/patterns/expr_bits.py), and having no
 closed-form key intervals, its pair counts and tile lists come from classifying every tile
 (attnbench/classify.py: on the GPU, or on the host deciding whole blocks of tiles by interval
 arithmetic). A mask with a row that allows no key is refused, naming the row."""
@@ -79,7 +81,8 @@ class Custom(Pattern):
         return ()  # the expression and its parameters are compiled in (extra_defines)
 
     def extra_defines(self, T, p):
-        return {"AB_CUSTOM_EXPR": self.bound(T, p).c}
+        b = self.bound(T, p)
+        return {"AB_CUSTOM_EXPR": b.c, "AB_CUSTOM_BITS": b.c_bits}
 
     # -- labels -------------------------------------------------------------------------------
     def label_items(self, p):

@@ -33,6 +33,10 @@ so the three forms it gives agree exactly:
 * ``Bound.boxes(ilo, ihi, jlo, jhi)``: interval arithmetic over boxes of positions: whether the
   expression may be true and may be false somewhere in each box (``attnbench.classify`` decides
   whole tiles with it and evaluates only the undecided ones pair by pair).
+
+A fourth, ``Bound.c_bits`` (``-DAB_CUSTOM_BITS=...``), gives the 32 keys ``j0 .. j0 + 31`` of a row
+at once, from key intervals where it can (attnbench/patterns/expr_bits.py); ``Bound.bits`` is the
+same in numpy, for the tests.
 """
 from __future__ import annotations
 
@@ -320,7 +324,7 @@ def _names(node: Node) -> set[str]:
     return own.union(*(_names(a) for a in node.args))
 
 
-# ---- the three forms of a bound expression --------------------------------------------------------
+# ---- the forms of a bound expression --------------------------------------------------------------
 def _evaluator(node: Node):
     """A function (i, j) -> value of ``node`` on int64 arrays or tensors (python values for constants)."""
     k = node.kind
@@ -363,24 +367,30 @@ def _evaluator(node: Node):
 
 
 _C_OPS = {"//": "ab_floordiv", "%": "ab_floormod", "min": "ab_min64", "max": "ab_max64", "abs": "ab_abs64"}
+_C_OPS32 = {"//": "ab_floordiv32", "%": "ab_floormod32", "min": "ab_min32", "max": "ab_max32", "abs": "ab_abs32"}
+_C_LEAVES = {"i": "ab_i", "j": "ab_j"}
 
 
-def _c(node: Node) -> str:
+def _c(node: Node, narrow: bool = False, leaves: dict = _C_LEAVES) -> str:
+    """``node`` in C: in 64-bit (literals ``LL``, the 64-bit helpers), or with ``narrow`` in 32-bit
+    ``int`` (the caller knows every value fits); i and j spelled as ``leaves`` says."""
     k = node.kind
     if k == "const":
         v = node.value
         if isinstance(v, bool):
             return "true" if v else "false"
-        return f"({v}LL)" if v < 0 else f"{v}LL"
+        text = f"{v}" if narrow else f"{v}LL"
+        return f"({text})" if v < 0 else text
     if k in ("i", "j"):
-        return f"ab_{k}"
-    a = [_c(x) for x in node.args]
+        return leaves[k]
+    a = [_c(x, narrow, leaves) for x in node.args]
     if k == "neg":
         return f"(-{a[0]})"
     if k == "not":
         return f"(!{a[0]})"
-    if node.op in _C_OPS:
-        return f"{_C_OPS[node.op]}({','.join(a)})"
+    ops = _C_OPS32 if narrow else _C_OPS
+    if node.op in ops:
+        return f"{ops[node.op]}({','.join(a)})"
     return f"({a[0]}{ {'and': '&', 'or': '|'}.get(k, node.op)}{a[1]})"
 
 
@@ -447,9 +457,10 @@ def _box_op(node: Node, a):
 
 @dataclass(frozen=True, eq=False)
 class Bound:
-    """An expression with T and its parameters bound: folded, checked, in its three forms."""
+    """An expression with T and its parameters bound: folded, checked, in its forms."""
     text: str
     tree: Node
+    T: int = 0
 
     @functools.cached_property
     def _eval(self):
@@ -481,6 +492,28 @@ class Bound:
         """The expression in C over ``long long ab_i, ab_j`` (kernels/patterns/custom.cuh)."""
         return _c(self.tree)
 
+    @functools.cached_property
+    def words(self):
+        """The bits form's word tree (attnbench/patterns/expr_bits.py): a 32-key word per comparison."""
+        from .expr_bits import plan
+
+        return plan(self.tree, self.T)
+
+    @functools.cached_property
+    def c_bits(self) -> str:
+        """The bits form in C over ``int ab_i, ab_j0``: the word of keys ab_j0 .. ab_j0 + 31, bit b
+        for key ab_j0 + b (``-DAB_CUSTOM_BITS=...``, kernels/patterns/custom.cuh's ``bits``)."""
+        from .expr_bits import c_bits
+
+        return c_bits(self.words)
+
+    def bits(self, i, j0):
+        """The bits form on int arrays that broadcast, as the device computes it: uint32 words,
+        bit b the expression at (i, j0 + b), for 0 <= i < T and 0 <= j0 + b < T + 64."""
+        from .expr_bits import emulate
+
+        return emulate(self.words, i, j0)
+
     @property
     def constant(self) -> bool | None:
         """Its value when it does not depend on i or j, else None."""
@@ -510,7 +543,7 @@ def bind(text: str, T: int, params: tuple[tuple[str, int], ...] = ()) -> Bound:
         if big >= LIMIT:
             _fail(text, node.pos, f"{text[node.pos:node.end]!r} reaches {big:.3g} in magnitude at T={T}: beyond "
                                   f"the 64-bit integers it is computed in (at most 2^62)")
-    return Bound(text, tree)
+    return Bound(text, tree, int(T))
 
 
 __all__ = ["parse", "bind", "Bound", "Node", "check_name", "uses_T", "FUNCTIONS", "RESERVED", "LIMIT"]
