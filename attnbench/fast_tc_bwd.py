@@ -76,6 +76,41 @@ def bwd_config(D: int) -> BwdConfig:
     return BWD_SHAPES[D][0]
 
 
+# ---- work items: the transposed lists cut so that every block's walk is short --------------------
+SPLIT_WAVES = 4  # the items of all heads and classes fill about this many waves of the GPU's blocks
+SPLIT_MIN = 8    # query tiles an item walks at least (a split item pays its K / V loads and dK / dV atomics)
+SPLIT_ENV = "ATTNBENCH_BWD_SPLIT"  # L forced (0: nothing split), for tests and timing experiments
+
+
+def split_length(entries: int, longest: int, heads: int, slots: int) -> int:
+    """L, the most query tiles one work item walks, for a transposed list of ``entries`` entries
+    whose longest key tile has ``longest``, run on ``heads`` (B * H * residue classes) copies at
+    once by a GPU of ``slots`` resident blocks (multiprocessors x blocks per multiprocessor):
+
+        target = ceil(SPLIT_WAVES * slots / heads)   items per copy that fill SPLIT_WAVES waves
+        L      = max(SPLIT_MIN, ceil(entries / target))
+
+    then at most ``longest`` (nothing to cut). With the items dispatched longest first, the walks
+    of at most L tiles end within about 1 / SPLIT_WAVES of the balanced time W / slots (W: all
+    walks' tiles): the long items start in the first wave and the short ones fill in behind them.
+    Dense causal at T=32768, B*H=16, 132 SMs: L=1990, nothing split (the 512-tile lists are well
+    under W / slots = 7958); streaming 16+64: L=24, key tile 0's 512 tiles in 22 items."""
+    target = max(1, -(-SPLIT_WAVES * slots // max(1, heads)))
+    return max(1, min(max(SPLIT_MIN, -(-entries // target)), longest))
+
+
+def forced_split() -> int | None:
+    """L from $ATTNBENCH_BWD_SPLIT (0: nothing split), None when unset; BadInput when not a count."""
+    import os
+
+    given = os.environ.get(SPLIT_ENV, "").strip()
+    if not given:
+        return None
+    if not given.isdigit():
+        raise BadInput(f"{SPLIT_ENV}={given!r}: expected a count of query tiles (0: no split)")
+    return int(given)
+
+
 def bwd_defines(D: int, dtype: str, mask: Mask, cfg: BwdConfig | None = None) -> dict:
     """The -D constants of kernels/fast_tc_bwd.cu for a head dimension, dtype and pattern (the inner
     pattern and its stride when the pattern is strided)."""
