@@ -3,9 +3,13 @@
 The backward runs on mma.sync with cp.async on every GPU (a wgmma backward for sm_90 is still to
 come), key-tile-major over the transposed tile list (``tiles.tile_list_t``: for each key tile the
 query tiles that visit it, flagged full or partial, so only partial tiles are masked), with dQ
-accumulated by float32 atomics. Three launches: ``fast_tc_bwd_prep`` (delta = rowsum(dO * O) beside
-the log-sum-exp, the dQ accumulator zeroed), ``fast_tc_bwd`` (dK, dV, and dQ's sums),
-``fast_tc_bwd_dq`` (dQ times the scale in the storage dtype).
+accumulated by float32 atomics. The lists are cut into work items of at most L query tiles
+(``tiles.work_items``; L from ``split_length``), the longest first, so that no block walks a long
+list alone (streaming's sink tile, BigBird's global blocks, a prefix); the items of a key tile cut in
+several add their dK and dV in float32. Three launches: ``fast_tc_bwd_prep`` (delta = rowsum(dO * O)
+beside the log-sum-exp, the dQ and split dK / dV accumulators zeroed), ``fast_tc_bwd`` (dK, dV, and
+dQ's sums), ``fast_tc_bwd_dq`` (dQ times the scale in the storage dtype, and the split key tiles' dK
+and dV).
 
 The log-sum-exp is the natural log: ``lse[b, h, i] = log(sum_j exp(scale * q_i . k_j))`` over row
 i's allowed keys, float32 [B, H, T] (``reference.reference_forward``'s), as the forward with
@@ -30,7 +34,7 @@ from .fast_tc import (IMPL, SYNC_IMPL, LOG2E, FastTC, Launch, TileConfig, bind_i
                       pattern_defines, table_array)
 from .impls import Problem, Runner, timed
 from .patterns import Mask
-from .tiles import lru, mask_key, tile_list, tile_list_t
+from .tiles import lru, mask_key, tile_items_t, tile_list, tile_list_t
 
 KERNEL = "fast_tc_bwd"
 MAIN, PREP, DQ = "fast_tc_bwd", "fast_tc_bwd_prep", "fast_tc_bwd_dq"
@@ -129,10 +133,13 @@ def check_dtype(dtype: str, what: str = "the backward") -> None:
 
 
 class Backward:
-    """The backward of one problem: its transposed list on the device and its kernels compiled
-    (timed into ``setup``); ``launches`` binds them to arrays."""
+    """The backward of one problem: its transposed list cut into work items (``tiles.WorkItems``)
+    on the device and its kernels compiled (timed into ``setup``); ``launches`` binds them to
+    arrays. ``split``: the most query tiles a work item walks (0: no key tile split; None: from
+    $ATTNBENCH_BWD_SPLIT, else ``split_length`` for this GPU)."""
 
-    def __init__(self, prob: Problem, setup: dict | None = None, cfg: BwdConfig | None = None):
+    def __init__(self, prob: Problem, setup: dict | None = None, cfg: BwdConfig | None = None,
+                 split: int | None = None):
         check_dtype(prob.dtype)
         if prob.D not in BWD_SHAPES:
             raise BadInput(f"D={prob.D} is not supported by the backward of fast-tc "
@@ -147,6 +154,19 @@ class Backward:
         setup["tiles_t_build_s"] = tile_list(inner, cfg.BM, cfg.BN).build_s + tt.build_s
         self.tiles = tt.device()
         setup["tiles_t_device_s"] = self.tiles.build_s
+        self.heads = prob.B * prob.H * min(stride, prob.T)
+        split = forced_split() if split is None else split
+        longest = int(np.diff(tt.ptr).max(initial=0))
+        if split is None:
+            split = split_length(tt.n_visited, longest, self.heads, self.slots(cfg))
+        L = max(1, min(split, longest)) if split > 0 else max(1, longest)
+        items = tile_items_t(inner, cfg.BM, cfg.BN, L)
+        self.items = items.device()
+        self.n_items, self.n_split = items.n_items, items.n_split
+        setup.update(bwd_items=items.n_items, bwd_split=L, bwd_split_tiles=items.n_split,
+                     bwd_items_build_s=items.build_s, bwd_items_device_s=self.items.build_s)
+        if self.n_items * self.heads >= 2 ** 31:
+            raise BadInput(f"{self.n_items} work items x {self.heads} heads and classes exceed the grid (2^31 blocks)")
         self.table = table_array(inner)
         with timed(setup, "compile_s"):
             mod = get_module(KERNEL, bwd_defines(prob.D, prob.dtype, prob.mask, cfg))
@@ -156,28 +176,45 @@ class Backward:
                 self.main.max_dynamic_shared_size_bytes = self.smem
         setup["bwd_tile_config"] = f"NWARPS={cfg.NWARPS},BN={cfg.BN},STAGES={cfg.STAGES},MINB={cfg.MINB}"
 
+    @staticmethod
+    def slots(cfg: BwdConfig) -> int:
+        """Blocks of the main kernel the current GPU holds at once (its MINB per multiprocessor)."""
+        import cupy
+
+        return cupy.cuda.Device().attributes["MultiProcessorCount"] * cfg.MINB
+
+    @property
+    def split_rows(self) -> int:
+        """Rows of the split key tiles' float32 dK / dV accumulator: BN per (slot, head, class)."""
+        return self.n_split * self.heads * self.cfg.BN
+
     def scratch(self):
-        """(ld, dq_acc): float32 [B, H, T, 2] (lse * log2 e, delta) and float32 [B, H, T, D]."""
+        """(ld, dq_acc, dkv_acc): float32 [B, H, T, 2] (lse * log2 e, delta), float32 [B, H, T, D]
+        and float32 [split rows, 2, D] (dK, dV of the split key tiles; one element when none)."""
         import cupy
 
         B, H, T, D = self.prob.shape
-        return cupy.empty((B, H, T, 2), cupy.float32), cupy.empty((B, H, T, D), cupy.float32)
+        dkv = cupy.empty((max(1, self.split_rows), 2, D), cupy.float32)
+        return cupy.empty((B, H, T, 2), cupy.float32), cupy.empty((B, H, T, D), cupy.float32), dkv
 
-    def launches(self, q, k, v, o, lse, do, dq, dk, dv, ld, dq_acc) -> list[Launch]:
-        """prep, main, convert on these storage arrays (lse float32 [B, H, T]; ld, dq_acc: ``scratch``)."""
+    def launches(self, q, k, v, o, lse, do, dq, dk, dv, ld, dq_acc, dkv_acc) -> list[Launch]:
+        """prep, main, convert on these storage arrays (lse float32 [B, H, T]; ld, dq_acc, dkv_acc:
+        ``scratch``)."""
         prob, cfg = self.prob, self.cfg
         B, H, T, D = prob.shape
-        rows = B * H * T
+        rows, srows = B * H * T, self.split_rows
         per_block = PREP_THREADS // (D // 8)
         scale = prob.softmax_scale
-        n_kt = -(-self.inner.T // cfg.BN)
-        prep = Launch(self.prep, (-(-rows // per_block),), (PREP_THREADS,), 0, (o, do, lse, ld, dq_acc, np.int32(rows)))
-        main = Launch(self.main, (n_kt, B * H, min(self.stride, T)), (cfg.threads,), self.smem,
-                      (q, k, v, do, ld, dq_acc, dk, dv, self.tiles.heads, self.tiles.entries, np.int32(T),
-                       np.float32(scale * LOG2E), np.float32(scale), self.table))
-        n8 = rows * D // 8
-        conv = Launch(self.dq, (-(-n8 // PREP_THREADS),), (PREP_THREADS,), 0,
-                      (dq_acc, dq, np.float32(scale), np.int64(n8)))
+        it = self.items
+        prep = Launch(self.prep, (-(-max(rows, srows) // per_block),), (PREP_THREADS,), 0,
+                      (o, do, lse, ld, dq_acc, np.int32(rows), dkv_acc, np.int32(srows)))
+        main = Launch(self.main, (self.n_items * self.heads,), (cfg.threads,), self.smem,
+                      (q, k, v, do, ld, dq_acc, dk, dv, it.heads, it.tiles, self.tiles.entries, dkv_acc,
+                       np.int32(B * H), np.int32(T), np.float32(scale * LOG2E), np.float32(scale), self.table))
+        n8, s8 = rows * D // 8, srows * D // 8
+        conv = Launch(self.dq, (-(-(n8 + s8) // PREP_THREADS),), (PREP_THREADS,), 0,
+                      (dq_acc, dq, np.float32(scale), np.int64(n8), dkv_acc, it.split_kt, dk, dv, np.int32(B * H),
+                       np.int32(T), np.int64(s8)))
         return [prep, main, conv]
 
 
@@ -293,7 +330,7 @@ def backward(mask: Mask, q, k, v, o, lse, do, scale: float | None = None, dtype:
             or not lse.flags.c_contiguous:
         raise BadInput(f"lse must be a contiguous float32 CuPy array of shape {prob.shape[:3]} (forward_lse's), got "
                        f"{type(lse).__name__} {getattr(lse, 'dtype', '')} {tuple(getattr(lse, 'shape', ()))}")
-    plan = _cached(prob, "bwd", False, lambda: Backward(prob))
+    plan = _cached(prob, ("bwd", forced_split()), False, lambda: Backward(prob))
     grads = tuple(cupy.empty(prob.shape, dtype=q.dtype) for _ in range(3))
     for ln in plan.launches(q, k, v, o, lse, do, *grads, *plan.scratch()):
         ln()

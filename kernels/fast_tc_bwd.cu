@@ -1,21 +1,33 @@
 // Tensor-core attention backward for bfloat16 / float16 (float32 accumulation), FlashAttention-2
 // style, key-tile-major over the transposed tile list (for each key tile, the query tiles whose
-// forward lists name it, flagged full or partial; attnbench.tiles.tile_list_t). Three kernels:
+// forward lists name it, flagged full or partial; attnbench.tiles.tile_list_t), cut into work
+// items (attnbench.tiles.WorkItems: each key tile's list in stretches of at most L query tiles,
+// the longest first; a key tile cut in more than one is *split*). Three kernels:
 //
 //   fast_tc_bwd_prep  per row: delta = rowsum(dO * O) in float32, stored beside the forward's
 //                     log-sum-exp in base 2 (LD [B * H * T] of float2 (lse * log2 e, delta)); the
-//                     row of the float32 dQ accumulator zeroed. Grid: rows / (256 / CH); 256 threads,
-//                     CH per row.
-//   fast_tc_bwd       grid (key tiles, B * H, residue classes); block NWARPS warps. The block loads
-//                     its K and V tile (BN keys) once and keeps dK and dV in registers; the query
-//                     tiles (BM = BN rows) of its list stream Q and dO through STAGES shared-memory
+//                     row of the float32 dQ accumulator zeroed, and the rows of the split key tiles'
+//                     float32 dK / dV accumulator. Grid: max(rows, split rows) / (256 / CH); 256
+//                     threads, CH per row.
+//   fast_tc_bwd       grid: items x residue classes x B * H, flat (tc_item_work: the item slowest,
+//                     so every head's longest items go first); block NWARPS warps. The block loads
+//                     its key tile's K and V (BN keys) once and keeps dK and dV in registers; the query
+//                     tiles (BM = BN rows) of its item stream Q and dO through STAGES shared-memory
 //                     buffers by cp.async (TcLoadAsync, the stages the forward streams K and V
 //                     through). For each: S = Q K^T, partial tiles only masked with the pattern
 //                     predicate (tc_mask_frag, as the forward), P = exp2(S scale log2 e - lse2);
 //                     dP = dO V^T; dS = P (dP - delta); dQ += dS K (float32 atomics); then
 //                     dV += P^T dO and dK += dS^T Q. At the end dK (times the scale) and dV are
-//                     stored in the storage dtype.
-//   fast_tc_bwd_dq    dQ = scale * the accumulator, in the storage dtype. Grid: elements / 2048.
+//                     stored in the storage dtype, or, by an item of a split key tile, added to
+//                     the tile's float32 accumulator rows (tc_red2: red.global.add.v2.f32 on sm_90).
+//   fast_tc_bwd_dq    dQ = scale * the accumulator, in the storage dtype; then (the blocks past dQ)
+//                     the split key tiles' dK = scale * its accumulator and dV. Grid: (dQ's
+//                     elements + the split rows' D elements) / 2048.
+//
+// Split accumulator (float32, rows of 2 * HEAD_D: dK's columns then dV's): row
+// ((slot * BH + bh) * classes + class) * BN + key for split slot `slot` (its key tile:
+// split_kt[slot]), key `key` of the tile. Only split key tiles have rows, so memory and zeroing
+// grow with what is split, not with T.
 //
 // Layout, and why: S and dP are computed query-major (warp w owns query rows 16 w .. 16 w + 15,
 // the forward's layout) so the forward's masking applies unchanged and dS, still in registers, is
@@ -51,9 +63,13 @@ typedef TcLoadAsync<TcMmaSync> TcLoad;
 
 extern "C" __global__ void __launch_bounds__(BWD_PREP_THREADS)
 fast_tc_bwd_prep(const u16* __restrict__ Og, const u16* __restrict__ dOg, const float* __restrict__ Lg,
-                 float2* __restrict__ LD, float* __restrict__ dQacc, int rows) {
+                 float2* __restrict__ LD, float* __restrict__ dQacc, int rows, float* __restrict__ dKVacc, int srows) {
     const int row = blockIdx.x * (BWD_PREP_THREADS / CH) + threadIdx.x / CH, c = threadIdx.x % CH;
     const bool ok = row < rows;
+    if (row < srows) {  // the split key tiles' dK and dV accumulators: a row's 8 columns of each
+        float4* z = reinterpret_cast<float4*>(dKVacc + (size_t)row * (2 * HEAD_D) + c * 8);
+        z[0] = z[1] = z[HEAD_D / 4] = z[HEAD_D / 4 + 1] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
     float d = 0.f;
     if (ok) {
         const size_t at = (size_t)row * HEAD_D + c * 8;
@@ -77,12 +93,15 @@ fast_tc_bwd_prep(const u16* __restrict__ Og, const u16* __restrict__ dOg, const 
 extern "C" __global__ void __launch_bounds__(THREADS, MINB)
 fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* __restrict__ Vg,
             const u16* __restrict__ dOg, const float2* __restrict__ LD, float* __restrict__ dQacc,
-            u16* __restrict__ dKg, u16* __restrict__ dVg, const int4* __restrict__ thead,
-            const int* __restrict__ tent, int T_all, float scale_log2, float scale, const int* __restrict__ table) {
+            u16* __restrict__ dKg, u16* __restrict__ dVg, const int4* __restrict__ ihead,
+            const int2* __restrict__ itile, const int* __restrict__ tent, float* __restrict__ dKVacc, int BH,
+            int T_all, float scale_log2, float scale, const int* __restrict__ table) {
     // 1024-byte alignment: every tile starts at a multiple of its row pitch (tc/bwd_mma.cuh)
     extern __shared__ __align__(1024) unsigned char smem[];
-    const TcWork w = tc_block_work(T_all);
-    const int kt = (int)gridDim.x - 1 - w.qt;  // the key tile: near 0 first (causal: the longest lists)
+    int item, cls;
+    const TcWork w = tc_item_work(T_all, BH, item, cls);
+    const int2 kts = itile[item];  // (key tile, split slot or -1)
+    const int kt = kts.x;
     const int T = w.T;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane >> 2, t4 = lane & 3;
@@ -98,7 +117,7 @@ fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
     const u32 sP = sm.v + STAGES * TILE_BYTES;
     const u32 sS = sP + BM * BWD_PROWB;
     const TcGlobal gm = {nullptr, Qg + w.base, dOg + w.base, nullptr, nullptr, nullptr, nullptr, nullptr};
-    const float2* ld = LD + (size_t)blockIdx.y * T_all + blockIdx.z;
+    const float2* ld = LD + (size_t)w.bh * T_all + cls;
     float* dq = dQacc + w.base;
 
     tc_load_tile<TcRowLayout, BN>(sK, Kg + w.base, kt * BN, T);
@@ -107,7 +126,7 @@ fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
     TcLoad lq;
     lq.init(sm, gm, w);
     TcTileList list;
-    list.init(thead, tent, kt);
+    list.init(ihead, tent, item);  // the item's stretch of its key tile's list
     const int n = list.n;
     lq.first_tiles(list);  // waits for K and V
 
@@ -179,17 +198,46 @@ fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
     }
     TcLoad::drain();
 
-    const int key0 = kt * BN + warp * 16;
-    tc_bwd_store_cols(dKg + w.base, dk, scale, key0, T, g, t4);
-    tc_bwd_store_cols(dVg + w.base, dv, 1.f, key0, T, g, t4);
+    if (kts.y < 0) {  // the key tile's only item: its gradients
+        const int key0 = kt * BN + warp * 16;
+        tc_bwd_store_cols(dKg + w.base, dk, scale, key0, T, g, t4);
+        tc_bwd_store_cols(dVg + w.base, dv, 1.f, key0, T, g, t4);
+    } else {  // one of a split key tile's items: its partial sums into the tile's float32 rows
+        const int C = STRIDE < T_all ? STRIDE : T_all;
+        float* a = dKVacc + ((size_t)(kts.y * BH + w.bh) * C + cls) * (BN * 2 * HEAD_D);
+        tc_bwd_add_cols(a, dk, warp * 16, T - kt * BN, g, t4);
+        tc_bwd_add_cols(a + HEAD_D, dv, warp * 16, T - kt * BN, g, t4);
+    }
+}
+
+__device__ __forceinline__ uint4 tc_bwd_pack8(const float* __restrict__ src, float scale) {
+    const float4 a = reinterpret_cast<const float4*>(src)[0];
+    const float4 b = reinterpret_cast<const float4*>(src)[1];
+    return make_uint4(tc_pack(a.x * scale, a.y * scale), tc_pack(a.z * scale, a.w * scale),
+                      tc_pack(b.x * scale, b.y * scale), tc_pack(b.z * scale, b.w * scale));
 }
 
 extern "C" __global__ void __launch_bounds__(BWD_PREP_THREADS)
-fast_tc_bwd_dq(const float* __restrict__ dQacc, u16* __restrict__ dQg, float scale, long long n8) {
+fast_tc_bwd_dq(const float* __restrict__ dQacc, u16* __restrict__ dQg, float scale, long long n8,
+               const float* __restrict__ dKVacc, const int* __restrict__ split_kt, u16* __restrict__ dKg,
+               u16* __restrict__ dVg, int BH, int T_all, long long s8) {
     const long long i = (long long)blockIdx.x * BWD_PREP_THREADS + threadIdx.x;  // 8 elements each
-    if (i >= n8) return;
-    const float4 a = reinterpret_cast<const float4*>(dQacc)[2 * i];
-    const float4 b = reinterpret_cast<const float4*>(dQacc)[2 * i + 1];
-    reinterpret_cast<uint4*>(dQg)[i] = make_uint4(tc_pack(a.x * scale, a.y * scale), tc_pack(a.z * scale, a.w * scale),
-                                                  tc_pack(b.x * scale, b.y * scale), tc_pack(b.z * scale, b.w * scale));
+    if (i < n8) {
+        reinterpret_cast<uint4*>(dQg)[i] = tc_bwd_pack8(dQacc + 8 * i, scale);
+        return;
+    }
+    // past dQ: the split key tiles' dK (times the scale) and dV, 8 columns of a row of each
+    const long long j = i - n8;
+    if (j >= s8) return;
+    const int C = STRIDE < T_all ? STRIDE : T_all;
+    const long long row = j / CH;  // ((slot * BH + bh) * C + class) * BN + key
+    const int ch = (int)(j % CH), key = (int)(row % BN);
+    const long long sbc = row / BN;
+    const int cls = (int)(sbc % C), bh = (int)(sbc / C % BH), slot = (int)(sbc / C / BH);
+    const int a = split_kt[slot] * BN + key;  // the key's position in its class
+    if (a >= (T_all - cls + STRIDE - 1) / STRIDE) return;
+    const size_t at = ((size_t)bh * T_all + cls + (size_t)a * STRIDE) * HEAD_D + ch * 8;
+    const float* src = dKVacc + row * (2 * HEAD_D) + ch * 8;
+    *reinterpret_cast<uint4*>(dKg + at) = tc_bwd_pack8(src, scale);
+    *reinterpret_cast<uint4*>(dVg + at) = tc_bwd_pack8(src + HEAD_D, 1.f);
 }

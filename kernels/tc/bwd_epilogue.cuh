@@ -11,6 +11,11 @@
 //     row0 + g and row0 + g + 8 below T, by atomicAdd.
 //   tc_bwd_store_cols(o, acc, scale, row0, T, g, t4): a warp's [16][HEAD_D] accumulators times
 //     scale as 16-bit values into rows row0 + g and + 8 below T (4-byte stores, once per block).
+//   tc_bwd_add_cols(a, acc, r0, n, g, t4): a warp's [16][HEAD_D] accumulators added to float32
+//     rows r0 + g and r0 + g + 8 (below n) of a split key tile's accumulator a (rows 2 * HEAD_D
+//     floats apart: dK's then dV's columns), once per item.
+//   tc_red2(p, x, y): p[0] += x, p[1] += y without a result (p 8-byte aligned): one vector
+//     red.global.add.v2.f32 on sm_90, two scalar reductions before.
 #pragma once
 #include "tc/common.cuh"
 
@@ -24,6 +29,15 @@ __device__ __forceinline__ float2 tc_unpack(u32 x) {
 
 __device__ __forceinline__ float2 tc_bwd_row_stats(const float2* __restrict__ ld, int row, int T) {
     return row < T ? ld[(size_t)row * STRIDE] : make_float2(__int_as_float(0x7f800000), 0.f);
+}
+
+__device__ __forceinline__ void tc_red2(float* p, float x, float y) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" :: "l"(p), "f"(x), "f"(y) : "memory");
+#else
+    atomicAdd(p, x);
+    atomicAdd(p + 1, y);
+#endif
 }
 
 template <int C>
@@ -52,6 +66,19 @@ __device__ __forceinline__ void tc_bwd_store_cols(u16* __restrict__ o, const flo
             u32* p = reinterpret_cast<u32*>(o + (size_t)row * (STRIDE * HEAD_D) + 2 * t4);
 #pragma unroll
             for (int j = 0; j < HEAD_D / 8; ++j) p[4 * j] = tc_pack(acc[j][2 * h] * scale, acc[j][2 * h + 1] * scale);
+        }
+    }
+}
+
+__device__ __forceinline__ void tc_bwd_add_cols(float* __restrict__ a, const float (&acc)[HEAD_D / 8][4], int r0, int n,
+                                                int g, int t4) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = r0 + g + 8 * h;
+        if (row < n) {
+            float* p = a + (size_t)row * (2 * HEAD_D) + 2 * t4;
+#pragma unroll
+            for (int j = 0; j < HEAD_D / 8; ++j) tc_red2(p + 8 * j, acc[j][2 * h], acc[j][2 * h + 1]);
         }
     }
 }
