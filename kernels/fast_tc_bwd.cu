@@ -16,7 +16,7 @@
 //                     buffers by cp.async (TcLoadAsync, the stages the forward streams K and V
 //                     through). For each: S = Q K^T, partial tiles only masked with the pattern
 //                     predicate (tc_mask_frag, as the forward), P = exp2(S scale log2 e - lse2);
-//                     dP = dO V^T; dS = P (dP - delta); dQ += dS K (float32 atomics); then
+//                     dP = dO V^T; dS = P (dP - delta); dQ += dS K (float32 reductions); then
 //                     dV += P^T dO and dK += dS^T Q. At the end dK (times the scale) and dV are
 //                     stored in the storage dtype, or, by an item of a split key tile, added to
 //                     the tile's float32 accumulator rows (tc_red2: red.global.add.v2.f32 on sm_90).

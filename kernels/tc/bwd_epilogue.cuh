@@ -8,7 +8,7 @@
 //     STRIDE apart), (+inf, 0) past T: P = 0 and dS = 0 on padding rows.
 //   tc_bwd_dq_add<C>(dq, c, c0, row0, T, g, t4): c (a warp's [16][C] chunk of dS K at columns
 //     c0) added to float32 dq (the class base, rows STRIDE * HEAD_D floats apart) at rows
-//     row0 + g and row0 + g + 8 below T, by atomicAdd.
+//     row0 + g and row0 + g + 8 below T, a column pair per reduction (tc_red2).
 //   tc_bwd_store_cols(o, acc, scale, row0, T, g, t4): a warp's [16][HEAD_D] accumulators times
 //     scale as 16-bit values into rows row0 + g and + 8 below T (4-byte stores, once per block).
 //   tc_bwd_add_cols(a, acc, r0, n, g, t4): a warp's [16][HEAD_D] accumulators added to float32
@@ -49,10 +49,7 @@ __device__ __forceinline__ void tc_bwd_dq_add(float* __restrict__ dq, const floa
         if (row < T) {
             float* p = dq + (size_t)row * (STRIDE * HEAD_D) + c0 + 2 * t4;
 #pragma unroll
-            for (int j = 0; j < C / 8; ++j) {
-                atomicAdd(p + 8 * j, c[j][2 * h]);
-                atomicAdd(p + 8 * j + 1, c[j][2 * h + 1]);
-            }
+            for (int j = 0; j < C / 8; ++j) tc_red2(p + 8 * j, c[j][2 * h], c[j][2 * h + 1]);
         }
     }
 }
