@@ -3,6 +3,11 @@ without spills and refuses bad input before any launch (CPU); on the GPU, dQ, dK
 float64 reference for every llm pattern and more, the forward's log-sum-exp, fwd+bwd, and training
 through attnbench.attention against SDPA.
 
+The lists are cut into work items (attnbench.tiles.work_items): at these T and B*H the rule's L is
+SPLIT_MIN (8), so the cases with lists longer than 8 query tiles (dense, prefix_lm, document, wide
+windows at T=1000) run split key tiles already; test_gradients_match_the_reference_with_split_lists
+forces L (1, 2, 3, and 0: nothing split) through $ATTNBENCH_BWD_SPLIT.
+
 GPU: python3 -m pytest -q -m gpu tests/test_fast_tc_bwd.py (about 2 minutes on an H100, most of it
 compiling)."""
 import numpy as np
@@ -177,13 +182,55 @@ def test_gradients_match_the_reference(pattern, causal, params, D, dtype, T, syn
     prob = Problem(mask, 2, 3, D, dtype, pass_name="bwd")
     q, k, v, do = _inputs(prob, seed=T + D)
     runner = (SYNC_IMPL if sync else IMPL).prepare(prob, q, k, v, do=do)
-    assert runner.out is None and {"tiles_t_build_s", "compile_s"} <= set(runner.setup)
+    assert runner.out is None and {"tiles_t_build_s", "compile_s", "bwd_items", "bwd_split"} <= set(runner.setup)
     runner.poison()
     runner.run()
     _check_grads(prob, runner.grads, q, k, v, do)
     runner.poison()  # a second run writes every gradient again
     runner.run()
     _check_grads(prob, runner.grads, q, k, v, do)
+
+
+def _split_cases():
+    """Transposed lists cut into items of L query tiles (L=1: every entry an item; 2, 3: the long
+    lists split, the short ones not; 0: nothing split, the long lists walked whole): the shapes
+    with long lists (streaming's sink tile, dense causal's first key tiles, BigBird's global block,
+    prefix_lm's prefix, a document's first tiles) and a strided pattern (split rows per residue
+    class), odd T and partial last tiles, D 64 and 128."""
+    cases = [("streaming", True, dict(sink=16, window=64), 1000, (2, 1)),
+             ("dense", True, {}, 777, (3, 0)),
+             ("bigbird", True, dict(block=16), 1000, (2,)),
+             ("prefix_lm", False, dict(prefix=300), 999, (3,)),
+             ("document", True, dict(doc_lens=(1, 300, 476)), 777, (2,)),
+             ("dilated", False, dict(window=33, dilation=3), 1000, (2,))]
+    for pattern, causal, params, T, Ls in cases:
+        T = _fit_T(pattern, params, T)
+        for L in Ls:
+            for D, dtype in ((64, "bfloat16"), (128, "float16")):
+                yield pytest.param(pattern, causal, params, D, dtype, T, L,
+                                   id=f"{pattern}-{'c' if causal else 'nc'}-L{L}-D{D}-{dtype}-T{T}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pattern,causal,params,D,dtype,T,L", list(_split_cases()))
+def test_gradients_match_the_reference_with_split_lists(monkeypatch, pattern, causal, params, D, dtype, T, L):
+    from attnbench.fast_tc_bwd import SPLIT_ENV
+
+    monkeypatch.setenv(SPLIT_ENV, str(L))
+    mask = make_mask(pattern, T, causal, **params)
+    prob = Problem(mask, 2, 3, D, dtype, pass_name="bwd")
+    q, k, v, do = _inputs(prob, seed=T + D + L)
+    runner = IMPL.prepare(prob, q, k, v, do=do)
+    st = runner.setup
+    assert st["bwd_items"] >= st["bwd_split_tiles"] >= 0 and "bwd_items_build_s" in st
+    if L > 0:
+        assert st["bwd_split"] == L and st["bwd_split_tiles"] > 0, st
+    else:
+        assert st["bwd_split_tiles"] == 0 and st["bwd_split"] > 3, st
+    for _ in range(2):  # the second run: the accumulators zeroed again
+        runner.poison()
+        runner.run()
+        _check_grads(prob, runner.grads, q, k, v, do)
 
 
 @pytest.mark.gpu
