@@ -33,14 +33,39 @@ BWD_KERNELS = ["fast_tc_bwd", "fast_tc_bwd_dq", "fast_tc_bwd_prep"]
     ("dense", 4096, True, {}), ("streaming", 4096, True, dict(sink=16, window=64)),
     ("dilated", 4096, True, dict(window=512, dilation=2)), ("bigbird", 4096, True, {}),
     ("document", 4096, False, {}), ("custom", 4096, True, {}), ("window", 1000, False, dict(window=100)),
+    ("prefix_lm", 4096, False, dict(prefix=1000)),
 ])
 def test_backward_compiles_without_spills(arch, D, dtype, pattern, T, causal, params):
+    """The three kernels, the work items' split path (float32 dK / dV sums, their conversion) included."""
     mask = make_mask(pattern, T, causal, **params)
     reports = compile_only("fast_tc_bwd", bwd_defines(D, dtype, mask), arch)
     assert sorted(r.kernel for r in reports) == BWD_KERNELS
     for r in reports:
         assert r.arch == arch and 0 < r.registers <= 255
         assert (r.spill_stores, r.spill_loads, r.stack) == (0, 0, 0), r
+
+
+@pytest.mark.parametrize("D", DIMS)
+def test_the_float32_sums_are_vector_reductions_on_sm_90_only(D):
+    """tc_red2: dQ's and the split key tiles' dK / dV column pairs as red.global.add.v2.f32 on sm_90,
+    scalar atomics (reductions once ptxas sees the result unused) on sm_80."""
+    from cupy.cuda import nvrtc
+
+    from attnbench.compile import options
+
+    d = bwd_defines(D, "bfloat16", make_mask("dilated", 4096, True, window=512, dilation=2))
+    counts = {}
+    for arch in ("80", "90"):
+        prog = nvrtc.createProgram(source("fast_tc_bwd", d), "fast_tc_bwd.cu", [], [])
+        try:
+            nvrtc.compileProgram(prog, list(options(d)) + [f"-arch=compute_{arch}"])
+            ptx = nvrtc.getPTX(prog).decode()
+        finally:
+            nvrtc.destroyProgram(prog)
+        counts[arch] = (ptx.count("red.global.add.v2.f32"), ptx.count("atom.global.add.f32"))
+    # per thread: dQ's chunk 2 rows x DQ_CHUNK / 8 pairs; dK and dV 2 x 2 rows x D / 8 pairs
+    pairs = 2 * 32 // 8 + 4 * D // 8
+    assert counts == {"80": (0, 2 * pairs), "90": (pairs, 0)}, counts
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
