@@ -38,6 +38,9 @@ from .tiles import lru, mask_key, tile_items_t, tile_list, tile_list_t
 
 KERNEL = "fast_tc_bwd"
 MAIN, PREP, DQ = "fast_tc_bwd", "fast_tc_bwd_prep", "fast_tc_bwd_dq"
+DQ_PASS = "fast_tc_bwd_dq_pass"  # BWD_DQ_PASS builds: dQ by a pass over the forward list
+DQ_WAYS = ("atomic", "pass")     # how dQ is summed: reductions into float32 in the main kernel, or its own pass
+DQ_ENV = "ATTNBENCH_BWD_DQ"      # the way forced (tests, timing); default "atomic"
 PREP_THREADS = 256  # BWD_PREP_THREADS, of the prep and convert kernels
 DEFAULT_SMEM = 48 * 1024
 
@@ -65,6 +68,10 @@ class BwdConfig:
     def smem_bytes(self, D: int) -> int:
         """K and V, STAGES Q and dO tiles, the staged P and dS."""
         return 2 * D * (2 * self.BN + 2 * self.STAGES * self.BM) + 2 * 2 * self.BM * self.BN
+
+    def dq_pass_smem_bytes(self, D: int) -> int:
+        """The dQ pass's: Q and dO, STAGES K and V tiles."""
+        return 2 * D * (2 * self.BM + 2 * self.STAGES * self.BN)
 
 
 # per head dimension: (shape, why). Registers (sm_80 / sm_90, NVRTC 13): D=64 about 195, D=128
@@ -103,6 +110,16 @@ def split_length(entries: int, longest: int, heads: int, slots: int) -> int:
     return max(1, min(max(SPLIT_MIN, -(-entries // target)), longest))
 
 
+def forced_dq() -> str:
+    """How dQ is summed: $ATTNBENCH_BWD_DQ (one of DQ_WAYS), else "atomic"; BadInput otherwise."""
+    import os
+
+    given = os.environ.get(DQ_ENV, "").strip() or "atomic"
+    if given not in DQ_WAYS:
+        raise BadInput(f"{DQ_ENV}={given!r}: expected one of {', '.join(DQ_WAYS)}")
+    return given
+
+
 def forced_split() -> int | None:
     """L from $ATTNBENCH_BWD_SPLIT (0: nothing split), None when unset; BadInput when not a count."""
     import os
@@ -115,13 +132,15 @@ def forced_split() -> int | None:
     return int(given)
 
 
-def bwd_defines(D: int, dtype: str, mask: Mask, cfg: BwdConfig | None = None) -> dict:
+def bwd_defines(D: int, dtype: str, mask: Mask, cfg: BwdConfig | None = None, dq: str = "atomic") -> dict:
     """The -D constants of kernels/fast_tc_bwd.cu for a head dimension, dtype and pattern (the inner
-    pattern and its stride when the pattern is strided)."""
+    pattern and its stride when the pattern is strided); ``dq`` "pass" adds BWD_DQ_PASS."""
     cfg = cfg or bwd_config(D)
     stride, inner = mask.strided()
     d = dict(HEAD_D=D, BN=cfg.BN, NWARPS=cfg.NWARPS, STAGES=cfg.STAGES, MT=1, MINB=cfg.MINB, QREG=0,
              AB_F16=int(dtype == "float16"), STRIDE=stride)
+    if dq == "pass":
+        d["BWD_DQ_PASS"] = 1
     d.update(pattern_defines(inner.tile_predicate(cfg.BM, cfg.BN)))
     return d
 
@@ -136,10 +155,12 @@ class Backward:
     """The backward of one problem: its transposed list cut into work items (``tiles.WorkItems``)
     on the device and its kernels compiled (timed into ``setup``); ``launches`` binds them to
     arrays. ``split``: the most query tiles a work item walks (0: no key tile split; None: from
-    $ATTNBENCH_BWD_SPLIT, else ``split_length`` for this GPU)."""
+    $ATTNBENCH_BWD_SPLIT, else ``split_length`` for this GPU). ``dq``: "atomic" (dQ's sums by
+    float32 reductions in the main kernel, converted after it) or "pass" (dQ by a query-tile-major
+    pass of its own over the forward list, no accumulator); None: $ATTNBENCH_BWD_DQ, else "atomic"."""
 
     def __init__(self, prob: Problem, setup: dict | None = None, cfg: BwdConfig | None = None,
-                 split: int | None = None):
+                 split: int | None = None, dq: str | None = None):
         check_dtype(prob.dtype)
         if prob.D not in BWD_SHAPES:
             raise BadInput(f"D={prob.D} is not supported by the backward of fast-tc "
@@ -167,13 +188,24 @@ class Backward:
                      bwd_items_build_s=items.build_s, bwd_items_device_s=self.items.build_s)
         if self.n_items * self.heads >= 2 ** 31:
             raise BadInput(f"{self.n_items} work items x {self.heads} heads and classes exceed the grid (2^31 blocks)")
+        self.dq_way = dq = forced_dq() if dq is None else dq
+        if dq not in DQ_WAYS:
+            raise BadInput(f"dq={dq!r}: expected one of {', '.join(DQ_WAYS)}")
+        setup["bwd_dq"] = dq
+        if dq == "pass":  # the forward list at the backward's tiles, on the device (built above)
+            self.fwd_tiles = tile_list(inner, cfg.BM, cfg.BN).device()
         self.table = table_array(inner)
         with timed(setup, "compile_s"):
-            mod = get_module(KERNEL, bwd_defines(prob.D, prob.dtype, prob.mask, cfg))
+            mod = get_module(KERNEL, bwd_defines(prob.D, prob.dtype, prob.mask, cfg, dq))
             self.main, self.prep, self.dq = (mod.get_function(x) for x in (MAIN, PREP, DQ))
             self.smem = cfg.smem_bytes(prob.D)
             if self.smem > DEFAULT_SMEM:
                 self.main.max_dynamic_shared_size_bytes = self.smem
+            if dq == "pass":
+                self.dq_pass = mod.get_function(DQ_PASS)
+                self.dq_smem = cfg.dq_pass_smem_bytes(prob.D)
+                if self.dq_smem > DEFAULT_SMEM:
+                    self.dq_pass.max_dynamic_shared_size_bytes = self.dq_smem
         setup["bwd_tile_config"] = f"NWARPS={cfg.NWARPS},BN={cfg.BN},STAGES={cfg.STAGES},MINB={cfg.MINB}"
 
     @staticmethod
@@ -190,16 +222,19 @@ class Backward:
 
     def scratch(self):
         """(ld, dq_acc, dkv_acc): float32 [B, H, T, 2] (lse * log2 e, delta), float32 [B, H, T, D]
-        and float32 [split rows, 2, D] (dK, dV of the split key tiles; one element when none)."""
+        (one element with the dQ pass) and float32 [split rows, 2, D] (dK, dV of the split key
+        tiles; one element when none)."""
         import cupy
 
         B, H, T, D = self.prob.shape
         dkv = cupy.empty((max(1, self.split_rows), 2, D), cupy.float32)
-        return cupy.empty((B, H, T, 2), cupy.float32), cupy.empty((B, H, T, D), cupy.float32), dkv
+        acc = cupy.empty((1,) if self.dq_way == "pass" else (B, H, T, D), cupy.float32)
+        return cupy.empty((B, H, T, 2), cupy.float32), acc, dkv
 
     def launches(self, q, k, v, o, lse, do, dq, dk, dv, ld, dq_acc, dkv_acc) -> list[Launch]:
         """prep, main, convert on these storage arrays (lse float32 [B, H, T]; ld, dq_acc, dkv_acc:
-        ``scratch``)."""
+        ``scratch``); with the dQ pass: prep, main, the pass, and the convert only when a key tile
+        is split (it converts nothing else)."""
         prob, cfg = self.prob, self.cfg
         B, H, T, D = prob.shape
         rows, srows = B * H * T, self.split_rows
@@ -211,11 +246,17 @@ class Backward:
         main = Launch(self.main, (self.n_items * self.heads,), (cfg.threads,), self.smem,
                       (q, k, v, do, ld, dq_acc, dk, dv, it.heads, it.tiles, self.tiles.entries, dkv_acc,
                        np.int32(B * H), np.int32(T), np.float32(scale * LOG2E), np.float32(scale), self.table))
-        n8, s8 = rows * D // 8, srows * D // 8
+        n8, s8 = (0 if self.dq_way == "pass" else rows * D // 8), srows * D // 8
         conv = Launch(self.dq, (-(-(n8 + s8) // PREP_THREADS),), (PREP_THREADS,), 0,
                       (dq_acc, dq, np.float32(scale), np.int64(n8), dkv_acc, it.split_kt, dk, dv, np.int32(B * H),
                        np.int32(T), np.int64(s8)))
-        return [prep, main, conv]
+        if self.dq_way == "atomic":
+            return [prep, main, conv]
+        ft = self.fwd_tiles
+        dq_pass = Launch(self.dq_pass, (ft.heads.shape[0], B * H, min(self.stride, T)), (cfg.threads,), self.dq_smem,
+                         (q, k, v, do, ld, dq, ft.heads, ft.entries, np.int32(T), np.float32(scale * LOG2E),
+                          np.float32(scale), self.table))
+        return [prep, main, dq_pass] + ([conv] if s8 else [])
 
 
 class FastTCBwdRunner(Runner):
@@ -330,7 +371,7 @@ def backward(mask: Mask, q, k, v, o, lse, do, scale: float | None = None, dtype:
             or not lse.flags.c_contiguous:
         raise BadInput(f"lse must be a contiguous float32 CuPy array of shape {prob.shape[:3]} (forward_lse's), got "
                        f"{type(lse).__name__} {getattr(lse, 'dtype', '')} {tuple(getattr(lse, 'shape', ()))}")
-    plan = _cached(prob, ("bwd", forced_split()), False, lambda: Backward(prob))
+    plan = _cached(prob, ("bwd", forced_split(), forced_dq()), False, lambda: Backward(prob))
     grads = tuple(cupy.empty(prob.shape, dtype=q.dtype) for _ in range(3))
     for ln in plan.launches(q, k, v, o, lse, do, *grads, *plan.scratch()):
         ln()

@@ -55,11 +55,34 @@
 #ifndef DQ_CHUNK
 #define DQ_CHUNK 32
 #endif
+// BWD_DQ_PASS 1: dQ by a pass of its own over the forward list (fast_tc_bwd_dq_pass), no float32
+// accumulator and no reductions; 0: dQ's sums by reductions in the main kernel
+#ifndef BWD_DQ_PASS
+#define BWD_DQ_PASS 0
+#endif
 static_assert(HEAD_D % DQ_CHUNK == 0 && DQ_CHUNK % 16 == 0, "DQ_CHUNK: a multiple of 16 dividing HEAD_D");
 static_assert(!TMA, "backward: cp.async loads");
 
 typedef TcLoadAsync<TcMmaSync> TcLoad;
 #define BWD_PREP_THREADS 256
+
+// One step of a walk over a list whose tiles stream through the STAGES buffers (both kernels): the
+// list's next entry, the wait for this tile and the refill of the stage the previous one freed;
+// so: this tile's stage offset.
+struct TcBwdWalk {
+    int st = 0, st_fill = STAGES - 1;
+
+    __device__ __forceinline__ int step(TcTileList& list, const int* __restrict__ tent, const TcSmem& sm,
+                                        const TcGlobal& gm, int T, int it, int n, u32& so) {
+        int ent_nx;
+        const int ent = list.next(tent, it, ent_nx);
+        TcLoad::refill(sm, gm, T, 0, st, st_fill, 0, ent_nx, it + STAGES - 1, n);
+        st_fill = st_fill == STAGES - 1 ? 0 : st_fill + 1;
+        so = st * TILE_BYTES;
+        st = st == STAGES - 1 ? 0 : st + 1;
+        return ent;
+    }
+};
 
 extern "C" __global__ void __launch_bounds__(BWD_PREP_THREADS)
 fast_tc_bwd_prep(const u16* __restrict__ Og, const u16* __restrict__ dOg, const float* __restrict__ Lg,
@@ -81,8 +104,10 @@ fast_tc_bwd_prep(const u16* __restrict__ Og, const u16* __restrict__ dOg, const 
             const float2 a = tc_unpack(ov[i]), b = tc_unpack(gv[i]);
             d = fmaf(a.x, b.x, fmaf(a.y, b.y, d));
         }
+#if !BWD_DQ_PASS
         float4* z = reinterpret_cast<float4*>(dQacc + at);
         z[0] = z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+#endif
     }
     // the CH lanes of a row (aligned groups within the warp) add their parts
 #pragma unroll
@@ -118,7 +143,10 @@ fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
     const u32 sS = sP + BM * BWD_PROWB;
     const TcGlobal gm = {nullptr, Qg + w.base, dOg + w.base, nullptr, nullptr, nullptr, nullptr, nullptr};
     const float2* ld = LD + (size_t)w.bh * T_all + cls;
+#if !BWD_DQ_PASS
     float* dq = dQacc + w.base;
+    const u32 tK = sK + tc_lane_t(lane, BWD_ROWB);
+#endif
 
     tc_load_tile<TcRowLayout, BN>(sK, Kg + w.base, kt * BN, T);
     tc_load_tile<TcRowLayout, BN>(sV, Vg + w.base, kt * BN, T);
@@ -134,7 +162,6 @@ fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
     const u32 aQ = sm.k + warp * 16 * BWD_ROWB + tc_lane_a(lane, BWD_ROWB);
     const u32 aO = sm.v + warp * 16 * BWD_ROWB + tc_lane_a(lane, BWD_ROWB);
     const u32 nK = sK + tc_lane_n(lane, BWD_ROWB), nV = sV + tc_lane_n(lane, BWD_ROWB);
-    const u32 tK = sK + tc_lane_t(lane, BWD_ROWB);
     const u32 tQ = sm.k + tc_lane_t(lane, BWD_ROWB), tO = sm.v + tc_lane_t(lane, BWD_ROWB);
     const u32 nP = (sP + tc_lane_n(lane, BWD_PROWB)) ^ (u32)(warp << 5);  // the warp's keys
     const u32 nS = (sS + tc_lane_n(lane, BWD_PROWB)) ^ (u32)(warp << 5);
@@ -145,16 +172,11 @@ fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
     // a key tile reaching past this class's end: its keys >= T masked on every query tile
     const bool edge = kt * BN + BN > T;
 
-    int st = 0, st_fill = STAGES - 1;
+    TcBwdWalk walk;
     for (int it = 0; it < n; ++it) {
-        const int nx = it + STAGES - 1;
-        int ent_nx;
-        const int ent = list.next(tent, it, ent_nx);
-        TcLoad::refill(sm, gm, T, 0, st, st_fill, 0, ent_nx, nx, n);
-        st_fill = st_fill == STAGES - 1 ? 0 : st_fill + 1;
+        u32 so;
+        const int ent = walk.step(list, tent, sm, gm, T, it, n, so);
         const int qt = tc_entry_tile(ent);
-        const u32 so = st * TILE_BYTES;
-        st = st == STAGES - 1 ? 0 : st + 1;
         const int row0 = qt * BM + warp * 16;
         const float2 ra = tc_bwd_row_stats(ld, row0 + g, T), rb = tc_bwd_row_stats(ld, row0 + g + 8, T);
 
@@ -162,36 +184,22 @@ fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
         TcBwdFrag p, f;
         tc_bwd_rows(x, aQ + so, nK);  // S = Q K^T
         if ((ent & 1) || edge) tc_mask_frag(x, pat, row0, kt * BN, T, g, t4);
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {  // P = exp(scale S - lse), masked keys and padding rows 0
-            x[j][0] = tc_exp2(fmaf(x[j][0], scale_log2, -ra.x));
-            x[j][1] = tc_exp2(fmaf(x[j][1], scale_log2, -ra.x));
-            x[j][2] = tc_exp2(fmaf(x[j][2], scale_log2, -rb.x));
-            x[j][3] = tc_exp2(fmaf(x[j][3], scale_log2, -rb.x));
-        }
+        tc_bwd_probs(x, ra, rb, scale_log2);  // P
         // P kept packed (16-bit, as the products read it) while dP is computed: half the registers
         tc_bwd_pack(p, x);
         tc_bwd_stage(sP, p, warp, g, t4);
         tc_bwd_rows(x, aO + so, nV);  // dP = dO V^T
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {  // dS = P (dP - delta)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float2 pv = tc_unpack(p[kk][e]);
-                const float dl = (e & 1) ? rb.y : ra.y;
-                float* d = x[2 * kk + (e >> 1)] + 2 * (e & 1);
-                d[0] = pv.x * (d[0] - dl);
-                d[1] = pv.y * (d[1] - dl);
-            }
-        }
+        tc_bwd_dscores(x, p, ra, rb);  // dS
         tc_bwd_pack(f, x);
         tc_bwd_stage(sS, f, warp, g, t4);
+#if !BWD_DQ_PASS
 #pragma unroll 1
         for (int c0 = 0; c0 < HEAD_D; c0 += DQ_CHUNK) {  // dQ += dS K, a column chunk at a time
             float c[DQ_CHUNK / 8][4];
             tc_bwd_dq_chunk<DQ_CHUNK>(c, f, tK, c0);
             tc_bwd_dq_add<DQ_CHUNK>(dq, c, c0, row0, T, g, t4);
         }
+#endif
         __syncthreads();  // P and dS staged by every warp
         tc_bwd_cols(dv, nP, tO + so);  // dV += P^T dO
         tc_bwd_cols(dk, nS, tQ + so);  // dK += dS^T Q
@@ -241,3 +249,70 @@ fast_tc_bwd_dq(const float* __restrict__ dQacc, u16* __restrict__ dQg, float sca
     *reinterpret_cast<uint4*>(dKg + at) = tc_bwd_pack8(src, scale);
     *reinterpret_cast<uint4*>(dVg + at) = tc_bwd_pack8(src + HEAD_D, 1.f);
 }
+
+#if BWD_DQ_PASS
+// dQ query-tile-major over the forward list (its grid and order, tc_block_work): the block keeps its
+// Q and dO tiles and its rows' (lse2, delta), streams the K and V tiles of its list through the
+// forward's stages and, per tile, recomputes S, P, dP and dS as the main kernel does and adds
+// dS K to dQ in registers; dQ (times the scale) stored once in the storage dtype. One barrier a
+// tile (the refill's): nothing is staged.
+extern "C" __global__ void __launch_bounds__(THREADS, MINB)
+fast_tc_bwd_dq_pass(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* __restrict__ Vg,
+                    const u16* __restrict__ dOg, const float2* __restrict__ LD, u16* __restrict__ dQg,
+                    const int4* __restrict__ thead, const int* __restrict__ tent, int T_all, float scale_log2,
+                    float scale, const int* __restrict__ table) {
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const TcWork w = tc_block_work(T_all);
+    const int qt = w.qt, T = w.T;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int g = lane >> 2, t4 = lane & 3;
+    const AB_PATTERN_T pat{AB_PATTERN_ARGS};
+
+    // shared memory: Q, dO (resident), K stages, V stages
+    TcSmem sm;
+    sm.q = tc_smem_addr(smem);
+    const u32 sO = sm.q + TILE_BYTES;
+    sm.k = sO + TILE_BYTES;
+    sm.v = sm.k + STAGES * TILE_BYTES;
+    const TcGlobal gm = {Qg + w.base, Kg + w.base, Vg + w.base, nullptr, nullptr, nullptr, nullptr, nullptr};
+    tc_load_tile<TcRowLayout, BM>(sm.q, gm.q, qt * BM, T);
+    tc_load_tile<TcRowLayout, BM>(sO, dOg + w.base, qt * BM, T);
+    tc_commit();  // one group, the oldest: first_tiles waits for it
+    TcLoad lk;
+    lk.init(sm, gm, w);
+    TcTileList list;
+    list.init(thead, tent, qt);
+    const int n = list.n;
+    lk.first_tiles(list);
+
+    const int row0 = qt * BM + warp * 16;
+    const float2* ld = LD + (size_t)w.bh * T_all + blockIdx.z;  // the class's rows (tc_block_work's grid)
+    const float2 ra = tc_bwd_row_stats(ld, row0 + g, T), rb = tc_bwd_row_stats(ld, row0 + g + 8, T);
+    const u32 aQ = sm.q + warp * 16 * BWD_ROWB + tc_lane_a(lane, BWD_ROWB);
+    const u32 aO = sO + warp * 16 * BWD_ROWB + tc_lane_a(lane, BWD_ROWB);
+    const u32 nK = sm.k + tc_lane_n(lane, BWD_ROWB), nV = sm.v + tc_lane_n(lane, BWD_ROWB);
+    const u32 tK = sm.k + tc_lane_t(lane, BWD_ROWB);
+
+    TcBwdCols dq;
+    tc_zero_frag(dq);
+    TcBwdWalk walk;
+    for (int it = 0; it < n; ++it) {
+        u32 so;
+        const int ent = walk.step(list, tent, sm, gm, T, it, n, so);
+        const int kt = tc_entry_tile(ent);
+
+        TcBwdRows x;
+        TcBwdFrag p, f;
+        tc_bwd_rows(x, aQ, nK + so);  // S = Q K^T
+        if ((ent & 1) || kt * BN + BN > T) tc_mask_frag(x, pat, row0, kt * BN, T, g, t4);
+        tc_bwd_probs(x, ra, rb, scale_log2);
+        tc_bwd_pack(p, x);
+        tc_bwd_rows(x, aO, nV + so);  // dP = dO V^T
+        tc_bwd_dscores(x, p, ra, rb);
+        tc_bwd_pack(f, x);
+        tc_bwd_dq_mac<HEAD_D>(dq, f, tK + so, 0);  // dQ += dS K
+    }
+    TcLoad::drain();
+    tc_bwd_store_cols(dQg + w.base, dq, scale, row0, T, g, t4);
+}
+#endif

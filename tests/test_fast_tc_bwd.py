@@ -6,7 +6,8 @@ through attnbench.attention against SDPA.
 The lists are cut into work items (attnbench.tiles.work_items): at these T and B*H the rule's L is
 SPLIT_MIN (8), so the cases with lists longer than 8 query tiles (dense, prefix_lm, document, wide
 windows at T=1000) run split key tiles already; test_gradients_match_the_reference_with_split_lists
-forces L (1, 2, 3, and 0: nothing split) through $ATTNBENCH_BWD_SPLIT.
+forces L (1, 2, 3, and 0: nothing split) through $ATTNBENCH_BWD_SPLIT, each with dQ summed by float32
+reductions and by its own pass over the forward list ($ATTNBENCH_BWD_DQ=pass), as does the fwd+bwd test.
 
 GPU: python3 -m pytest -q -m gpu tests/test_fast_tc_bwd.py (about 2 minutes on an H100, most of it
 compiling)."""
@@ -43,6 +44,37 @@ def test_backward_compiles_without_spills(arch, D, dtype, pattern, T, causal, pa
     for r in reports:
         assert r.arch == arch and 0 < r.registers <= 255
         assert (r.spill_stores, r.spill_loads, r.stack) == (0, 0, 0), r
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("D", DIMS)
+@pytest.mark.parametrize("pattern,T,causal,params", [
+    ("dense", 4096, True, {}), ("streaming", 4096, True, dict(sink=16, window=64)),
+    ("dilated", 4096, True, dict(window=512, dilation=2)), ("bigbird", 4096, True, {}),
+    ("prefix_lm", 4096, False, dict(prefix=1000)),
+])
+def test_the_dq_pass_builds_compile_without_spills(arch, D, pattern, T, causal, params):
+    """BWD_DQ_PASS: the main kernel without dQ, prep without its accumulator, and the pass itself."""
+    mask = make_mask(pattern, T, causal, **params)
+    d = bwd_defines(D, "bfloat16", mask, dq="pass")
+    assert d["BWD_DQ_PASS"] == 1 and "BWD_DQ_PASS" not in bwd_defines(D, "bfloat16", mask)
+    reports = compile_only("fast_tc_bwd", d, arch)
+    assert sorted(r.kernel for r in reports) == sorted(BWD_KERNELS + ["fast_tc_bwd_dq_pass"])
+    for r in reports:
+        assert r.arch == arch and 0 < r.registers <= 255
+        assert (r.spill_stores, r.spill_loads, r.stack) == (0, 0, 0), r
+
+
+def test_the_dq_way_comes_from_the_environment(monkeypatch):
+    from attnbench.fast_tc_bwd import DQ_ENV, forced_dq
+
+    monkeypatch.delenv(DQ_ENV, raising=False)
+    assert forced_dq() == "atomic"
+    monkeypatch.setenv(DQ_ENV, "pass")
+    assert forced_dq() == "pass"
+    monkeypatch.setenv(DQ_ENV, "both")
+    with pytest.raises(BadInput, match=DQ_ENV):
+        forced_dq()
 
 
 @pytest.mark.parametrize("D", DIMS)
@@ -237,17 +269,20 @@ def _split_cases():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dq", ["atomic", "pass"])
 @pytest.mark.parametrize("pattern,causal,params,D,dtype,T,L", list(_split_cases()))
-def test_gradients_match_the_reference_with_split_lists(monkeypatch, pattern, causal, params, D, dtype, T, L):
-    from attnbench.fast_tc_bwd import SPLIT_ENV
+def test_gradients_match_the_reference_with_split_lists(monkeypatch, pattern, causal, params, D, dtype, T, L, dq):
+    """dq: dQ's sums by float32 reductions, or dQ by its own pass over the forward list."""
+    from attnbench.fast_tc_bwd import DQ_ENV, SPLIT_ENV
 
     monkeypatch.setenv(SPLIT_ENV, str(L))
+    monkeypatch.setenv(DQ_ENV, dq)
     mask = make_mask(pattern, T, causal, **params)
     prob = Problem(mask, 2, 3, D, dtype, pass_name="bwd")
     q, k, v, do = _inputs(prob, seed=T + D + L)
     runner = IMPL.prepare(prob, q, k, v, do=do)
     st = runner.setup
-    assert st["bwd_items"] >= st["bwd_split_tiles"] >= 0 and "bwd_items_build_s" in st
+    assert st["bwd_items"] >= st["bwd_split_tiles"] >= 0 and "bwd_items_build_s" in st and st["bwd_dq"] == dq
     if L > 0:
         assert st["bwd_split"] == L and st["bwd_split_tiles"] > 0, st
     else:
@@ -259,10 +294,14 @@ def test_gradients_match_the_reference_with_split_lists(monkeypatch, pattern, ca
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dq", ["atomic", "pass"])
 @pytest.mark.parametrize("impl", [IMPL, SYNC_IMPL], ids=["fast-tc", "fast-tc-sync"])
 @pytest.mark.parametrize("pattern,params,T", [("dense", {}, 1000), ("streaming", dict(sink=16, window=64), 777),
                                               ("dilated", dict(window=33, dilation=5), 1000)])
-def test_fwd_plus_bwd_recomputes_the_forward_each_run(impl, pattern, params, T):
+def test_fwd_plus_bwd_recomputes_the_forward_each_run(monkeypatch, impl, pattern, params, T, dq):
+    from attnbench.fast_tc_bwd import DQ_ENV
+
+    monkeypatch.setenv(DQ_ENV, dq)
     mask = make_mask(pattern, T, True, **params)
     for D, dtype in ((64, "float16"), (128, "bfloat16")):
         prob = Problem(mask, 2, 3, D, dtype, pass_name="fwd+bwd")

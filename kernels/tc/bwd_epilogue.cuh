@@ -6,6 +6,9 @@
 //   tc_unpack(x): the two 16-bit values of a packed register as floats (lo, hi).
 //   tc_bwd_row_stats(ld, row, T): (lse2, delta) of a class row (ld: the row's class base; rows
 //     STRIDE apart), (+inf, 0) past T: P = 0 and dS = 0 on padding rows.
+//   tc_bwd_probs(x, ra, rb, scale_log2): a warp's S fragment into P = exp2(S scale log2 e - lse2)
+//     (ra: rows g, rb: rows g + 8; masked keys and padding rows 0).
+//   tc_bwd_dscores(x, p, ra, rb): a warp's dP fragment into dS = P (dP - delta), P packed (p).
 //   tc_bwd_dq_add<C>(dq, c, c0, row0, T, g, t4): c (a warp's [16][C] chunk of dS K at columns
 //     c0) added to float32 dq (the class base, rows STRIDE * HEAD_D floats apart) at rows
 //     row0 + g and row0 + g + 8 below T, a column pair per reduction (tc_red2).
@@ -18,6 +21,7 @@
 //     red.global.add.v2.f32 on sm_90, two scalar reductions before.
 #pragma once
 #include "tc/common.cuh"
+#include "tc/bwd_mma.cuh"
 
 __device__ __forceinline__ float2 tc_unpack(u32 x) {
 #if AB_F16
@@ -38,6 +42,31 @@ __device__ __forceinline__ void tc_red2(float* p, float x, float y) {
     atomicAdd(p, x);
     atomicAdd(p + 1, y);
 #endif
+}
+
+__device__ __forceinline__ void tc_bwd_probs(TcBwdRows& x, float2 ra, float2 rb, float scale_log2) {
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+        x[j][0] = tc_exp2(fmaf(x[j][0], scale_log2, -ra.x));
+        x[j][1] = tc_exp2(fmaf(x[j][1], scale_log2, -ra.x));
+        x[j][2] = tc_exp2(fmaf(x[j][2], scale_log2, -rb.x));
+        x[j][3] = tc_exp2(fmaf(x[j][3], scale_log2, -rb.x));
+    }
+}
+
+// p[kk][e] (tc_p_frag): e = 0 / 1 rows g / g + 8 of n8 block 2 kk, e = 2 / 3 the same of block 2 kk + 1
+__device__ __forceinline__ void tc_bwd_dscores(TcBwdRows& x, const TcBwdFrag& p, float2 ra, float2 rb) {
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float2 pv = tc_unpack(p[kk][e]);
+            const float dl = (e & 1) ? rb.y : ra.y;
+            float* d = x[2 * kk + (e >> 1)] + 2 * (e & 1);
+            d[0] = pv.x * (d[0] - dl);
+            d[1] = pv.y * (d[1] - dl);
+        }
+    }
 }
 
 template <int C>
