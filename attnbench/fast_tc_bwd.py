@@ -9,7 +9,9 @@ list alone (streaming's sink tile, BigBird's global blocks, a prefix); the items
 several add their dK and dV in float32. Three launches: ``fast_tc_bwd_prep`` (delta = rowsum(dO * O)
 beside the log-sum-exp, the dQ and split dK / dV accumulators zeroed), ``fast_tc_bwd`` (dK, dV, and
 dQ's sums), ``fast_tc_bwd_dq`` (dQ times the scale in the storage dtype, and the split key tiles' dK
-and dV).
+and dV). ``Backward(dq="pass")`` (or $ATTNBENCH_BWD_DQ=pass) computes dQ instead by a pass of its own
+over the forward list (``fast_tc_bwd_dq_pass``): no float32 accumulator and no reductions, 1.4x the
+products; docs/PERF.md "backward v2" predicts both ways.
 
 The log-sum-exp is the natural log: ``lse[b, h, i] = log(sum_j exp(scale * q_i . k_j))`` over row
 i's allowed keys, float32 [B, H, T] (``reference.reference_forward``'s), as the forward with
@@ -74,8 +76,8 @@ class BwdConfig:
         return 2 * D * (2 * self.BM + 2 * self.STAGES * self.BN)
 
 
-# per head dimension: (shape, why). Registers (sm_80 / sm_90, NVRTC 13): D=64 about 195, D=128
-# about 252 of 255 without spills (P kept packed while dP is computed)
+# per head dimension: (shape, why). Registers (sm_80 / sm_90, NVRTC 13): D=64 198-206, D=128
+# 251-254 of 255 without spills (P kept packed while dP is computed)
 BWD_SHAPES: dict[int, tuple[BwdConfig, str]] = {
     64: (BwdConfig(NWARPS=4, STAGES=2, MINB=2), "64 x 64 tiles, Q and dO in 2 stages (56 KiB): 2 blocks per SM"),
     128: (BwdConfig(NWARPS=4, STAGES=2, MINB=1), "64 x 64 tiles, Q and dO in 2 stages (112 KiB); dK and dV "
