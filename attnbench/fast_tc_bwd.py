@@ -3,9 +3,15 @@
 The backward runs on mma.sync with cp.async on every GPU (a wgmma backward for sm_90 is still to
 come), key-tile-major over the transposed tile list (``tiles.tile_list_t``: for each key tile the
 query tiles that visit it, flagged full or partial, so only partial tiles are masked), with dQ
-accumulated by float32 atomics. Three launches: ``fast_tc_bwd_prep`` (delta = rowsum(dO * O) beside
-the log-sum-exp, the dQ accumulator zeroed), ``fast_tc_bwd`` (dK, dV, and dQ's sums),
-``fast_tc_bwd_dq`` (dQ times the scale in the storage dtype).
+accumulated by float32 atomics. The lists are cut into work items of at most L query tiles
+(``tiles.work_items``; L from ``split_length``), the longest first, so that no block walks a long
+list alone (streaming's sink tile, BigBird's global blocks, a prefix); the items of a key tile cut in
+several add their dK and dV in float32. Three launches: ``fast_tc_bwd_prep`` (delta = rowsum(dO * O)
+beside the log-sum-exp, the dQ and split dK / dV accumulators zeroed), ``fast_tc_bwd`` (dK, dV, and
+dQ's sums), ``fast_tc_bwd_dq`` (dQ times the scale in the storage dtype, and the split key tiles' dK
+and dV). ``Backward(dq="pass")`` (or $ATTNBENCH_BWD_DQ=pass) computes dQ instead by a pass of its own
+over the forward list (``fast_tc_bwd_dq_pass``): no float32 accumulator and no reductions, 1.4x the
+products; docs/PERF.md "backward v2" predicts both ways.
 
 The log-sum-exp is the natural log: ``lse[b, h, i] = log(sum_j exp(scale * q_i . k_j))`` over row
 i's allowed keys, float32 [B, H, T] (``reference.reference_forward``'s), as the forward with
@@ -30,10 +36,13 @@ from .fast_tc import (IMPL, SYNC_IMPL, LOG2E, FastTC, Launch, TileConfig, bind_i
                       pattern_defines, table_array)
 from .impls import Problem, Runner, timed
 from .patterns import Mask
-from .tiles import lru, mask_key, tile_list, tile_list_t
+from .tiles import lru, mask_key, tile_items_t, tile_list, tile_list_t
 
 KERNEL = "fast_tc_bwd"
 MAIN, PREP, DQ = "fast_tc_bwd", "fast_tc_bwd_prep", "fast_tc_bwd_dq"
+DQ_PASS = "fast_tc_bwd_dq_pass"  # BWD_DQ_PASS builds: dQ by a pass over the forward list
+DQ_WAYS = ("atomic", "pass")     # how dQ is summed: reductions into float32 in the main kernel, or its own pass
+DQ_ENV = "ATTNBENCH_BWD_DQ"      # the way forced (tests, timing); default "atomic"
 PREP_THREADS = 256  # BWD_PREP_THREADS, of the prep and convert kernels
 DEFAULT_SMEM = 48 * 1024
 
@@ -62,9 +71,13 @@ class BwdConfig:
         """K and V, STAGES Q and dO tiles, the staged P and dS."""
         return 2 * D * (2 * self.BN + 2 * self.STAGES * self.BM) + 2 * 2 * self.BM * self.BN
 
+    def dq_pass_smem_bytes(self, D: int) -> int:
+        """The dQ pass's: Q and dO, STAGES K and V tiles."""
+        return 2 * D * (2 * self.BM + 2 * self.STAGES * self.BN)
 
-# per head dimension: (shape, why). Registers (sm_80 / sm_90, NVRTC 13): D=64 about 195, D=128
-# about 252 of 255 without spills (P kept packed while dP is computed)
+
+# per head dimension: (shape, why). Registers (sm_80 / sm_90, NVRTC 13): D=64 198-206, D=128
+# 251-254 of 255 without spills (P kept packed while dP is computed)
 BWD_SHAPES: dict[int, tuple[BwdConfig, str]] = {
     64: (BwdConfig(NWARPS=4, STAGES=2, MINB=2), "64 x 64 tiles, Q and dO in 2 stages (56 KiB): 2 blocks per SM"),
     128: (BwdConfig(NWARPS=4, STAGES=2, MINB=1), "64 x 64 tiles, Q and dO in 2 stages (112 KiB); dK and dV "
@@ -76,13 +89,60 @@ def bwd_config(D: int) -> BwdConfig:
     return BWD_SHAPES[D][0]
 
 
-def bwd_defines(D: int, dtype: str, mask: Mask, cfg: BwdConfig | None = None) -> dict:
+# ---- work items: the transposed lists cut so that every block's walk is short --------------------
+SPLIT_WAVES = 4  # the items of all heads and classes fill about this many waves of the GPU's blocks
+SPLIT_MIN = 8    # query tiles an item walks at least (a split item pays its K / V loads and dK / dV atomics)
+SPLIT_ENV = "ATTNBENCH_BWD_SPLIT"  # L forced (0: nothing split), for tests and timing experiments
+
+
+def split_length(entries: int, longest: int, heads: int, slots: int) -> int:
+    """L, the most query tiles one work item walks, for a transposed list of ``entries`` entries
+    whose longest key tile has ``longest``, run on ``heads`` (B * H * residue classes) copies at
+    once by a GPU of ``slots`` resident blocks (multiprocessors x blocks per multiprocessor):
+
+        target = ceil(SPLIT_WAVES * slots / heads)   items per copy that fill SPLIT_WAVES waves
+        L      = max(SPLIT_MIN, ceil(entries / target))
+
+    then at most ``longest`` (nothing to cut). With the items dispatched longest first, the walks
+    of at most L tiles end within about 1 / SPLIT_WAVES of the balanced time W / slots (W: all
+    walks' tiles): the long items start in the first wave and the short ones fill in behind them.
+    Dense causal at T=32768, B*H=16, 132 SMs: L=1990, nothing split (the 512-tile lists are well
+    under W / slots = 7958); streaming 16+64: L=24, key tile 0's 512 tiles in 22 items."""
+    target = max(1, -(-SPLIT_WAVES * slots // max(1, heads)))
+    return max(1, min(max(SPLIT_MIN, -(-entries // target)), longest))
+
+
+def forced_dq() -> str:
+    """How dQ is summed: $ATTNBENCH_BWD_DQ (one of DQ_WAYS), else "atomic"; BadInput otherwise."""
+    import os
+
+    given = os.environ.get(DQ_ENV, "").strip() or "atomic"
+    if given not in DQ_WAYS:
+        raise BadInput(f"{DQ_ENV}={given!r}: expected one of {', '.join(DQ_WAYS)}")
+    return given
+
+
+def forced_split() -> int | None:
+    """L from $ATTNBENCH_BWD_SPLIT (0: nothing split), None when unset; BadInput when not a count."""
+    import os
+
+    given = os.environ.get(SPLIT_ENV, "").strip()
+    if not given:
+        return None
+    if not given.isdigit():
+        raise BadInput(f"{SPLIT_ENV}={given!r}: expected a count of query tiles (0: no split)")
+    return int(given)
+
+
+def bwd_defines(D: int, dtype: str, mask: Mask, cfg: BwdConfig | None = None, dq: str = "atomic") -> dict:
     """The -D constants of kernels/fast_tc_bwd.cu for a head dimension, dtype and pattern (the inner
-    pattern and its stride when the pattern is strided)."""
+    pattern and its stride when the pattern is strided); ``dq`` "pass" adds BWD_DQ_PASS."""
     cfg = cfg or bwd_config(D)
     stride, inner = mask.strided()
     d = dict(HEAD_D=D, BN=cfg.BN, NWARPS=cfg.NWARPS, STAGES=cfg.STAGES, MT=1, MINB=cfg.MINB, QREG=0,
              AB_F16=int(dtype == "float16"), STRIDE=stride)
+    if dq == "pass":
+        d["BWD_DQ_PASS"] = 1
     d.update(pattern_defines(inner.tile_predicate(cfg.BM, cfg.BN)))
     return d
 
@@ -94,10 +154,15 @@ def check_dtype(dtype: str, what: str = "the backward") -> None:
 
 
 class Backward:
-    """The backward of one problem: its transposed list on the device and its kernels compiled
-    (timed into ``setup``); ``launches`` binds them to arrays."""
+    """The backward of one problem: its transposed list cut into work items (``tiles.WorkItems``)
+    on the device and its kernels compiled (timed into ``setup``); ``launches`` binds them to
+    arrays. ``split``: the most query tiles a work item walks (0: no key tile split; None: from
+    $ATTNBENCH_BWD_SPLIT, else ``split_length`` for this GPU). ``dq``: "atomic" (dQ's sums by
+    float32 reductions in the main kernel, converted after it) or "pass" (dQ by a query-tile-major
+    pass of its own over the forward list, no accumulator); None: $ATTNBENCH_BWD_DQ, else "atomic"."""
 
-    def __init__(self, prob: Problem, setup: dict | None = None, cfg: BwdConfig | None = None):
+    def __init__(self, prob: Problem, setup: dict | None = None, cfg: BwdConfig | None = None,
+                 split: int | None = None, dq: str | None = None):
         check_dtype(prob.dtype)
         if prob.D not in BWD_SHAPES:
             raise BadInput(f"D={prob.D} is not supported by the backward of fast-tc "
@@ -112,38 +177,88 @@ class Backward:
         setup["tiles_t_build_s"] = tile_list(inner, cfg.BM, cfg.BN).build_s + tt.build_s
         self.tiles = tt.device()
         setup["tiles_t_device_s"] = self.tiles.build_s
+        self.heads = prob.B * prob.H * min(stride, prob.T)
+        split = forced_split() if split is None else split
+        longest = int(np.diff(tt.ptr).max(initial=0))
+        if split is None:
+            split = split_length(tt.n_visited, longest, self.heads, self.slots(cfg))
+        L = max(1, min(split, longest)) if split > 0 else max(1, longest)
+        items = tile_items_t(inner, cfg.BM, cfg.BN, L)
+        self.items = items.device()
+        self.n_items, self.n_split = items.n_items, items.n_split
+        setup.update(bwd_items=items.n_items, bwd_split=L, bwd_split_tiles=items.n_split,
+                     bwd_items_build_s=items.build_s, bwd_items_device_s=self.items.build_s)
+        if self.n_items * self.heads >= 2 ** 31:
+            raise BadInput(f"{self.n_items} work items x {self.heads} heads and classes exceed the grid (2^31 blocks)")
+        self.dq_way = dq = forced_dq() if dq is None else dq
+        if dq not in DQ_WAYS:
+            raise BadInput(f"dq={dq!r}: expected one of {', '.join(DQ_WAYS)}")
+        setup["bwd_dq"] = dq
+        if dq == "pass":  # the forward list at the backward's tiles, on the device (built above)
+            self.fwd_tiles = tile_list(inner, cfg.BM, cfg.BN).device()
         self.table = table_array(inner)
         with timed(setup, "compile_s"):
-            mod = get_module(KERNEL, bwd_defines(prob.D, prob.dtype, prob.mask, cfg))
+            mod = get_module(KERNEL, bwd_defines(prob.D, prob.dtype, prob.mask, cfg, dq))
             self.main, self.prep, self.dq = (mod.get_function(x) for x in (MAIN, PREP, DQ))
             self.smem = cfg.smem_bytes(prob.D)
             if self.smem > DEFAULT_SMEM:
                 self.main.max_dynamic_shared_size_bytes = self.smem
+            if dq == "pass":
+                self.dq_pass = mod.get_function(DQ_PASS)
+                self.dq_smem = cfg.dq_pass_smem_bytes(prob.D)
+                if self.dq_smem > DEFAULT_SMEM:
+                    self.dq_pass.max_dynamic_shared_size_bytes = self.dq_smem
         setup["bwd_tile_config"] = f"NWARPS={cfg.NWARPS},BN={cfg.BN},STAGES={cfg.STAGES},MINB={cfg.MINB}"
 
+    @staticmethod
+    def slots(cfg: BwdConfig) -> int:
+        """Blocks of the main kernel the current GPU holds at once (its MINB per multiprocessor)."""
+        import cupy
+
+        return cupy.cuda.Device().attributes["MultiProcessorCount"] * cfg.MINB
+
+    @property
+    def split_rows(self) -> int:
+        """Rows of the split key tiles' float32 dK / dV accumulator: BN per (slot, head, class)."""
+        return self.n_split * self.heads * self.cfg.BN
+
     def scratch(self):
-        """(ld, dq_acc): float32 [B, H, T, 2] (lse * log2 e, delta) and float32 [B, H, T, D]."""
+        """(ld, dq_acc, dkv_acc): float32 [B, H, T, 2] (lse * log2 e, delta), float32 [B, H, T, D]
+        (one element with the dQ pass) and float32 [split rows, 2, D] (dK, dV of the split key
+        tiles; one element when none)."""
         import cupy
 
         B, H, T, D = self.prob.shape
-        return cupy.empty((B, H, T, 2), cupy.float32), cupy.empty((B, H, T, D), cupy.float32)
+        dkv = cupy.empty((max(1, self.split_rows), 2, D), cupy.float32)
+        acc = cupy.empty((1,) if self.dq_way == "pass" else (B, H, T, D), cupy.float32)
+        return cupy.empty((B, H, T, 2), cupy.float32), acc, dkv
 
-    def launches(self, q, k, v, o, lse, do, dq, dk, dv, ld, dq_acc) -> list[Launch]:
-        """prep, main, convert on these storage arrays (lse float32 [B, H, T]; ld, dq_acc: ``scratch``)."""
+    def launches(self, q, k, v, o, lse, do, dq, dk, dv, ld, dq_acc, dkv_acc) -> list[Launch]:
+        """prep, main, convert on these storage arrays (lse float32 [B, H, T]; ld, dq_acc, dkv_acc:
+        ``scratch``); with the dQ pass: prep, main, the pass, and the convert only when a key tile
+        is split (it converts nothing else)."""
         prob, cfg = self.prob, self.cfg
         B, H, T, D = prob.shape
-        rows = B * H * T
+        rows, srows = B * H * T, self.split_rows
         per_block = PREP_THREADS // (D // 8)
         scale = prob.softmax_scale
-        n_kt = -(-self.inner.T // cfg.BN)
-        prep = Launch(self.prep, (-(-rows // per_block),), (PREP_THREADS,), 0, (o, do, lse, ld, dq_acc, np.int32(rows)))
-        main = Launch(self.main, (n_kt, B * H, min(self.stride, T)), (cfg.threads,), self.smem,
-                      (q, k, v, do, ld, dq_acc, dk, dv, self.tiles.heads, self.tiles.entries, np.int32(T),
-                       np.float32(scale * LOG2E), np.float32(scale), self.table))
-        n8 = rows * D // 8
-        conv = Launch(self.dq, (-(-n8 // PREP_THREADS),), (PREP_THREADS,), 0,
-                      (dq_acc, dq, np.float32(scale), np.int64(n8)))
-        return [prep, main, conv]
+        it = self.items
+        prep = Launch(self.prep, (-(-max(rows, srows) // per_block),), (PREP_THREADS,), 0,
+                      (o, do, lse, ld, dq_acc, np.int32(rows), dkv_acc, np.int32(srows)))
+        main = Launch(self.main, (self.n_items * self.heads,), (cfg.threads,), self.smem,
+                      (q, k, v, do, ld, dq_acc, dk, dv, it.heads, it.tiles, self.tiles.entries, dkv_acc,
+                       np.int32(B * H), np.int32(T), np.float32(scale * LOG2E), np.float32(scale), self.table))
+        n8, s8 = (0 if self.dq_way == "pass" else rows * D // 8), srows * D // 8
+        conv = Launch(self.dq, (-(-(n8 + s8) // PREP_THREADS),), (PREP_THREADS,), 0,
+                      (dq_acc, dq, np.float32(scale), np.int64(n8), dkv_acc, it.split_kt, dk, dv, np.int32(B * H),
+                       np.int32(T), np.int64(s8)))
+        if self.dq_way == "atomic":
+            return [prep, main, conv]
+        ft = self.fwd_tiles
+        dq_pass = Launch(self.dq_pass, (ft.heads.shape[0], B * H, min(self.stride, T)), (cfg.threads,), self.dq_smem,
+                         (q, k, v, do, ld, dq, ft.heads, ft.entries, np.int32(T), np.float32(scale * LOG2E),
+                          np.float32(scale), self.table))
+        return [prep, main, dq_pass] + ([conv] if s8 else [])
 
 
 class FastTCBwdRunner(Runner):
@@ -258,7 +373,7 @@ def backward(mask: Mask, q, k, v, o, lse, do, scale: float | None = None, dtype:
             or not lse.flags.c_contiguous:
         raise BadInput(f"lse must be a contiguous float32 CuPy array of shape {prob.shape[:3]} (forward_lse's), got "
                        f"{type(lse).__name__} {getattr(lse, 'dtype', '')} {tuple(getattr(lse, 'shape', ()))}")
-    plan = _cached(prob, "bwd", False, lambda: Backward(prob))
+    plan = _cached(prob, ("bwd", forced_split(), forced_dq()), False, lambda: Backward(prob))
     grads = tuple(cupy.empty(prob.shape, dtype=q.dtype) for _ in range(3))
     for ln in plan.launches(q, k, v, o, lse, do, *grads, *plan.scratch()):
         ln()

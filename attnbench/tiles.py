@@ -69,13 +69,18 @@ class Tiles:
 
     def device(self) -> "DeviceTiles":
         """The list on the current CUDA device, expanded there; built once per device."""
-        import cupy
+        return _per_device(self._device, lambda: DeviceTiles.expand(self))
 
-        dev = cupy.cuda.Device().id
-        d = self._device.get(dev)
-        if d is None:
-            d = self._device[dev] = DeviceTiles.expand(self)
-        return d
+
+def _per_device(store: dict, make):
+    """``store``'s value for the current CUDA device, ``make()`` the first time."""
+    import cupy
+
+    dev = cupy.cuda.Device().id
+    d = store.get(dev)
+    if d is None:
+        d = store[dev] = make()
+    return d
 
 
 @dataclass(frozen=True)
@@ -372,6 +377,99 @@ def _transpose_runs(tiles: Tiles, n_ktiles: int) -> TransposedTiles:
                            (qs << 1 | fs).astype(np.int64), time.perf_counter() - t0)
 
 
+# ---- work items (the backward's: a transposed list cut into stretches) -------------------------
+@dataclass(frozen=True, eq=False)
+class WorkItems:
+    """A transposed list cut into work items of at most ``L`` query tiles: each key tile's list into
+    k = max(1, ceil(count / L)) stretches of balanced length (the first count % k one longer), an
+    empty list into one empty item (its keys' gradients are still written). A key tile cut into
+    more than one item is *split* and gets a slot (0, 1, ... in key-tile order): its items add their
+    partial dK and dV into float32 accumulators instead of storing them. Items come ordered by their
+    key tile's item length ceil(count / k), longest first (ties: key tile ascending), the items of a
+    key tile one after another, so no item is more than one query tile longer than any before it.
+
+    ``heads`` is ``heads()``'s layout for the items (the first entry's index in the transposed
+    list, the count, the first two entries), so the kernel reads an item as it reads a list."""
+    L: int
+    heads: np.ndarray     # int32 [n_items, 4]
+    tiles: np.ndarray     # int32 [n_items, 2]: key tile, split slot (-1: not split)
+    split_kt: np.ndarray  # int32 [n_split]: the key tile of each slot
+    build_s: float = 0.0
+    _device: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def n_items(self) -> int:
+        return self.heads.shape[0]
+
+    @property
+    def n_split(self) -> int:
+        return self.split_kt.size
+
+    @property
+    def longest(self) -> int:
+        return int(self.heads[:, 1].max(initial=0))
+
+    def device(self) -> "DeviceItems":
+        """The items on the current CUDA device, uploaded once per device."""
+        return _per_device(self._device, lambda: DeviceItems.upload(self))
+
+
+@dataclass(frozen=True)
+class DeviceItems:
+    """``WorkItems`` on a device (int32; ``split_kt`` one 0 when nothing is split) and the seconds
+    of the upload."""
+    heads: object
+    tiles: object
+    split_kt: object
+    build_s: float
+
+    @classmethod
+    def upload(cls, items: WorkItems) -> "DeviceItems":
+        import cupy
+
+        stream = cupy.cuda.get_current_stream()
+        stream.synchronize()
+        t0 = time.perf_counter()
+        heads = cupy.asarray(items.heads)
+        tiles = cupy.asarray(items.tiles)
+        split_kt = cupy.asarray(items.split_kt if items.n_split else np.zeros(1, np.int32))
+        stream.synchronize()
+        return cls(heads, tiles, split_kt, time.perf_counter() - t0)
+
+
+def work_items(tt: Tiles, L: int) -> WorkItems:
+    """``tt`` (CSR ``ptr`` over key tiles, entries as runs) cut into work items of at most ``L``
+    entries (``WorkItems``), vectorised: the cost grows with the items, not with the entries."""
+    if L < 1:
+        raise ValueError(f"L={L}: work items hold at least one entry")
+    t0 = time.perf_counter()
+    ptr = tt.ptr.astype(np.int64)
+    count = np.diff(ptr)
+    k = np.maximum(1, -(-count // L))  # items per key tile
+    per = -(-count // k)               # its item length (the longer ones)
+    order = np.argsort(-per, kind="stable")  # longest first, key tile ascending
+    k_o = k[order]
+    n = int(k_o.sum())
+    kt = np.repeat(order, k_o)
+    j = np.arange(n, dtype=np.int64) - np.repeat(np.cumsum(k_o) - k_o, k_o)  # the item's index in its tile
+    q, r = np.divmod(count[kt], k[kt])
+    size = q + (j < r)
+    start = ptr[kt] + j * q + np.minimum(j, r)
+    split = k > 1
+    slot_of = np.where(split, np.cumsum(split) - 1, -1)
+    heads_ = np.empty((n, 4), np.int32)
+    heads_[:, 0] = start
+    heads_[:, 1] = size
+    for col, off in ((2, 0), (3, 1)):  # the entries at start and start + 1, from their runs
+        has = size > off
+        at = start[has] + off
+        run = np.searchsorted(tt.run_off, at, side="right") - 1  # runs never cross a key tile's row
+        heads_[:, col] = 0
+        heads_[has, col] = tt.run_val[run] + 2 * (at - tt.run_off[run])
+    tiles_ = np.stack([kt, slot_of[kt]], axis=1).astype(np.int32)
+    return WorkItems(int(L), heads_, tiles_, np.flatnonzero(split).astype(np.int32), time.perf_counter() - t0)
+
+
 # ---- cache ------------------------------------------------------------------------------------
 _CACHE: OrderedDict = OrderedDict()
 _KEEP = 32
@@ -419,6 +517,15 @@ def tile_list_t(mask, BM: int, BN: int) -> TransposedTiles:
     return _cached(_CACHE_T, mask, BM, BN, lambda: transpose(tile_list(mask, BM, BN), -(-mask.T // BN)))
 
 
+_CACHE_ITEMS: OrderedDict = OrderedDict()
+
+
+def tile_items_t(mask, BM: int, BN: int, L: int) -> WorkItems:
+    """``work_items(tile_list_t(mask, BM, BN), L)``, cached beside the transposed list per
+    (pattern, parameters, T, causal, BM, BN, L); its ``build_s`` is the cut's own seconds."""
+    return lru(_CACHE_ITEMS, (mask_key(mask), BM, BN, int(L)), lambda: work_items(tile_list_t(mask, BM, BN), L))
+
+
 def setup_times(tiles: Tiles) -> dict:
     """What a runner reports of its list: host build (the first, and a second one warm) and device
     expansion seconds (each the list's own build, also when it came from the cache)."""
@@ -426,8 +533,8 @@ def setup_times(tiles: Tiles) -> dict:
             "tiles_device_s": tiles.device().build_s}
 
 
-__all__ = ["Tiles", "TransposedTiles", "DeviceTiles", "build", "heads", "tile_list", "transpose", "tile_list_t",
-           "setup_times"]
+__all__ = ["Tiles", "TransposedTiles", "DeviceTiles", "WorkItems", "DeviceItems", "build", "heads", "tile_list",
+           "transpose", "tile_list_t", "work_items", "tile_items_t", "setup_times"]
 
 
 def standard_builds() -> list[tuple[str, dict]]:

@@ -1,21 +1,33 @@
 // Tensor-core attention backward for bfloat16 / float16 (float32 accumulation), FlashAttention-2
 // style, key-tile-major over the transposed tile list (for each key tile, the query tiles whose
-// forward lists name it, flagged full or partial; attnbench.tiles.tile_list_t). Three kernels:
+// forward lists name it, flagged full or partial; attnbench.tiles.tile_list_t), cut into work
+// items (attnbench.tiles.WorkItems: each key tile's list in stretches of at most L query tiles,
+// the longest first; a key tile cut in more than one is *split*). Three kernels:
 //
 //   fast_tc_bwd_prep  per row: delta = rowsum(dO * O) in float32, stored beside the forward's
 //                     log-sum-exp in base 2 (LD [B * H * T] of float2 (lse * log2 e, delta)); the
-//                     row of the float32 dQ accumulator zeroed. Grid: rows / (256 / CH); 256 threads,
-//                     CH per row.
-//   fast_tc_bwd       grid (key tiles, B * H, residue classes); block NWARPS warps. The block loads
-//                     its K and V tile (BN keys) once and keeps dK and dV in registers; the query
-//                     tiles (BM = BN rows) of its list stream Q and dO through STAGES shared-memory
+//                     row of the float32 dQ accumulator zeroed, and the rows of the split key tiles'
+//                     float32 dK / dV accumulator. Grid: max(rows, split rows) / (256 / CH); 256
+//                     threads, CH per row.
+//   fast_tc_bwd       grid: items x residue classes x B * H, flat (tc_item_work: the item slowest,
+//                     so every head's longest items go first); block NWARPS warps. The block loads
+//                     its key tile's K and V (BN keys) once and keeps dK and dV in registers; the query
+//                     tiles (BM = BN rows) of its item stream Q and dO through STAGES shared-memory
 //                     buffers by cp.async (TcLoadAsync, the stages the forward streams K and V
 //                     through). For each: S = Q K^T, partial tiles only masked with the pattern
 //                     predicate (tc_mask_frag, as the forward), P = exp2(S scale log2 e - lse2);
-//                     dP = dO V^T; dS = P (dP - delta); dQ += dS K (float32 atomics); then
+//                     dP = dO V^T; dS = P (dP - delta); dQ += dS K (float32 reductions); then
 //                     dV += P^T dO and dK += dS^T Q. At the end dK (times the scale) and dV are
-//                     stored in the storage dtype.
-//   fast_tc_bwd_dq    dQ = scale * the accumulator, in the storage dtype. Grid: elements / 2048.
+//                     stored in the storage dtype, or, by an item of a split key tile, added to
+//                     the tile's float32 accumulator rows (tc_red2: red.global.add.v2.f32 on sm_90).
+//   fast_tc_bwd_dq    dQ = scale * the accumulator, in the storage dtype; then (the blocks past dQ)
+//                     the split key tiles' dK = scale * its accumulator and dV. Grid: (dQ's
+//                     elements + the split rows' D elements) / 2048.
+//
+// Split accumulator (float32, rows of 2 * HEAD_D: dK's columns then dV's): row
+// ((slot * BH + bh) * classes + class) * BN + key for split slot `slot` (its key tile:
+// split_kt[slot]), key `key` of the tile. Only split key tiles have rows, so memory and zeroing
+// grow with what is split, not with T.
 //
 // Layout, and why: S and dP are computed query-major (warp w owns query rows 16 w .. 16 w + 15,
 // the forward's layout) so the forward's masking applies unchanged and dS, still in registers, is
@@ -43,17 +55,44 @@
 #ifndef DQ_CHUNK
 #define DQ_CHUNK 32
 #endif
+// BWD_DQ_PASS 1: dQ by a pass of its own over the forward list (fast_tc_bwd_dq_pass), no float32
+// accumulator and no reductions; 0: dQ's sums by reductions in the main kernel
+#ifndef BWD_DQ_PASS
+#define BWD_DQ_PASS 0
+#endif
 static_assert(HEAD_D % DQ_CHUNK == 0 && DQ_CHUNK % 16 == 0, "DQ_CHUNK: a multiple of 16 dividing HEAD_D");
 static_assert(!TMA, "backward: cp.async loads");
 
 typedef TcLoadAsync<TcMmaSync> TcLoad;
 #define BWD_PREP_THREADS 256
 
+// One step of a walk over a list whose tiles stream through the STAGES buffers (both kernels): the
+// list's next entry, the wait for this tile and the refill of the stage the previous one freed;
+// so: this tile's stage offset.
+struct TcBwdWalk {
+    int st = 0, st_fill = STAGES - 1;
+
+    __device__ __forceinline__ int step(TcTileList& list, const int* __restrict__ tent, const TcSmem& sm,
+                                        const TcGlobal& gm, int T, int it, int n, u32& so) {
+        int ent_nx;
+        const int ent = list.next(tent, it, ent_nx);
+        TcLoad::refill(sm, gm, T, 0, st, st_fill, 0, ent_nx, it + STAGES - 1, n);
+        st_fill = st_fill == STAGES - 1 ? 0 : st_fill + 1;
+        so = st * TILE_BYTES;
+        st = st == STAGES - 1 ? 0 : st + 1;
+        return ent;
+    }
+};
+
 extern "C" __global__ void __launch_bounds__(BWD_PREP_THREADS)
 fast_tc_bwd_prep(const u16* __restrict__ Og, const u16* __restrict__ dOg, const float* __restrict__ Lg,
-                 float2* __restrict__ LD, float* __restrict__ dQacc, int rows) {
+                 float2* __restrict__ LD, float* __restrict__ dQacc, int rows, float* __restrict__ dKVacc, int srows) {
     const int row = blockIdx.x * (BWD_PREP_THREADS / CH) + threadIdx.x / CH, c = threadIdx.x % CH;
     const bool ok = row < rows;
+    if (row < srows) {  // the split key tiles' dK and dV accumulators: a row's 8 columns of each
+        float4* z = reinterpret_cast<float4*>(dKVacc + (size_t)row * (2 * HEAD_D) + c * 8);
+        z[0] = z[1] = z[HEAD_D / 4] = z[HEAD_D / 4 + 1] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
     float d = 0.f;
     if (ok) {
         const size_t at = (size_t)row * HEAD_D + c * 8;
@@ -65,8 +104,10 @@ fast_tc_bwd_prep(const u16* __restrict__ Og, const u16* __restrict__ dOg, const 
             const float2 a = tc_unpack(ov[i]), b = tc_unpack(gv[i]);
             d = fmaf(a.x, b.x, fmaf(a.y, b.y, d));
         }
+#if !BWD_DQ_PASS
         float4* z = reinterpret_cast<float4*>(dQacc + at);
         z[0] = z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+#endif
     }
     // the CH lanes of a row (aligned groups within the warp) add their parts
 #pragma unroll
@@ -77,12 +118,15 @@ fast_tc_bwd_prep(const u16* __restrict__ Og, const u16* __restrict__ dOg, const 
 extern "C" __global__ void __launch_bounds__(THREADS, MINB)
 fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* __restrict__ Vg,
             const u16* __restrict__ dOg, const float2* __restrict__ LD, float* __restrict__ dQacc,
-            u16* __restrict__ dKg, u16* __restrict__ dVg, const int4* __restrict__ thead,
-            const int* __restrict__ tent, int T_all, float scale_log2, float scale, const int* __restrict__ table) {
+            u16* __restrict__ dKg, u16* __restrict__ dVg, const int4* __restrict__ ihead,
+            const int2* __restrict__ itile, const int* __restrict__ tent, float* __restrict__ dKVacc, int BH,
+            int T_all, float scale_log2, float scale, const int* __restrict__ table) {
     // 1024-byte alignment: every tile starts at a multiple of its row pitch (tc/bwd_mma.cuh)
     extern __shared__ __align__(1024) unsigned char smem[];
-    const TcWork w = tc_block_work(T_all);
-    const int kt = (int)gridDim.x - 1 - w.qt;  // the key tile: near 0 first (causal: the longest lists)
+    int item, cls;
+    const TcWork w = tc_item_work(T_all, BH, item, cls);
+    const int2 kts = itile[item];  // (key tile, split slot or -1)
+    const int kt = kts.x;
     const int T = w.T;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane >> 2, t4 = lane & 3;
@@ -98,8 +142,11 @@ fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
     const u32 sP = sm.v + STAGES * TILE_BYTES;
     const u32 sS = sP + BM * BWD_PROWB;
     const TcGlobal gm = {nullptr, Qg + w.base, dOg + w.base, nullptr, nullptr, nullptr, nullptr, nullptr};
-    const float2* ld = LD + (size_t)blockIdx.y * T_all + blockIdx.z;
+    const float2* ld = LD + (size_t)w.bh * T_all + cls;
+#if !BWD_DQ_PASS
     float* dq = dQacc + w.base;
+    const u32 tK = sK + tc_lane_t(lane, BWD_ROWB);
+#endif
 
     tc_load_tile<TcRowLayout, BN>(sK, Kg + w.base, kt * BN, T);
     tc_load_tile<TcRowLayout, BN>(sV, Vg + w.base, kt * BN, T);
@@ -107,7 +154,7 @@ fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
     TcLoad lq;
     lq.init(sm, gm, w);
     TcTileList list;
-    list.init(thead, tent, kt);
+    list.init(ihead, tent, item);  // the item's stretch of its key tile's list
     const int n = list.n;
     lq.first_tiles(list);  // waits for K and V
 
@@ -115,7 +162,6 @@ fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
     const u32 aQ = sm.k + warp * 16 * BWD_ROWB + tc_lane_a(lane, BWD_ROWB);
     const u32 aO = sm.v + warp * 16 * BWD_ROWB + tc_lane_a(lane, BWD_ROWB);
     const u32 nK = sK + tc_lane_n(lane, BWD_ROWB), nV = sV + tc_lane_n(lane, BWD_ROWB);
-    const u32 tK = sK + tc_lane_t(lane, BWD_ROWB);
     const u32 tQ = sm.k + tc_lane_t(lane, BWD_ROWB), tO = sm.v + tc_lane_t(lane, BWD_ROWB);
     const u32 nP = (sP + tc_lane_n(lane, BWD_PROWB)) ^ (u32)(warp << 5);  // the warp's keys
     const u32 nS = (sS + tc_lane_n(lane, BWD_PROWB)) ^ (u32)(warp << 5);
@@ -126,16 +172,11 @@ fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
     // a key tile reaching past this class's end: its keys >= T masked on every query tile
     const bool edge = kt * BN + BN > T;
 
-    int st = 0, st_fill = STAGES - 1;
+    TcBwdWalk walk;
     for (int it = 0; it < n; ++it) {
-        const int nx = it + STAGES - 1;
-        int ent_nx;
-        const int ent = list.next(tent, it, ent_nx);
-        TcLoad::refill(sm, gm, T, 0, st, st_fill, 0, ent_nx, nx, n);
-        st_fill = st_fill == STAGES - 1 ? 0 : st_fill + 1;
+        u32 so;
+        const int ent = walk.step(list, tent, sm, gm, T, it, n, so);
         const int qt = tc_entry_tile(ent);
-        const u32 so = st * TILE_BYTES;
-        st = st == STAGES - 1 ? 0 : st + 1;
         const int row0 = qt * BM + warp * 16;
         const float2 ra = tc_bwd_row_stats(ld, row0 + g, T), rb = tc_bwd_row_stats(ld, row0 + g + 8, T);
 
@@ -143,53 +184,135 @@ fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
         TcBwdFrag p, f;
         tc_bwd_rows(x, aQ + so, nK);  // S = Q K^T
         if ((ent & 1) || edge) tc_mask_frag(x, pat, row0, kt * BN, T, g, t4);
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {  // P = exp(scale S - lse), masked keys and padding rows 0
-            x[j][0] = tc_exp2(fmaf(x[j][0], scale_log2, -ra.x));
-            x[j][1] = tc_exp2(fmaf(x[j][1], scale_log2, -ra.x));
-            x[j][2] = tc_exp2(fmaf(x[j][2], scale_log2, -rb.x));
-            x[j][3] = tc_exp2(fmaf(x[j][3], scale_log2, -rb.x));
-        }
+        tc_bwd_probs(x, ra, rb, scale_log2);  // P
         // P kept packed (16-bit, as the products read it) while dP is computed: half the registers
         tc_bwd_pack(p, x);
         tc_bwd_stage(sP, p, warp, g, t4);
         tc_bwd_rows(x, aO + so, nV);  // dP = dO V^T
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {  // dS = P (dP - delta)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float2 pv = tc_unpack(p[kk][e]);
-                const float dl = (e & 1) ? rb.y : ra.y;
-                float* d = x[2 * kk + (e >> 1)] + 2 * (e & 1);
-                d[0] = pv.x * (d[0] - dl);
-                d[1] = pv.y * (d[1] - dl);
-            }
-        }
+        tc_bwd_dscores(x, p, ra, rb);  // dS
         tc_bwd_pack(f, x);
         tc_bwd_stage(sS, f, warp, g, t4);
+#if !BWD_DQ_PASS
 #pragma unroll 1
         for (int c0 = 0; c0 < HEAD_D; c0 += DQ_CHUNK) {  // dQ += dS K, a column chunk at a time
             float c[DQ_CHUNK / 8][4];
             tc_bwd_dq_chunk<DQ_CHUNK>(c, f, tK, c0);
             tc_bwd_dq_add<DQ_CHUNK>(dq, c, c0, row0, T, g, t4);
         }
+#endif
         __syncthreads();  // P and dS staged by every warp
         tc_bwd_cols(dv, nP, tO + so);  // dV += P^T dO
         tc_bwd_cols(dk, nS, tQ + so);  // dK += dS^T Q
     }
     TcLoad::drain();
 
-    const int key0 = kt * BN + warp * 16;
-    tc_bwd_store_cols(dKg + w.base, dk, scale, key0, T, g, t4);
-    tc_bwd_store_cols(dVg + w.base, dv, 1.f, key0, T, g, t4);
+    if (kts.y < 0) {  // the key tile's only item: its gradients
+        const int key0 = kt * BN + warp * 16;
+        tc_bwd_store_cols(dKg + w.base, dk, scale, key0, T, g, t4);
+        tc_bwd_store_cols(dVg + w.base, dv, 1.f, key0, T, g, t4);
+    } else {  // one of a split key tile's items: its partial sums into the tile's float32 rows
+        const int C = STRIDE < T_all ? STRIDE : T_all;
+        float* a = dKVacc + ((size_t)(kts.y * BH + w.bh) * C + cls) * (BN * 2 * HEAD_D);
+        tc_bwd_add_cols(a, dk, warp * 16, T - kt * BN, g, t4);
+        tc_bwd_add_cols(a + HEAD_D, dv, warp * 16, T - kt * BN, g, t4);
+    }
+}
+
+__device__ __forceinline__ uint4 tc_bwd_pack8(const float* __restrict__ src, float scale) {
+    const float4 a = reinterpret_cast<const float4*>(src)[0];
+    const float4 b = reinterpret_cast<const float4*>(src)[1];
+    return make_uint4(tc_pack(a.x * scale, a.y * scale), tc_pack(a.z * scale, a.w * scale),
+                      tc_pack(b.x * scale, b.y * scale), tc_pack(b.z * scale, b.w * scale));
 }
 
 extern "C" __global__ void __launch_bounds__(BWD_PREP_THREADS)
-fast_tc_bwd_dq(const float* __restrict__ dQacc, u16* __restrict__ dQg, float scale, long long n8) {
+fast_tc_bwd_dq(const float* __restrict__ dQacc, u16* __restrict__ dQg, float scale, long long n8,
+               const float* __restrict__ dKVacc, const int* __restrict__ split_kt, u16* __restrict__ dKg,
+               u16* __restrict__ dVg, int BH, int T_all, long long s8) {
     const long long i = (long long)blockIdx.x * BWD_PREP_THREADS + threadIdx.x;  // 8 elements each
-    if (i >= n8) return;
-    const float4 a = reinterpret_cast<const float4*>(dQacc)[2 * i];
-    const float4 b = reinterpret_cast<const float4*>(dQacc)[2 * i + 1];
-    reinterpret_cast<uint4*>(dQg)[i] = make_uint4(tc_pack(a.x * scale, a.y * scale), tc_pack(a.z * scale, a.w * scale),
-                                                  tc_pack(b.x * scale, b.y * scale), tc_pack(b.z * scale, b.w * scale));
+    if (i < n8) {
+        reinterpret_cast<uint4*>(dQg)[i] = tc_bwd_pack8(dQacc + 8 * i, scale);
+        return;
+    }
+    // past dQ: the split key tiles' dK (times the scale) and dV, 8 columns of a row of each
+    const long long j = i - n8;
+    if (j >= s8) return;
+    const int C = STRIDE < T_all ? STRIDE : T_all;
+    const long long row = j / CH;  // ((slot * BH + bh) * C + class) * BN + key
+    const int ch = (int)(j % CH), key = (int)(row % BN);
+    const long long sbc = row / BN;
+    const int cls = (int)(sbc % C), bh = (int)(sbc / C % BH), slot = (int)(sbc / C / BH);
+    const int a = split_kt[slot] * BN + key;  // the key's position in its class
+    if (a >= (T_all - cls + STRIDE - 1) / STRIDE) return;
+    const size_t at = ((size_t)bh * T_all + cls + (size_t)a * STRIDE) * HEAD_D + ch * 8;
+    const float* src = dKVacc + row * (2 * HEAD_D) + ch * 8;
+    *reinterpret_cast<uint4*>(dKg + at) = tc_bwd_pack8(src, scale);
+    *reinterpret_cast<uint4*>(dVg + at) = tc_bwd_pack8(src + HEAD_D, 1.f);
 }
+
+#if BWD_DQ_PASS
+// dQ query-tile-major over the forward list (its grid and order, tc_block_work): the block keeps its
+// Q and dO tiles and its rows' (lse2, delta), streams the K and V tiles of its list through the
+// forward's stages and, per tile, recomputes S, P, dP and dS as the main kernel does and adds
+// dS K to dQ in registers; dQ (times the scale) stored once in the storage dtype. One barrier a
+// tile (the refill's): nothing is staged.
+extern "C" __global__ void __launch_bounds__(THREADS, MINB)
+fast_tc_bwd_dq_pass(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* __restrict__ Vg,
+                    const u16* __restrict__ dOg, const float2* __restrict__ LD, u16* __restrict__ dQg,
+                    const int4* __restrict__ thead, const int* __restrict__ tent, int T_all, float scale_log2,
+                    float scale, const int* __restrict__ table) {
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const TcWork w = tc_block_work(T_all);
+    const int qt = w.qt, T = w.T;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int g = lane >> 2, t4 = lane & 3;
+    const AB_PATTERN_T pat{AB_PATTERN_ARGS};
+
+    // shared memory: Q, dO (resident), K stages, V stages
+    TcSmem sm;
+    sm.q = tc_smem_addr(smem);
+    const u32 sO = sm.q + TILE_BYTES;
+    sm.k = sO + TILE_BYTES;
+    sm.v = sm.k + STAGES * TILE_BYTES;
+    const TcGlobal gm = {Qg + w.base, Kg + w.base, Vg + w.base, nullptr, nullptr, nullptr, nullptr, nullptr};
+    tc_load_tile<TcRowLayout, BM>(sm.q, gm.q, qt * BM, T);
+    tc_load_tile<TcRowLayout, BM>(sO, dOg + w.base, qt * BM, T);
+    tc_commit();  // one group, the oldest: first_tiles waits for it
+    TcLoad lk;
+    lk.init(sm, gm, w);
+    TcTileList list;
+    list.init(thead, tent, qt);
+    const int n = list.n;
+    lk.first_tiles(list);
+
+    const int row0 = qt * BM + warp * 16;
+    const float2* ld = LD + (size_t)w.bh * T_all + blockIdx.z;  // the class's rows (tc_block_work's grid)
+    const float2 ra = tc_bwd_row_stats(ld, row0 + g, T), rb = tc_bwd_row_stats(ld, row0 + g + 8, T);
+    const u32 aQ = sm.q + warp * 16 * BWD_ROWB + tc_lane_a(lane, BWD_ROWB);
+    const u32 aO = sO + warp * 16 * BWD_ROWB + tc_lane_a(lane, BWD_ROWB);
+    const u32 nK = sm.k + tc_lane_n(lane, BWD_ROWB), nV = sm.v + tc_lane_n(lane, BWD_ROWB);
+    const u32 tK = sm.k + tc_lane_t(lane, BWD_ROWB);
+
+    TcBwdCols dq;
+    tc_zero_frag(dq);
+    TcBwdWalk walk;
+    for (int it = 0; it < n; ++it) {
+        u32 so;
+        const int ent = walk.step(list, tent, sm, gm, T, it, n, so);
+        const int kt = tc_entry_tile(ent);
+
+        TcBwdRows x;
+        TcBwdFrag p, f;
+        tc_bwd_rows(x, aQ, nK + so);  // S = Q K^T
+        if ((ent & 1) || kt * BN + BN > T) tc_mask_frag(x, pat, row0, kt * BN, T, g, t4);
+        tc_bwd_probs(x, ra, rb, scale_log2);
+        tc_bwd_pack(p, x);
+        tc_bwd_rows(x, aO, nV + so);  // dP = dO V^T
+        tc_bwd_dscores(x, p, ra, rb);
+        tc_bwd_pack(f, x);
+        tc_bwd_dq_mac<HEAD_D>(dq, f, tK + so, 0);  // dQ += dS K
+    }
+    TcLoad::drain();
+    tc_bwd_store_cols(dQg + w.base, dq, scale, row0, T, g, t4);
+}
+#endif

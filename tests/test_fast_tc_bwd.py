@@ -3,6 +3,12 @@ without spills and refuses bad input before any launch (CPU); on the GPU, dQ, dK
 float64 reference for every llm pattern and more, the forward's log-sum-exp, fwd+bwd, and training
 through attnbench.attention against SDPA.
 
+The lists are cut into work items (attnbench.tiles.work_items): at these T and B*H the rule's L is
+SPLIT_MIN (8), so the cases with lists longer than 8 query tiles (dense, prefix_lm, document, wide
+windows at T=1000) run split key tiles already; test_gradients_match_the_reference_with_split_lists
+forces L (1, 2, 3, and 0: nothing split) through $ATTNBENCH_BWD_SPLIT, each with dQ summed by float32
+reductions and by its own pass over the forward list ($ATTNBENCH_BWD_DQ=pass), as does the fwd+bwd test.
+
 GPU: python3 -m pytest -q -m gpu tests/test_fast_tc_bwd.py (about 2 minutes on an H100, most of it
 compiling)."""
 import numpy as np
@@ -28,14 +34,70 @@ BWD_KERNELS = ["fast_tc_bwd", "fast_tc_bwd_dq", "fast_tc_bwd_prep"]
     ("dense", 4096, True, {}), ("streaming", 4096, True, dict(sink=16, window=64)),
     ("dilated", 4096, True, dict(window=512, dilation=2)), ("bigbird", 4096, True, {}),
     ("document", 4096, False, {}), ("custom", 4096, True, {}), ("window", 1000, False, dict(window=100)),
+    ("prefix_lm", 4096, False, dict(prefix=1000)),
 ])
 def test_backward_compiles_without_spills(arch, D, dtype, pattern, T, causal, params):
+    """The three kernels, the work items' split path (float32 dK / dV sums, their conversion) included."""
     mask = make_mask(pattern, T, causal, **params)
     reports = compile_only("fast_tc_bwd", bwd_defines(D, dtype, mask), arch)
     assert sorted(r.kernel for r in reports) == BWD_KERNELS
     for r in reports:
         assert r.arch == arch and 0 < r.registers <= 255
         assert (r.spill_stores, r.spill_loads, r.stack) == (0, 0, 0), r
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("D", DIMS)
+@pytest.mark.parametrize("pattern,T,causal,params", [
+    ("dense", 4096, True, {}), ("streaming", 4096, True, dict(sink=16, window=64)),
+    ("dilated", 4096, True, dict(window=512, dilation=2)), ("bigbird", 4096, True, {}),
+    ("prefix_lm", 4096, False, dict(prefix=1000)),
+])
+def test_the_dq_pass_builds_compile_without_spills(arch, D, pattern, T, causal, params):
+    """BWD_DQ_PASS: the main kernel without dQ, prep without its accumulator, and the pass itself."""
+    mask = make_mask(pattern, T, causal, **params)
+    d = bwd_defines(D, "bfloat16", mask, dq="pass")
+    assert d["BWD_DQ_PASS"] == 1 and "BWD_DQ_PASS" not in bwd_defines(D, "bfloat16", mask)
+    reports = compile_only("fast_tc_bwd", d, arch)
+    assert sorted(r.kernel for r in reports) == sorted(BWD_KERNELS + ["fast_tc_bwd_dq_pass"])
+    for r in reports:
+        assert r.arch == arch and 0 < r.registers <= 255
+        assert (r.spill_stores, r.spill_loads, r.stack) == (0, 0, 0), r
+
+
+def test_the_dq_way_comes_from_the_environment(monkeypatch):
+    from attnbench.fast_tc_bwd import DQ_ENV, forced_dq
+
+    monkeypatch.delenv(DQ_ENV, raising=False)
+    assert forced_dq() == "atomic"
+    monkeypatch.setenv(DQ_ENV, "pass")
+    assert forced_dq() == "pass"
+    monkeypatch.setenv(DQ_ENV, "both")
+    with pytest.raises(BadInput, match=DQ_ENV):
+        forced_dq()
+
+
+@pytest.mark.parametrize("D", DIMS)
+def test_the_float32_sums_are_vector_reductions_on_sm_90_only(D):
+    """tc_red2: dQ's and the split key tiles' dK / dV column pairs as red.global.add.v2.f32 on sm_90,
+    scalar atomics (reductions once ptxas sees the result unused) on sm_80."""
+    from cupy.cuda import nvrtc
+
+    from attnbench.compile import options
+
+    d = bwd_defines(D, "bfloat16", make_mask("dilated", 4096, True, window=512, dilation=2))
+    counts = {}
+    for arch in ("80", "90"):
+        prog = nvrtc.createProgram(source("fast_tc_bwd", d), "fast_tc_bwd.cu", [], [])
+        try:
+            nvrtc.compileProgram(prog, list(options(d)) + [f"-arch=compute_{arch}"])
+            ptx = nvrtc.getPTX(prog).decode()
+        finally:
+            nvrtc.destroyProgram(prog)
+        counts[arch] = (ptx.count("red.global.add.v2.f32"), ptx.count("atom.global.add.f32"))
+    # per thread: dQ's chunk 2 rows x DQ_CHUNK / 8 pairs; dK and dV 2 x 2 rows x D / 8 pairs
+    pairs = 2 * 32 // 8 + 4 * D // 8
+    assert counts == {"80": (0, 2 * pairs), "90": (pairs, 0)}, counts
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
@@ -177,7 +239,7 @@ def test_gradients_match_the_reference(pattern, causal, params, D, dtype, T, syn
     prob = Problem(mask, 2, 3, D, dtype, pass_name="bwd")
     q, k, v, do = _inputs(prob, seed=T + D)
     runner = (SYNC_IMPL if sync else IMPL).prepare(prob, q, k, v, do=do)
-    assert runner.out is None and {"tiles_t_build_s", "compile_s"} <= set(runner.setup)
+    assert runner.out is None and {"tiles_t_build_s", "compile_s", "bwd_items", "bwd_split"} <= set(runner.setup)
     runner.poison()
     runner.run()
     _check_grads(prob, runner.grads, q, k, v, do)
@@ -186,11 +248,60 @@ def test_gradients_match_the_reference(pattern, causal, params, D, dtype, T, syn
     _check_grads(prob, runner.grads, q, k, v, do)
 
 
+def _split_cases():
+    """Transposed lists cut into items of L query tiles (L=1: every entry an item; 2, 3: the long
+    lists split, the short ones not; 0: nothing split, the long lists walked whole): the shapes
+    with long lists (streaming's sink tile, dense causal's first key tiles, BigBird's global block,
+    prefix_lm's prefix, a document's first tiles) and a strided pattern (split rows per residue
+    class), odd T and partial last tiles, D 64 and 128."""
+    cases = [("streaming", True, dict(sink=16, window=64), 1000, (2, 1)),
+             ("dense", True, {}, 777, (3, 0)),
+             ("bigbird", True, dict(block=16), 1000, (2,)),
+             ("prefix_lm", False, dict(prefix=300), 999, (3,)),
+             ("document", True, dict(doc_lens=(1, 300, 476)), 777, (2,)),
+             ("dilated", False, dict(window=33, dilation=3), 1000, (2,))]
+    for pattern, causal, params, T, Ls in cases:
+        T = _fit_T(pattern, params, T)
+        for L in Ls:
+            for D, dtype in ((64, "bfloat16"), (128, "float16")):
+                yield pytest.param(pattern, causal, params, D, dtype, T, L,
+                                   id=f"{pattern}-{'c' if causal else 'nc'}-L{L}-D{D}-{dtype}-T{T}")
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("dq", ["atomic", "pass"])
+@pytest.mark.parametrize("pattern,causal,params,D,dtype,T,L", list(_split_cases()))
+def test_gradients_match_the_reference_with_split_lists(monkeypatch, pattern, causal, params, D, dtype, T, L, dq):
+    """dq: dQ's sums by float32 reductions, or dQ by its own pass over the forward list."""
+    from attnbench.fast_tc_bwd import DQ_ENV, SPLIT_ENV
+
+    monkeypatch.setenv(SPLIT_ENV, str(L))
+    monkeypatch.setenv(DQ_ENV, dq)
+    mask = make_mask(pattern, T, causal, **params)
+    prob = Problem(mask, 2, 3, D, dtype, pass_name="bwd")
+    q, k, v, do = _inputs(prob, seed=T + D + L)
+    runner = IMPL.prepare(prob, q, k, v, do=do)
+    st = runner.setup
+    assert st["bwd_items"] >= st["bwd_split_tiles"] >= 0 and "bwd_items_build_s" in st and st["bwd_dq"] == dq
+    if L > 0:
+        assert st["bwd_split"] == L and st["bwd_split_tiles"] > 0, st
+    else:
+        assert st["bwd_split_tiles"] == 0 and st["bwd_split"] > 3, st
+    for _ in range(2):  # the second run: the accumulators zeroed again
+        runner.poison()
+        runner.run()
+        _check_grads(prob, runner.grads, q, k, v, do)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dq", ["atomic", "pass"])
 @pytest.mark.parametrize("impl", [IMPL, SYNC_IMPL], ids=["fast-tc", "fast-tc-sync"])
 @pytest.mark.parametrize("pattern,params,T", [("dense", {}, 1000), ("streaming", dict(sink=16, window=64), 777),
                                               ("dilated", dict(window=33, dilation=5), 1000)])
-def test_fwd_plus_bwd_recomputes_the_forward_each_run(impl, pattern, params, T):
+def test_fwd_plus_bwd_recomputes_the_forward_each_run(monkeypatch, impl, pattern, params, T, dq):
+    from attnbench.fast_tc_bwd import DQ_ENV
+
+    monkeypatch.setenv(DQ_ENV, dq)
     mask = make_mask(pattern, T, True, **params)
     for D, dtype in ((64, "float16"), (128, "bfloat16")):
         prob = Problem(mask, 2, 3, D, dtype, pass_name="fwd+bwd")
@@ -339,13 +450,15 @@ def test_the_backward_stage_by_stage(T, causal, D):
         errs[f"lse{int(wgmma)}"] = float(cupy.abs(lse.astype(cupy.float64) - rlse).max())
     bw = fb.Backward(prob)
     grads = tuple(cupy.full(prob.shape, 0x7FC0, dtype=q.dtype) for _ in range(3))
-    ld, acc = bw.scratch()
-    prep, main, conv = bw.launches(q, k, v, o, lse, do, *grads, ld, acc)
+    ld, acc, dkv = bw.scratch()
+    prep, main, conv = bw.launches(q, k, v, o, lse, do, *grads, ld, acc, dkv)
     prep()
     errs["ld.lse2"] = float(cupy.abs(ld[..., 0].astype(cupy.float64) - rlse * 1.4426950408889634).max())
     delta16 = (to_float32(do, dtype).astype(cupy.float64) * to_float32(o, dtype)).sum(-1)
     errs["ld.delta"] = float(cupy.abs(ld[..., 1] - delta16).max())
     errs["acc zeroed"] = float(cupy.abs(acc).max())
+    if bw.n_split:
+        errs["acc zeroed"] = max(errs["acc zeroed"], float(cupy.abs(dkv).max()))
     main()
     conv()
     for name, got, want in zip(("dq", "dk", "dv"), grads, (rdq, rdk, rdv)):

@@ -26,17 +26,24 @@ def test_kernels_are_sanitizer_clean(impl, tool):
 
 
 # fast-tc's backward (fwd+bwd: the forward with the log-sum-exp, prep, main, dQ conversion) on small
-# cases: odd T, a partial last tile, non-causal keys past T, a strided pattern, both head dims
+# cases: odd T, a partial last tile, non-causal keys past T, a strided pattern, both head dims; and
+# once more with the lists cut into items of one query tile (split key tiles: their float32 dK and
+# dV rows zeroed by prep, summed by the main kernel, converted after dQ), and so with dQ's own pass
 BACKWARD_RUNS = """
+import os
 import cupy
 from attnbench.arrays import random_inputs
+from attnbench.fast_tc_bwd import DQ_ENV, SPLIT_ENV
 from attnbench.impls import Problem, get_impl
 from attnbench.patterns import make_mask
 n = 0
-for impl in ("fast-tc", "fast-tc-sync"):
+for impl, split, dq in (("fast-tc", "", ""), ("fast-tc-sync", "", ""), ("fast-tc", "1", ""), ("fast-tc", "1", "pass")):
+    os.environ[SPLIT_ENV] = split  # 1: every key tile visited twice or more split, its dK and dV summed
+    os.environ[DQ_ENV] = dq  # pass: dQ by its own pass over the forward list
     for pattern, T, causal, params in (("dense", 100, True, {}), ("streaming", 77, True, dict(sink=4, window=16)),
                                        ("window", 64, False, dict(window=8)),
-                                       ("dilated", 77, False, dict(window=8, dilation=3))):
+                                       ("dilated", 77, False, dict(window=8, dilation=3)),
+                                       ("dilated", 400, True, dict(window=70, dilation=3))):
         for D, dtype in ((64, "bfloat16"), (128, "float16")):
             prob = Problem(make_mask(pattern, T, causal, **params), 1, 2, D, dtype, pass_name="fwd+bwd")
             q, k, v = random_inputs(prob.shape, prob.dtype, seed=1)
@@ -56,4 +63,4 @@ def test_backward_kernels_are_sanitizer_clean(tool):
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     assert "ERROR SUMMARY: 0 errors" in out or "RACECHECK SUMMARY: 0 hazards" in out, out[-2000:]
-    assert "backward runs 16" in out, out[-2000:]
+    assert "backward runs 40" in out, out[-2000:]

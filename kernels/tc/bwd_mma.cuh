@@ -25,7 +25,7 @@
 //   tc_bwd_cols(acc, a, b): acc [16 keys][HEAD_D] += X^T Y for the warp's keys, X^T (P or dS) at a
 //     (tc_lane_n on the staged tile, XOR the warp's chunk pair), Y (dO or Q) at b (tc_lane_t); K = BM.
 //   tc_bwd_dq_chunk<C>(c, ds, b, c0): c [16 rows][C columns from c0] = dS K, dS from registers (its
-//     A fragments, tc_p_frag), K at b (tc_lane_t); K = BN.
+//     A fragments, tc_p_frag), K at b (tc_lane_t); K = BN. tc_bwd_dq_mac<C>: c += dS K.
 //   tc_zero_frag(x): a fragment of n8 blocks zeroed; tc_bwd_pack(a, x): x packed as A operands.
 //   tc_bwd_stage(s, a, warp, g, t4): a warp's packed A fragments of a [16][BN] tile (P or dS) into
 //     its rows of a staged tile at s.
@@ -100,11 +100,10 @@ __device__ __forceinline__ void tc_bwd_cols(TcBwdCols& acc, u32 a, u32 b) {
     }
 }
 
-// c = dS K for columns c0 .. c0 + C - 1 (c0 a multiple of 16): dS's k-step kk is ds[kk], K's at
+// c += dS K for columns c0 .. c0 + C - 1 (c0 a multiple of 16): dS's k-step kk is ds[kk], K's at
 // b + kk * 16 rows
 template <int C>
-__device__ __forceinline__ void tc_bwd_dq_chunk(float (&c)[C / 8][4], const TcBwdFrag& ds, u32 b, int c0) {
-    tc_zero_frag(c);
+__device__ __forceinline__ void tc_bwd_dq_mac(float (&c)[C / 8][4], const TcBwdFrag& ds, u32 b, int c0) {
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
 #pragma unroll
@@ -114,6 +113,13 @@ __device__ __forceinline__ void tc_bwd_dq_chunk(float (&c)[C / 8][4], const TcBw
             tc_mma2(c[2 * dp], c[2 * dp + 1], ds[kk], bf);
         }
     }
+}
+
+// c = dS K for columns c0 .. c0 + C - 1 (tc_bwd_dq_mac on zeroed accumulators)
+template <int C>
+__device__ __forceinline__ void tc_bwd_dq_chunk(float (&c)[C / 8][4], const TcBwdFrag& ds, u32 b, int c0) {
+    tc_zero_frag(c);
+    tc_bwd_dq_mac<C>(c, ds, b, c0);
 }
 
 // a warp's packed [16][BN] fragment into rows 16 warp + g and + 8 of a staged tile: a[kk][0] / [1]

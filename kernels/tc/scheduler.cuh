@@ -1,6 +1,6 @@
 // Which work a block does, and the walk over its query tile's list of key tiles.
 //
-// Today one work item per block: query tile qt = nq - 1 - blockIdx.x (the longest lists, causal:
+// The forward: one work item per block: query tile qt = nq - 1 - blockIdx.x (the longest lists, causal:
 // the last tiles, first), batch * head blockIdx.y, residue class blockIdx.z (strided patterns,
 // Mask.strided: dilated with r > 1; row or key a of the kernel is position c + STRIDE * a of the
 // sequence, and the tile list and the predicate are those of the inner pattern on a class, which
@@ -9,6 +9,8 @@
 //
 // Interface:
 //   TcWork tc_block_work(T_all): the block's work item (qt, bh, T, base).
+//   TcWork tc_item_work(T_all, BH, item, cls): the backward's (a work item of a key tile's list;
+//   the grid flat over items, residue classes and B * H), its item and residue class.
 //   TcTileList: init(thead, tent, qt) reads the list head and the entries of the first STAGES
 //   tiles (init_range(tent, e0, n): a stretch of a list, a decode's split); next(tent, it, ahead)
 //   moves to tile `it`, returning its entry, with `ahead` the entry of
@@ -36,6 +38,23 @@ __device__ __forceinline__ TcWork tc_block_work(int T_all) {
     // this block's residue class and its length (STRIDE 1: the whole sequence)
     w.T = (T_all - (int)blockIdx.z + STRIDE - 1) / STRIDE;
     w.base = (size_t)blockIdx.y * (size_t)T_all * HEAD_D + (size_t)blockIdx.z * HEAD_D;
+    return w;
+}
+
+// The backward's work items (attnbench.tiles.WorkItems: stretches of the transposed lists, the
+// longest first): blockIdx.x = (item * classes + cls) * BH + bh, the item slowest, so that the
+// longest items of every head and class are dispatched before any shorter one. qt is the item.
+__device__ __forceinline__ TcWork tc_item_work(int T_all, int BH, int& item, int& cls) {
+    TcWork w;
+    const int C = STRIDE < T_all ? STRIDE : T_all;  // residue classes
+    const int per = BH * C;
+    item = (int)blockIdx.x / per;
+    const int r = (int)blockIdx.x - item * per;
+    cls = r / BH;
+    w.bh = r - cls * BH;
+    w.qt = item;
+    w.T = (T_all - cls + STRIDE - 1) / STRIDE;
+    w.base = (size_t)w.bh * (size_t)T_all * HEAD_D + (size_t)cls * HEAD_D;
     return w;
 }
 
