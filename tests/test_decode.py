@@ -108,4 +108,4 @@ def test_list_says_which_shapes_each_implementation_takes():
     from attnbench.impls import get_impl
 
     assert IMPL.shapes_taken() == "decoding (Tq < Tk), grouped heads, ragged batches"
-    assert get_impl("fast-tc").shapes_taken() == "prefill"
+    assert get_impl("fast-tc").shapes_taken() == "prefill, grouped heads"
