@@ -13,6 +13,7 @@ dtype. For each one, every implementation gives exactly one row:
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import sys
@@ -24,6 +25,7 @@ from .check import grad_inputs, judge, problem_inputs, reference_of
 from .configs import Instance, get_config
 from .errors import BadInput
 from .impls import DTYPES, PASSES, Impl, Problem, all_impls, get_impl
+from .memory import MeteredRunner, PeakWindow
 from .patterns import all_params, get_pattern, make_mask, param_columns, pattern_label
 from .results import COLUMNS, ResultWriter, Tally, now, params_json, row_key
 from .serving import draw_lens, lens_text
@@ -281,6 +283,9 @@ class Context:
     command: str = ""
     progress: Callable | None = None
     samples: int | None = None  # a fixed sample count per implementation instead of the budget
+    # one meter per row of what an implementation allocates (attnbench.memory: the peak_mem_mb column);
+    # None: the column stays empty
+    memory: Callable | None = None
 
     def timing_options(self) -> dict:
         """The keywords ``time`` takes: the budget, or the fixed sample count when one is set."""
@@ -373,12 +378,20 @@ def run_case(case: Case, impls: list[Impl], ctx: Context, done: Callable[[dict],
         ref = None  # one float64 reference per configuration (a backward's: its gradients), for every implementation
         for impl in candidates:
             row = rows[impl.name]
+            # peak_mem_mb: from before prepare to the end of the gate's run, the reference left out
+            window = PeakWindow(ctx.memory()) if ctx.memory is not None else None
             try:
+                if window is not None:
+                    window.begin()
                 runner = impl.prepare(prob, q, k, v, **grad)
                 _setup_cols(row, getattr(runner, "setup", None))
                 if ref is None:
-                    ref = reference_of(prob, q, k, v, **grad)
-                g = judge(impl, prob, runner, q, k, v, ref, **grad)
+                    with window.aside() if window is not None else contextlib.nullcontext():
+                        ref = reference_of(prob, q, k, v, **grad)
+                g = judge(impl, prob, MeteredRunner(runner, window) if window is not None else runner, q, k, v, ref,
+                          **grad)
+                if window is not None:
+                    row["peak_mem_mb"] = window.mib(prob)
             except BadInput as e:
                 out[impl.name] = _finish(row, "skipped", _one_line(e))
                 continue
@@ -387,6 +400,9 @@ def run_case(case: Case, impls: list[Impl], ctx: Context, done: Callable[[dict],
                 e = None  # noqa: F841 - its traceback holds the failed run's arrays: let go before cleanup
                 ctx.cleanup()
                 continue
+            finally:
+                if window is not None:
+                    window.end()  # the allocator as it was, whatever happened
             row.update(rel_err=g.rel_err, tolerance=g.tolerance)
             if g.ok:
                 runners[impl.name] = runner
@@ -463,6 +479,7 @@ def device_context(seed: int = 0, budget_s: float = DEFAULT_BUDGET_S, command: s
     """The real thing: provenance, peaks measured once, CUDA-event timing with L2 flushes.
     BadInput, before anything is measured, when there is no device to sweep on."""
     from .impls import device_problem
+    from .memory import DeviceMemory
     from .results import provenance
     from .timing import EventTimer, measure_peaks
 
@@ -473,7 +490,7 @@ def device_context(seed: int = 0, budget_s: float = DEFAULT_BUDGET_S, command: s
     peaks = measure_peaks()
     timer = EventTimer()
     return Context(time=timer.time, peaks=peaks, provenance=prov, seed=seed, budget_s=budget_s,
-                   command=command, progress=progress, samples=samples)
+                   command=command, progress=progress, samples=samples, memory=DeviceMemory)
 
 
 __all__ = ["Instance", "Case", "Context", "plan", "instances", "t_values", "select_impls", "run_case",
