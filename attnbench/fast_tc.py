@@ -105,16 +105,32 @@ def parse_tile_config(text: str, option: str = "--tile-config") -> TileSpec:
     """'FIELD=N,...' (any of NWARPS, BN, STAGES, MT, MINB, QREG, WG, TMA; the others as fast-tc
     chooses them) or the positional 'NWARPS,BN,STAGES[,MT[,MINB[,QREG[,WG[,TMA]]]]]' (a whole shape,
     the fields left out at TileConfig's defaults). BadInput naming ``option`` and the limit."""
+    given = parse_fields(text, option, TileConfig, TILE_LIMITS, min_positional=3)
+    spec = TileSpec(tuple((f, given[f]) for f in TILE_FIELDS if f in given))
+    if len(given) == len(TILE_FIELDS):  # a whole shape: the kernel's rules are known now
+        why = TileConfig(**given).problem()
+        if why:
+            raise BadInput(f"{option} {text!r}: {why}")
+    return spec
+
+
+def parse_fields(text: str, option: str, cls, limits: dict, min_positional: int) -> dict:
+    """The integer fields of a shape given as 'FIELD=N,...' (any case) or all by position (at least
+    ``min_positional``, the rest at the dataclass ``cls``'s defaults), each within ``limits``
+    (field: (least, most, step)); BadInput naming ``option`` and the limit. fast-tc's
+    ``--tile-config``, fast-decode's ``--decode-config``."""
+    names = tuple(f.name for f in fields(cls))
     where = f"{option} {text!r}"
     parts = [p.strip() for p in str(text).split(",")]
     if not parts or not all(parts):
-        raise BadInput(f"{where}: expected FIELD=N,... or NWARPS,BN,STAGES[,MT,MINB,QREG,WG,TMA]")
+        raise BadInput(f"{where}: expected FIELD=N,... or {','.join(names[:min_positional])}"
+                       f"[,{','.join(names[min_positional:])}]")
     if all("=" not in p for p in parts):  # positional: a whole shape
-        if not 3 <= len(parts) <= len(TILE_FIELDS):
-            raise BadInput(f"{where}: the positional form takes 3 to {len(TILE_FIELDS)} numbers "
-                           f"({','.join(TILE_FIELDS)}), got {len(parts)}")
-        defaults = {f.name: f.default for f in fields(TileConfig)}
-        pairs = list(zip(TILE_FIELDS, parts)) + [(f, str(defaults[f])) for f in TILE_FIELDS[len(parts):]]
+        if not min_positional <= len(parts) <= len(names):
+            raise BadInput(f"{where}: the positional form takes {min_positional} to {len(names)} numbers "
+                           f"({','.join(names)}), got {len(parts)}")
+        defaults = {f.name: f.default for f in fields(cls)}
+        pairs = list(zip(names, parts)) + [(f, str(defaults[f])) for f in names[len(parts):]]
     elif all("=" in p for p in parts):
         pairs = [tuple(x.strip() for x in p.split("=", 1)) for p in parts]
     else:
@@ -122,25 +138,20 @@ def parse_tile_config(text: str, option: str = "--tile-config") -> TileSpec:
     given = {}
     for key, value in pairs:
         name = key.upper()
-        if name not in TILE_LIMITS:
-            raise BadInput(f"{where}: unknown field {key!r} (fields: {', '.join(TILE_FIELDS)})")
+        if name not in limits:
+            raise BadInput(f"{where}: unknown field {key!r} (fields: {', '.join(names)})")
         if name in given:
             raise BadInput(f"{where}: {name} given twice")
         try:
             v = int(value)
         except ValueError:
             raise BadInput(f"{where}: {name}={value!r} is not an integer") from None
-        lo, hi, step = TILE_LIMITS[name]
+        lo, hi, step = limits[name]
         if not lo <= v <= hi or v % step:
             limit = "0 or 1" if (lo, hi) == (0, 1) else f"{f'a multiple of {step} ' if step > 1 else ''}from {lo} to {hi}"
             raise BadInput(f"{where}: {name}={v} must be {limit}")
         given[name] = v
-    spec = TileSpec(tuple((f, given[f]) for f in TILE_FIELDS if f in given))
-    if len(given) == len(TILE_FIELDS):  # a whole shape: the kernel's rules are known now
-        why = TileConfig(**given).problem()
-        if why:
-            raise BadInput(f"{where}: {why}")
-    return spec
+    return given
 
 
 # The tile shapes, one table: (products, role, D) -> (shape, why). Products "sync" (mma.sync, also

@@ -223,25 +223,31 @@ def _plan(config: str = "seed", *, patterns=(), T=(), T_min=None, T_max=None, B=
             for dt in dtypes for dd in Ds for t in Ts for inst in insts for p in passes]
 
 
-def select_impls(names=(), tile_configs=()) -> list[Impl]:
+def select_impls(names=(), tile_configs=(), decode_configs=()) -> list[Impl]:
     """The implementations named (BadInput naming the choices for an unknown one), else all;
     after each one with tile shapes (``Impl.tile_variant``), one variant per ``tile_configs``
-    entry (``TileSpec``: fast-tc's ``--tile-config``), timed with the others as its own row."""
+    entry (``TileSpec``: fast-tc's ``--tile-config``), timed with the others as its own row; after
+    fast-decode, one per ``decode_configs`` entry (``DecodeSpec``: ``--decode-config``) the same way."""
     if names:
         impls = [get_impl(n) for n in dict.fromkeys(names)]
     else:
         impls = list(all_impls().values())
     if not impls:
         raise BadInput("no implementation is registered")
-    if not tile_configs:
-        return impls
-    out = []
-    for impl in impls:
-        out.append(impl)
-        out += [v for v in (impl.tile_variant(spec) for spec in dict.fromkeys(tile_configs)) if v is not None]
-    if len(out) == len(impls):
-        raise BadInput(f"--tile-config: none of the implementations ({', '.join(i.name for i in impls)}) "
-                       "takes a tile shape (fast-tc and fast-tc-sync do)")
+    out = impls
+    for specs, variant, option, who in ((tile_configs, "tile_variant", "--tile-config", "fast-tc and fast-tc-sync do"),
+                                        (decode_configs, "decode_variant", "--decode-config", "fast-decode does")):
+        if not specs:
+            continue
+        more = []
+        for impl in out:
+            more.append(impl)
+            make = getattr(impl, variant, lambda spec: None)
+            more += [v for v in (make(spec) for spec in dict.fromkeys(specs)) if v is not None]
+        if len(more) == len(out):
+            raise BadInput(f"{option}: none of the implementations ({', '.join(i.name for i in out)}) "
+                           f"takes {'a tile shape' if variant == 'tile_variant' else 'a decode shape'} ({who})")
+        out = more
     return out
 
 
