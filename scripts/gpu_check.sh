@@ -22,7 +22,8 @@
 #   tilebuild: tile-list build times at T=131072, host and device (`attnbench tiles`), tile_build.csv
 #   gqa: fast-tc and fast-tc-sync with grouped-query heads against H_kv = H, the llm configuration at
 #        T=32768 (GQA_ARGS replaces that), sdpa-cudnn and flex beside them, 25 samples: `--H-kv 16` (H)
-#        then `--H-kv 4`, rows of both in gqa.csv (the issue's target: as many useful TFLOP/s at H_kv=4)
+#        then `--H-kv 4`, rows of both in OUT_DIR/gqa.csv as they come (resumable; the issue's target: as
+#        many useful TFLOP/s at H_kv=4)
 #   decode: `attnbench sweep --config decode` (DECODE_ARGS adds options, e.g. --impl fast-decode --B 1),
 #           rows in decode.csv
 #   decodeshapes: fast-decode's shapes against each other and SDPA on the dense and streaming 4+1024
@@ -132,7 +133,7 @@ for s in $steps; do
     tilebuild) step tilebuild attnbench tiles --out "$work/tile_build.csv" ;;
     gqa)   for hkv in 16 4; do
                step gqa_$hkv attnbench sweep --config llm --H-kv $hkv --impl fast-tc --impl fast-tc-sync \
-                   --impl sdpa-cudnn --impl flex --samples 25 ${GQA_ARGS:---T 32768} --resume --out "$work/gqa.csv"
+                   --impl sdpa-cudnn --impl flex --samples 25 ${GQA_ARGS:---T 32768} --resume --out "$out/gqa.csv"
            done ;;
     decode) # the serving configuration (DECODE_ARGS narrows it), rows in OUT_DIR/decode.csv as they come
            step decode attnbench sweep --config decode ${DECODE_ARGS:-} --resume --out "$out/decode.csv" ;;
