@@ -115,13 +115,26 @@ TILE_CONFIG_HELP = ("a fast-tc tile shape: FIELD=N,... of NWARPS, BN, STAGES, MT
                     "NWARPS,BN,STAGES[,MT,MINB,QREG,WG,TMA]")
 
 
-def tile_specs(texts) -> list:
-    """``--tile-config`` values parsed (BadInput naming the option and the limit), in order, once each."""
+def tile_specs(texts, module: str = "fast_tc", parse: str = "parse_tile_config") -> list:
+    """``--tile-config`` values parsed (BadInput naming the option and the limit), in order, once each;
+    with ``module`` and ``parse``, another option's by its parser (``decode_specs``)."""
     if not texts:
         return []
-    from .fast_tc import parse_tile_config
+    import importlib
 
-    return list(dict.fromkeys(parse_tile_config(t) for t in texts))
+    fn = getattr(importlib.import_module(f"{__package__}.{module}"), parse)
+    return list(dict.fromkeys(fn(t) for t in texts))
+
+
+DECODE_CONFIG_HELP = ("a fast-decode shape: FIELD=N,... of NWARPS, BN, STAGES, MINB, SPLITS (0: derived), BLOCKS_PER_SM "
+                      "(0: as many as one SM holds), MIN_PER_SPLIT (the others at their defaults); each adds a row per "
+                      "configuration, named e.g. fast-decode[SPLITS=8], timed with the others (repeatable; the plain "
+                      "fast-decode takes ATTNBENCH_DECODE_CONFIG)")
+
+
+def decode_specs(texts) -> list:
+    """``--decode-config`` values parsed (BadInput naming the option and the limit), in order, once each."""
+    return tile_specs(texts, "decode", "parse_decode_config")
 
 
 PASS_HELP = ("fwd: the forward; bwd: the backward alone, given the forward's output and row log-sum-exp; "
@@ -465,13 +478,14 @@ def compile_cmd(archs, hashes, gate_builds):
               + "; each shape adds a row per configuration for every fast-tc implementation swept, named "
                 "e.g. fast-tc[BN=32,STAGES=3], timed with the others; its setup_s records the whole shape "
                 "(repeatable)")
+@click.option("--decode-config", "decode_configs", multiple=True, metavar="SPEC", help=DECODE_CONFIG_HELP)
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the random inputs")
 @click.option("--pass", "pass_names", multiple=True, type=click.Choice(PASSES),
               help=PASS_HELP + " (repeatable; default: the config's, fwd but for --config training)")
 @serving_options(sweep=True)
 @friendly
 def sweep(config, T_min, T_max, T, patterns, impls, dtypes, B, H, D, causal, out, resume, retry_failed, overwrite,
-          budget, samples, tile_configs, seed, pass_names, **kw):
+          budget, samples, tile_configs, decode_configs, seed, pass_names, **kw):
     """Gate every implementation against the float64 reference, time the ones that pass
     (interleaved), and append one row per (configuration, implementation) to a CSV.
     Exit 1 when a row failed or nothing new was checked; 2 when refused before running."""
@@ -485,10 +499,11 @@ def sweep(config, T_min, T_max, T, patterns, impls, dtypes, B, H, D, causal, out
         raise BadInput(f"--time-budget={budget} must be positive")
     check_samples(samples, budget)
     specs = tile_specs(tile_configs)
+    dspecs = decode_specs(decode_configs)
     serving = serving_given(kw)
     cases = sw.plan(config, patterns=patterns, T=T, T_min=T_min, T_max=T_max, B=B, H=H, D=D, dtype=dtypes,
                     causal=causal, passes=pass_names, **serving, **pattern_params(kw, axes=True))
-    chosen = sw.select_impls(impls, specs)
+    chosen = sw.select_impls(impls, specs, dspecs)
     command = "attnbench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     # looks only: refuses an unusable --out; nothing is written before the device is there
     writer = ResultWriter(out, resume=resume, overwrite=overwrite, retry_failed=retry_failed,

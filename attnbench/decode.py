@@ -9,18 +9,25 @@ splits blocks fill the GPU whatever B; ``decode_split`` leaves each split's rows
 their log-sum-exp and ``decode_merge`` weighs them. A block holds the H / H_kv query heads of its
 key/value head times the Tq positions as its rows (at most ``ROWS``); longer query stretches are
 prefill's (fast-tc).
+
+The shape (``DecodeConfig``: warps, key-tile size, stages, blocks per SM asked of the register
+allocator, and the split count or what it is derived from) can be given for tuning: in a sweep by
+``--decode-config SPEC`` (each adds a row per configuration, impl ``fast-decode[SPEC]``, timed with
+the others), elsewhere by the environment variable ATTNBENCH_DECODE_CONFIG (the plain fast-decode's
+shape). The shape run is in each row's ``setup_s`` (``decode_config``, ``splits``).
 """
 from __future__ import annotations
 
+import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
 from .arrays import bind
 from .compile import get_module
 from .errors import BadInput
-from .fast_tc import LOG2E, pattern_defines
+from .fast_tc import LOG2E, parse_fields, pattern_defines
 from .impls import Impl, Problem, Runner, register, timed
 from .patterns import Mask
 from .serving import one_predicate
@@ -28,20 +35,105 @@ from .serving import one_predicate
 KERNEL = "decode"
 SPLIT, MERGE = "decode_split", "decode_merge"
 HEAD_DS = (64, 128)
-NWARPS, BN, STAGES = 4, 64, 3
-ROWS = 16 * NWARPS  # query rows of a block: query heads of a group x Tq
-BLOCKS_PER_SM = 4   # the splits aim at this many blocks per multiprocessor
-MIN_PER_SPLIT = 4   # key tiles of a split, at least
+ENV = "ATTNBENCH_DECODE_CONFIG"
+MAX_SMEM = 227 * 1024  # dynamic shared memory a block may ask for (sm_80 163 KiB: refused there at launch)
 
 
-def kernel_defines(D: int, dtype: str, mask: Mask) -> dict:
+@dataclass(frozen=True)
+class DecodeConfig:
+    """fast-decode's shape: NWARPS warps (16 query rows each: the block's rows, query heads of a group
+    x Tq), BN-key tiles in STAGES shared-memory stages, MINB blocks per SM asked of the register
+    allocator; the splits of each (sequence, key/value head)'s list: SPLITS when given (0: derived),
+    else as many as make B * H_kv * splits about BLOCKS_PER_SM blocks per SM (0: the most that fit one
+    wave of the blocks the device says one SM holds of this build), each at least MIN_PER_SPLIT key
+    tiles."""
+    NWARPS: int = 4
+    BN: int = 64
+    STAGES: int = 3
+    MINB: int = 1
+    SPLITS: int = 0
+    BLOCKS_PER_SM: int = 4
+    MIN_PER_SPLIT: int = 4
+
+    @property
+    def rows(self) -> int:
+        return 16 * self.NWARPS
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.NWARPS
+
+    def smem_bytes(self, D: int) -> int:
+        return (self.rows + 2 * self.STAGES * self.BN) * D * 2
+
+    @property
+    def spec(self) -> str:
+        return ",".join(f"{f}={getattr(self, f)}" for f in DECODE_FIELDS)
+
+    def problem(self, D: int) -> str | None:
+        """Why kernels/decode.cu cannot be built or launched with this shape at head dimension D (its
+        loads split a tile's 16-byte chunks evenly among the threads, 8 rows apart), or None."""
+        step = self.threads // (D // 8)  # rows one pass of the block's loads covers
+        if step % 8 or self.rows % step or self.BN % step:
+            return (f"NWARPS={self.NWARPS} at D={D} loads {step} rows a pass: it must be a multiple of 8 "
+                    f"dividing BN={self.BN} and the {self.rows} rows")
+        if self.smem_bytes(D) > MAX_SMEM:
+            return f"{self.smem_bytes(D)} bytes of shared memory at D={D}, above {MAX_SMEM}"
+        return None
+
+
+DECODE_FIELDS = tuple(f.name for f in fields(DecodeConfig))
+DECODE_LIMITS = {"NWARPS": (4, 16, 4), "BN": (16, 256, 16), "STAGES": (2, 8, 1), "MINB": (1, 16, 1),
+                 "SPLITS": (0, 4096, 1), "BLOCKS_PER_SM": (0, 64, 1), "MIN_PER_SPLIT": (1, 4096, 1)}
+DEFAULT = DecodeConfig()
+NWARPS, BN, STAGES = DEFAULT.NWARPS, DEFAULT.BN, DEFAULT.STAGES
+ROWS = DEFAULT.rows  # query rows of a block: query heads of a group x Tq
+BLOCKS_PER_SM = DEFAULT.BLOCKS_PER_SM  # the splits aim at this many blocks per multiprocessor
+MIN_PER_SPLIT = DEFAULT.MIN_PER_SPLIT  # key tiles of a split, at least
+
+
+@dataclass(frozen=True)
+class DecodeSpec:
+    """Fields of fast-decode's shape given (``--decode-config``, ATTNBENCH_DECODE_CONFIG); the others
+    at DecodeConfig's defaults."""
+    given: tuple  # (field, value) pairs in DECODE_FIELDS order
+
+    def __str__(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in self.given)
+
+    def apply(self, cfg: DecodeConfig = DEFAULT) -> DecodeConfig:
+        return replace(cfg, **dict(self.given))
+
+
+def parse_decode_config(text: str, option: str = "--decode-config") -> DecodeSpec:
+    """'FIELD=N,...' of NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT (any case; the
+    others at their defaults) or all by position from NWARPS,BN,STAGES; BadInput naming ``option``
+    and the limit."""
+    given = parse_fields(text, option, DecodeConfig, DECODE_LIMITS, min_positional=3)
+    return DecodeSpec(tuple((f, given[f]) for f in DECODE_FIELDS if f in given))
+
+
+def kernel_defines(D: int, dtype: str, mask: Mask, cfg: DecodeConfig = DEFAULT) -> dict:
     """The -D constants of kernels/decode.cu: the head dimension, dtype, shape and the pattern."""
-    return dict(HEAD_D=D, BN=BN, NWARPS=NWARPS, STAGES=STAGES, MT=1, MINB=1, QREG=1, STRIDE=1,
+    return dict(HEAD_D=D, BN=cfg.BN, NWARPS=cfg.NWARPS, STAGES=cfg.STAGES, MT=1, MINB=cfg.MINB, QREG=1, STRIDE=1,
                 AB_F16=int(dtype == "float16"), **pattern_defines(mask))
 
 
-def smem_bytes(D: int) -> int:
-    return (ROWS + 2 * STAGES * BN) * D * 2
+def smem_bytes(D: int, cfg: DecodeConfig = DEFAULT) -> int:
+    return cfg.smem_bytes(D)
+
+
+def split_count(longest: int, work: int, sms: int, cfg: DecodeConfig = DEFAULT, resident: int = 1) -> tuple[int, int]:
+    """(key tiles a split, splits) for lists of at most ``longest`` tiles and ``work`` = B * H_kv of
+    them on ``sms`` multiprocessors: SPLITS when given; with BLOCKS_PER_SM 0 the most splits whose
+    blocks fit one wave of ``resident`` blocks per SM (at least 1, each at least MIN_PER_SPLIT tiles);
+    else about BLOCKS_PER_SM blocks per SM, each split at least MIN_PER_SPLIT tiles."""
+    if cfg.SPLITS or not cfg.BLOCKS_PER_SM:
+        splits = cfg.SPLITS or max(1, min(resident * sms // work, -(-longest // cfg.MIN_PER_SPLIT)))
+        per_split = max(1, -(-longest // splits))
+    else:
+        per_split = max(cfg.MIN_PER_SPLIT, -(-longest * work // (cfg.BLOCKS_PER_SM * sms)))
+    return per_split, max(1, -(-longest // per_split))
 
 
 @dataclass(frozen=True)
@@ -52,8 +144,8 @@ class DecodeList:
     build_s: float
 
 
-def decode_list(mask: Mask, Tq: int) -> DecodeList:
-    """The key tiles the last Tq positions of ``mask`` (at its T) may read, full or partial."""
+def decode_list(mask: Mask, Tq: int, BN: int = BN) -> DecodeList:
+    """The key tiles (of BN keys) the last Tq positions of ``mask`` (at its T) may read, full or partial."""
     t0 = time.perf_counter()
     T = mask.T
     rows = np.arange(T - Tq, T, dtype=np.int64)
@@ -70,9 +162,17 @@ def decode_list(mask: Mask, Tq: int) -> DecodeList:
     return DecodeList(T, ent, time.perf_counter() - t0)
 
 
+def resident_blocks(kernel, threads: int, smem: int) -> int:
+    """Blocks of ``kernel`` one multiprocessor holds at once (registers, shared memory), at least 1."""
+    from cupy_backends.cuda.api import driver
+
+    return max(1, int(driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.ptr, threads, smem)))
+
+
 class DecodeRunner(Runner):
-    def __init__(self, split, merge, grid, merge_grid, smem, args, merge_args, out, setup, D):
+    def __init__(self, split, merge, grid, merge_grid, smem, args, merge_args, out, setup, D, threads=32 * NWARPS):
         self._split, self._merge = split, merge
+        self._threads = threads
         self._grid, self._merge_grid = grid, merge_grid
         self._merge_block = (D,)  # a thread per column
         self._smem = smem
@@ -81,7 +181,7 @@ class DecodeRunner(Runner):
         self.setup = setup
 
     def run(self) -> None:
-        self._split(self._grid, (32 * NWARPS,), self._args, shared_mem=self._smem)
+        self._split(self._grid, (self._threads,), self._args, shared_mem=self._smem)
         self._merge(self._merge_grid, self._merge_block, self._merge_args)
 
 
@@ -91,6 +191,19 @@ class FastDecode(Impl):
     decode = True
     ragged = True
     takes_prefill = False  # Tq = Tk is fast-tc's
+    config: DecodeSpec | None = None  # fields of the shape fixed (``--decode-config``); None: ATTNBENCH_DECODE_CONFIG
+
+    def decode_variant(self, spec: DecodeSpec) -> "FastDecode":
+        """Named '<name>[<spec>]': its shape with ``spec``'s fields fixed."""
+        return replace(self, name=f"{self.name}[{spec}]", config=spec,
+                       description=f"{self.name} with the shape fields {spec} (the others at their defaults)")
+
+    def shape(self) -> DecodeConfig:
+        """The shape it runs: its own spec, else ATTNBENCH_DECODE_CONFIG's, else the default."""
+        if self.config is not None:
+            return self.config.apply()
+        env = os.environ.get(ENV, "").strip()
+        return parse_decode_config(env, ENV).apply() if env else DEFAULT
 
     def unsupported(self, prob: Problem) -> str | None:
         why = super().unsupported(prob)
@@ -101,10 +214,14 @@ class FastDecode(Impl):
         why = one_predicate(prob)
         if why:
             return f"{self.name}: {why}"
+        cfg = self.shape()
+        why = cfg.problem(prob.D)
+        if why:
+            return f"{self.name}: shape {cfg.spec}: {why}"
         rows = prob.H // prob.kv_heads * prob.q_len
-        if rows > ROWS:
-            return (f"H/H_kv x Tq = {rows} query rows per key/value head exceed {ROWS} for {self.name} "
-                    f"(Tq up to {ROWS // (prob.H // prob.kv_heads)} at this grouping; longer stretches are prefill's)")
+        if rows > cfg.rows:
+            return (f"H/H_kv x Tq = {rows} query rows per key/value head exceed {cfg.rows} for {self.name} "
+                    f"(Tq up to {cfg.rows // (prob.H // prob.kv_heads)} at this grouping; longer stretches are prefill's)")
         return None
 
     def build(self, prob: Problem, q, k, v) -> Runner:
@@ -116,35 +233,38 @@ class FastDecode(Impl):
             raise BadInput(f"q {tuple(qa.shape)}, k {tuple(ka.shape)}, v {tuple(va.shape)}: expected q {prob.shape} "
                            f"and k, v {prob.kv_shape}")
         setup: dict = {}
+        cfg = self.shape()
+        setup["decode_config"] = cfg.spec
         lens = prob.lens
         order = sorted(set(lens))
-        lists = [decode_list(prob.mask.at(t), prob.q_len) for t in order]
+        lists = [decode_list(prob.mask.at(t), prob.q_len, cfg.BN) for t in order]
         setup["tiles_build_s"] = sum(x.build_s for x in lists)
         counts = np.array([x.entries.size for x in lists], np.int64)
         firsts = np.concatenate([[0], np.cumsum(counts)[:-1]])
         tent = np.concatenate([x.entries for x in lists] + [np.zeros(1, np.int32)])
-        sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
-        work = prob.B * prob.kv_heads
-        longest = int(counts.max()) if counts.size else 0
-        per_split = max(MIN_PER_SPLIT, -(-longest * work // (BLOCKS_PER_SM * sms)))
-        splits = max(1, -(-longest // per_split))
-        setup["splits"] = splits
         # one predicate for every cache length (``unsupported`` refuses patterns whose predicate or
         # table depends on it)
         table = prob.mask.table
         table = cupy.asarray(table if table is not None else np.zeros(1, np.int32), dtype=cupy.int32)
         with timed(setup, "compile_s"):
-            mod = get_module(KERNEL, kernel_defines(prob.D, prob.dtype, prob.mask))
+            mod = get_module(KERNEL, kernel_defines(prob.D, prob.dtype, prob.mask, cfg))
             split_k, merge_k = mod.get_function(SPLIT), mod.get_function(MERGE)
-            smem = smem_bytes(prob.D)
+            smem = cfg.smem_bytes(prob.D)
             if smem > 48 * 1024:
                 split_k.max_dynamic_shared_size_bytes = smem
+        sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+        resident = 1
+        if not cfg.BLOCKS_PER_SM and not cfg.SPLITS:  # one wave, by the device's occupancy of this build
+            resident = setup["blocks_per_sm"] = resident_blocks(split_k, cfg.threads, smem)
+        longest = int(counts.max()) if counts.size else 0
+        per_split, splits = split_count(longest, prob.B * prob.kv_heads, sms, cfg, resident)
+        setup["splits"] = splits
         heads = cupy.asarray(np.stack([firsts, counts], axis=1).astype(np.int32))
         list_of = cupy.asarray(np.array([order.index(t) for t in lens], np.int32))
         lens_d = cupy.asarray(np.array(lens, np.int32))
         tent_d = cupy.asarray(tent)
-        op = cupy.empty((prob.B, prob.kv_heads, splits, ROWS, prob.D), cupy.float32)
-        lp = cupy.empty((prob.B, prob.kv_heads, splits, ROWS), cupy.float32)
+        op = cupy.empty((prob.B, prob.kv_heads, splits, cfg.rows, prob.D), cupy.float32)
+        lp = cupy.empty((prob.B, prob.kv_heads, splits, cfg.rows), cupy.float32)
         out = cupy.empty(prob.shape, dtype=qa.dtype)
         scale_log2 = np.float32(prob.softmax_scale * LOG2E)
         args = (qa, ka, va, op, lp, heads, tent_d, lens_d, list_of, np.int32(prob.H), np.int32(prob.kv_heads),
@@ -152,14 +272,16 @@ class FastDecode(Impl):
         merge_args = (op, lp, out, np.int32(prob.H), np.int32(prob.kv_heads), np.int32(prob.q_len),
                       np.int32(splits))
         return DecodeRunner(split_k, merge_k, (splits, prob.kv_heads, prob.B), (prob.B * prob.H * prob.q_len,),
-                            smem, args, merge_args, out, setup, prob.D)
+                            smem, args, merge_args, out, setup, prob.D, cfg.threads)
 
 
 IMPL = register(FastDecode(
     name="fast-decode",
     family="attnbench",
     description="decoding on tensor cores: Tq queries at the end of each cache, grouped-query heads and ragged "
-                "batches, the key tiles the pattern allows split across blocks and merged by log-sum-exp",
+                "batches, the key tiles the pattern allows split across blocks and merged by log-sum-exp; its shape "
+                f"({DEFAULT.spec}, SPLITS=0: derived) tunable by `sweep --decode-config FIELD=N,...` (a row per "
+                f"shape) or {ENV}=FIELD=N,...",
     dtypes=("bfloat16", "float16"),
 ))
 
@@ -178,4 +300,5 @@ def standard_builds() -> list[tuple[str, dict]]:
     return builds
 
 
-__all__ = ["FastDecode", "IMPL", "decode_list", "kernel_defines", "standard_builds"]
+__all__ = ["FastDecode", "IMPL", "DecodeConfig", "DecodeSpec", "parse_decode_config", "decode_list", "kernel_defines",
+           "split_count", "standard_builds"]

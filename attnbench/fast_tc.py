@@ -105,16 +105,32 @@ def parse_tile_config(text: str, option: str = "--tile-config") -> TileSpec:
     """'FIELD=N,...' (any of NWARPS, BN, STAGES, MT, MINB, QREG, WG, TMA; the others as fast-tc
     chooses them) or the positional 'NWARPS,BN,STAGES[,MT[,MINB[,QREG[,WG[,TMA]]]]]' (a whole shape,
     the fields left out at TileConfig's defaults). BadInput naming ``option`` and the limit."""
+    given = parse_fields(text, option, TileConfig, TILE_LIMITS, min_positional=3)
+    spec = TileSpec(tuple((f, given[f]) for f in TILE_FIELDS if f in given))
+    if len(given) == len(TILE_FIELDS):  # a whole shape: the kernel's rules are known now
+        why = TileConfig(**given).problem()
+        if why:
+            raise BadInput(f"{option} {text!r}: {why}")
+    return spec
+
+
+def parse_fields(text: str, option: str, cls, limits: dict, min_positional: int) -> dict:
+    """The integer fields of a shape given as 'FIELD=N,...' (any case) or all by position (at least
+    ``min_positional``, the rest at the dataclass ``cls``'s defaults), each within ``limits``
+    (field: (least, most, step)); BadInput naming ``option`` and the limit. fast-tc's
+    ``--tile-config``, fast-decode's ``--decode-config``."""
+    names = tuple(f.name for f in fields(cls))
     where = f"{option} {text!r}"
     parts = [p.strip() for p in str(text).split(",")]
     if not parts or not all(parts):
-        raise BadInput(f"{where}: expected FIELD=N,... or NWARPS,BN,STAGES[,MT,MINB,QREG,WG,TMA]")
+        raise BadInput(f"{where}: expected FIELD=N,... or {','.join(names[:min_positional])}"
+                       f"[,{','.join(names[min_positional:])}]")
     if all("=" not in p for p in parts):  # positional: a whole shape
-        if not 3 <= len(parts) <= len(TILE_FIELDS):
-            raise BadInput(f"{where}: the positional form takes 3 to {len(TILE_FIELDS)} numbers "
-                           f"({','.join(TILE_FIELDS)}), got {len(parts)}")
-        defaults = {f.name: f.default for f in fields(TileConfig)}
-        pairs = list(zip(TILE_FIELDS, parts)) + [(f, str(defaults[f])) for f in TILE_FIELDS[len(parts):]]
+        if not min_positional <= len(parts) <= len(names):
+            raise BadInput(f"{where}: the positional form takes {min_positional} to {len(names)} numbers "
+                           f"({','.join(names)}), got {len(parts)}")
+        defaults = {f.name: f.default for f in fields(cls)}
+        pairs = list(zip(names, parts)) + [(f, str(defaults[f])) for f in names[len(parts):]]
     elif all("=" in p for p in parts):
         pairs = [tuple(x.strip() for x in p.split("=", 1)) for p in parts]
     else:
@@ -122,25 +138,20 @@ def parse_tile_config(text: str, option: str = "--tile-config") -> TileSpec:
     given = {}
     for key, value in pairs:
         name = key.upper()
-        if name not in TILE_LIMITS:
-            raise BadInput(f"{where}: unknown field {key!r} (fields: {', '.join(TILE_FIELDS)})")
+        if name not in limits:
+            raise BadInput(f"{where}: unknown field {key!r} (fields: {', '.join(names)})")
         if name in given:
             raise BadInput(f"{where}: {name} given twice")
         try:
             v = int(value)
         except ValueError:
             raise BadInput(f"{where}: {name}={value!r} is not an integer") from None
-        lo, hi, step = TILE_LIMITS[name]
+        lo, hi, step = limits[name]
         if not lo <= v <= hi or v % step:
             limit = "0 or 1" if (lo, hi) == (0, 1) else f"{f'a multiple of {step} ' if step > 1 else ''}from {lo} to {hi}"
             raise BadInput(f"{where}: {name}={v} must be {limit}")
         given[name] = v
-    spec = TileSpec(tuple((f, given[f]) for f in TILE_FIELDS if f in given))
-    if len(given) == len(TILE_FIELDS):  # a whole shape: the kernel's rules are known now
-        why = TileConfig(**given).problem()
-        if why:
-            raise BadInput(f"{where}: {why}")
-    return spec
+    return given
 
 
 # The tile shapes, one table: (products, role, D) -> (shape, why). Products "sync" (mma.sync, also
@@ -227,13 +238,16 @@ def pattern_defines(mask: Mask) -> dict:
     return dict(CAUSAL=int(mask.causal), **mask.device_defines())
 
 
-def kernel_defines(D: int, dtype: str, mask: Mask, cfg: TileConfig | None = None) -> dict:
+def kernel_defines(D: int, dtype: str, mask: Mask, cfg: TileConfig | None = None, group: int = 1) -> dict:
     """The -D constants of kernels/fast_tc.cu for a head dimension, dtype and pattern (the
-    inner pattern and its stride when the pattern is strided)."""
+    inner pattern and its stride when the pattern is strided); ``group`` query heads per key/value
+    head (H / H_kv, grouped-query heads) as KV_GROUP, left out at 1 (the builds of H_kv = H as before)."""
     cfg = cfg or choose_config(mask, D)
     stride, inner = mask.strided()
     d = dict(HEAD_D=D, BN=cfg.BN, NWARPS=cfg.NWARPS, STAGES=cfg.STAGES, MT=cfg.MT, MINB=cfg.MINB, QREG=cfg.QREG,
              AB_F16=int(dtype == "float16"), STRIDE=stride)
+    if group != 1:
+        d["KV_GROUP"] = group
     if cfg.WG:
         d["WG"] = 1
     if uses_tma(cfg, mask):
@@ -268,6 +282,9 @@ class FastTC(Impl):
     # the backward (kernels/fast_tc_bwd.cu) runs on mma.sync on every GPU, after this impl's forward
     # with the log-sum-exp (wgmma on sm_90 for fast-tc); a wgmma backward is still to come
     passes = ("fwd", "bwd", "fwd+bwd")
+    # the forward takes grouped-query heads (H_kv < H: query head h reads key/value head h // (H / H_kv),
+    # KV_GROUP); prefill only (Tq = Tk, no ragged batch: fast-decode's), and no backward there (Problem)
+    gqa = True
     wgmma: bool = True  # take the Hopper shapes on sm_90
     tile: TileSpec | None = None  # fields of the chosen shape fixed (``--tile-config``)
 
@@ -336,11 +353,13 @@ class FastTC(Impl):
 
 
 def bind_inputs(prob: Problem, *arrays, names: str = "qkv") -> list:
-    """CuPy storage arrays of the inputs, each of the problem's shape and dtype (BadInput naming it)."""
+    """CuPy storage arrays of the inputs, each of the problem's shape and dtype (BadInput naming it):
+    k and v of ``prob.kv_shape`` ([B, H_kv, T, D]), the others of ``prob.shape``."""
     out = [bind(x, name, prob.dtype).array for x, name in zip(arrays, names)]
     for a, name in zip(out, names):
-        if tuple(a.shape) != prob.shape:
-            raise BadInput(f"{name} has shape {tuple(a.shape)}, expected {prob.shape}")
+        want = prob.kv_shape if name in ("k", "v") else prob.shape
+        if tuple(a.shape) != want:
+            raise BadInput(f"{name} has shape {tuple(a.shape)}, expected {want}")
     return out
 
 
@@ -386,7 +405,7 @@ def forward_launch(prob: Problem, cfg: TileConfig, arrays, out, lse=None, setup:
     tiles = tile_list(inner, cfg.BM, cfg.BN)
     setup.update(setup_times(tiles))
     dev = tiles.device()
-    defines = kernel_defines(prob.D, prob.dtype, prob.mask, cfg)
+    defines = kernel_defines(prob.D, prob.dtype, prob.mask, cfg, group=prob.H // prob.kv_heads)
     if lse is not None:
         defines["FWD_LSE"] = 1
     with timed(setup, "compile_s"):
@@ -398,7 +417,7 @@ def forward_launch(prob: Problem, cfg: TileConfig, arrays, out, lse=None, setup:
     nq = -(-inner.T // cfg.BM)
     scale_log2 = np.float32(prob.softmax_scale * LOG2E)
     if uses_tma(cfg, prob.mask):
-        with timed(setup, "tma_maps_s"):
+        with timed(setup, "tma_maps_s"):  # K's and V's over their own [B * H_kv, T, D]
             maps = head_maps(list(arrays) + [out], (cfg.BM, cfg.BN, cfg.BN, cfg.BM))
     else:
         maps = [TensorMap()] * 4  # zeros, not read
@@ -430,8 +449,8 @@ __all__ = ["SHAPES", "shape", "CONFIGS", "WIDE_CONFIGS", "PARTIAL_CONFIGS", "HOP
 
 def standard_builds() -> list[tuple[str, dict]]:
     """The llm configuration (SPEC section 5) at its build T: every pattern, D = 64 and 128, bfloat16;
-    float16 for dense causal; the mma.sync and the wgmma (sm_90a, ``target_arch``) shapes; then the
-    backward's builds and the forwards with the log-sum-exp it runs after (fast_tc_bwd)."""
+    float16 for dense causal; the mma.sync and the wgmma (sm_90a, ``target_arch``) shapes; three of its
+    patterns with grouped-query heads (KV_GROUP = GQA_BUILD_GROUP); then the backward's builds and the forwards with the log-sum-exp it runs after (fast_tc_bwd)."""
     from .configs import LLM
 
     builds = []
@@ -443,9 +462,24 @@ def standard_builds() -> list[tuple[str, dict]]:
                     b = (KERNEL, kernel_defines(D, dtype, mask, choose_config(mask, D, wgmma)))
                     if b not in builds:
                         builds.append(b)
+    # grouped-query heads (``attnbench sweep --config llm --H-kv 4``): a dense, a partial and a strided build
+    for D in (64, 128):
+        for inst in LLM.instances:
+            if (inst.pattern, inst.param_dict.get("window")) in GQA_BUILD_PATTERNS:
+                mask = inst.mask(LLM.build_T)
+                for wgmma in (False, True):
+                    b = (KERNEL, kernel_defines(D, "bfloat16", mask, choose_config(mask, D, wgmma), group=GQA_BUILD_GROUP))
+                    if b not in builds:
+                        builds.append(b)
     from .fast_tc_bwd import standard_builds as backward_builds
 
     return builds + [b for b in backward_builds() if b not in builds]
+
+
+# the grouped-query builds among the standard ones: H / H_kv of the llm configuration at --H-kv 4, and
+# the llm instances (pattern, window) built so: dense, streaming 16+64, dilated 512/2
+GQA_BUILD_GROUP = 4
+GQA_BUILD_PATTERNS = (("dense", None), ("streaming", 64), ("dilated", 512))
 
 
 GATE_TS = (1, 7, 100, 1000, 4096)  # the sizes of the GPU gate tests (tests/test_fast_tc.py)

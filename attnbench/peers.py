@@ -2,8 +2,9 @@
 
 * ``cublas``: the attention a user writes with CuPy alone: S = Q K^T through cuBLAS, the
   pattern's dense mask, a max-subtracted softmax, O = P V, chunked over queries.
-* ``sdpa-flash``, ``sdpa-cudnn``, ``sdpa-efficient``: ``torch.nn.functional.
-  scaled_dot_product_attention`` pinned to one backend each.
+* ``sdpa-flash``, ``sdpa-cudnn``, ``sdpa-efficient``, ``sdpa-math``: ``torch.nn.functional.
+  scaled_dot_product_attention`` pinned to one backend each (math: unfused, the scores
+  materialised, refused above ``SDPA_MATH_BYTES`` of them).
 * ``flex``: FlexAttention under ``torch.compile``, its mask_mod the pattern's own predicate
   (``Mask.mask_mod``), at the better of block 64 and 128 (SPEC section 6).
 
@@ -37,6 +38,7 @@ from .serving import one_predicate
 SCRATCH_BYTES = 256 << 20     # cublas: scores and probabilities of one chunk of query rows
 MASK_CACHE_BYTES = 1 << 30    # cublas: the uploaded mask is kept between runs up to T*T this size
 SDPA_MASK_BYTES = 4 << 30     # sdpa: largest T x T attn_mask built
+SDPA_MATH_BYTES = 4 << 30     # sdpa-math: largest float32 [B, H, Tq, Tk] scores and probabilities it materialises
 FLEX_BLOCKS = (64, 128)
 # From this T on the BlockMask is built by a compiled create_block_mask (what its _compile=True
 # does): the eager build materialises the T x T mask and its int64 index arithmetic (over 10 GB
@@ -456,6 +458,18 @@ def sdpa_mask_bytes(T: int, dtype: str) -> int:
     return T * _padded(T) * ITEMSIZE[dtype]
 
 
+def sdpa_math_copies(prob: Problem) -> int:
+    """[B, H, Tq, Tk] arrays the math backend holds at once: the scores and the probabilities for a
+    forward; with a backward also their gradients."""
+    return 2 if prob.pass_name == "fwd" else 4
+
+
+def sdpa_math_bytes(prob: Problem) -> int:
+    """What the math backend materialises, counted in float32 (it computes 16-bit inputs in float32
+    unless torch is told otherwise): ``sdpa_math_copies`` arrays of [B, H, Tq, Tk]."""
+    return sdpa_math_copies(prob) * prob.B * prob.H * prob.q_len * prob.T * 4
+
+
 def _sdpa_mask(mask: Mask | None, T: int, dtype, device, masked_value: float):
     """Additive [T, T] mask in the inputs' dtype (0 allowed, ``masked_value`` blocked), rows
     padded to 8 elements; all zeros when ``mask`` is None. It is what SDPA would turn a
@@ -607,6 +621,7 @@ class SdpaImpl(Impl):
     backend: str = ""              # SDPBackend member
     takes_mask: bool = True
     masked_value: float = -math.inf
+    materializes: bool = False     # the backend computes the [B, H, Tq, Tk] scores unfused (MATH)
     passes = PASSES  # the backward through autograd, the backend pinned for it too
     gqa = True     # enable_gqa
     decode = True  # an attn_mask at the queries' absolute positions (dense, one query: none)
@@ -640,6 +655,12 @@ class SdpaImpl(Impl):
             if nbytes > SDPA_MASK_BYTES:
                 return (f"{self.name}: the attn_mask of {prob.mask.label()} at T={prob.T} would take "
                         f"{nbytes / 2**30:.1f} GiB, above the {SDPA_MASK_BYTES >> 30} GiB limit on a built mask")
+        if self.materializes:
+            nbytes = sdpa_math_bytes(prob)
+            if nbytes > SDPA_MATH_BYTES:
+                return (f"{self.name}: the {self.backend} backend materialises the scores: {sdpa_math_copies(prob)} "
+                        f"float32 [B, H, Tq, Tk] = [{prob.B}, {prob.H}, {prob.q_len}, {prob.T}] arrays would take "
+                        f"{nbytes / 2**30:.1f} GiB, above its {SDPA_MATH_BYTES >> 30} GiB limit")
         if self.availability() is not None:
             return None  # the machine, not the problem: availability says why
         import cupy
@@ -850,6 +871,12 @@ SDPA_CUDNN = register(SdpaImpl(
 SDPA_EFFICIENT = register(SdpaImpl(
     "sdpa-efficient", "peer", _SDPA_COMMON.format(b="EFFICIENT_ATTENTION") + _SDPA_MASKED.format(v="-inf"),
     ALL_DTYPES, backend="EFFICIENT_ATTENTION"))
+SDPA_MATH = register(SdpaImpl(
+    "sdpa-math", "peer", _SDPA_COMMON.format(b="MATH") + _SDPA_MASKED.format(v="-inf")
+    + "; unfused: the scores and probabilities are materialised ([B, H, Tq, Tk], float32 for 16-bit inputs, "
+    f"grouped heads through enable_gqa's repeat of K and V), refused above {SDPA_MATH_BYTES >> 30} GiB of them "
+    "(two arrays for the forward, four with a backward)",
+    ALL_DTYPES, backend="MATH", materializes=True))
 FLEX = register(FlexImpl(
     "flex", "peer",
     "torch.nn.attention.flex_attention under torch.compile (static shapes), mask_mod = the pattern's own "
@@ -860,5 +887,6 @@ FLEX = register(FlexImpl(
     "BLOCK_N1=64 BLOCK_M2=64 BLOCK_N2=32), the one used and those that failed in setup_s",
     ALL_DTYPES))
 
-__all__ = ["CUBLAS", "SDPA_FLASH", "SDPA_CUDNN", "SDPA_EFFICIENT", "FLEX", "CublasImpl", "SdpaImpl",
-           "FlexImpl", "FlexSetting", "FLEX_BWD_SETTINGS", "cublas_rows", "sdpa_mask_bytes", "flex_kernel_options"]
+__all__ = ["CUBLAS", "SDPA_FLASH", "SDPA_CUDNN", "SDPA_EFFICIENT", "SDPA_MATH", "FLEX", "CublasImpl", "SdpaImpl",
+           "FlexImpl", "FlexSetting", "FLEX_BWD_SETTINGS", "cublas_rows", "sdpa_mask_bytes", "sdpa_math_bytes",
+           "flex_kernel_options"]

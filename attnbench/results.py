@@ -44,9 +44,12 @@ ADDED = {
     "H_kv": Same("H"),      # serving shapes (SPEC section 1): a row without them is prefill
     "Tq": Same("T"),
     "cache_lens": "",
+    "peak_mem_mb": "",      # device memory beyond inputs and outputs (attnbench.memory): not measured before
 }
+# columns of ADDED that are measurements, not part of a row's identity
+MEASURED = ("peak_mem_mb",)
 COLUMNS += list(ADDED)
-KEY_COLUMNS += tuple(ADDED)
+KEY_COLUMNS += tuple(c for c in ADDED if c not in MEASURED)
 
 
 def params_json(params: dict) -> str:
@@ -505,7 +508,7 @@ def _cell(v):
     return v
 
 
-NUMERIC = ("median_ms", "p20_ms", "p80_ms", "tflops", "roofline", "rel_err", "tolerance", "floor_ms")
+NUMERIC = ("median_ms", "p20_ms", "p80_ms", "tflops", "roofline", "rel_err", "tolerance", "floor_ms", "peak_mem_mb")
 INTEGER = ("B", "H", "T", "D", "H_kv", "Tq")
 
 
@@ -537,8 +540,8 @@ def read_results(path: str | os.PathLike):
     missing = [c for c in needed if c not in df.columns]
     if missing:
         raise BadInput(f"{p} is not a results CSV: missing columns {', '.join(missing)}")
-    for col, d in ADDED.items():  # a file of an older version: the value its rows take
-        fill = df[d] if isinstance(d, Same) else d
+    for col, d in ADDED.items():  # a file of an older version: the value its rows take (a number not measured: NaN)
+        fill = df[d] if isinstance(d, Same) else (float("nan") if col in NUMERIC else d)
         df[col] = df[col].fillna(fill) if col in df.columns else fill
     _check_cells(df, p)
     df["causal"] = df["causal"].map(lambda v: str(v).strip().lower() in ("true", "1"))

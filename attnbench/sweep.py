@@ -13,6 +13,7 @@ dtype. For each one, every implementation gives exactly one row:
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import sys
@@ -24,6 +25,7 @@ from .check import grad_inputs, judge, problem_inputs, reference_of
 from .configs import Instance, get_config
 from .errors import BadInput
 from .impls import DTYPES, PASSES, Impl, Problem, all_impls, get_impl
+from .memory import MeteredRunner, PeakWindow
 from .patterns import all_params, get_pattern, make_mask, param_columns, pattern_label
 from .results import COLUMNS, ResultWriter, Tally, now, params_json, row_key
 from .serving import draw_lens, lens_text
@@ -221,25 +223,31 @@ def _plan(config: str = "seed", *, patterns=(), T=(), T_min=None, T_max=None, B=
             for dt in dtypes for dd in Ds for t in Ts for inst in insts for p in passes]
 
 
-def select_impls(names=(), tile_configs=()) -> list[Impl]:
+def select_impls(names=(), tile_configs=(), decode_configs=()) -> list[Impl]:
     """The implementations named (BadInput naming the choices for an unknown one), else all;
     after each one with tile shapes (``Impl.tile_variant``), one variant per ``tile_configs``
-    entry (``TileSpec``: fast-tc's ``--tile-config``), timed with the others as its own row."""
+    entry (``TileSpec``: fast-tc's ``--tile-config``), timed with the others as its own row; after
+    fast-decode, one per ``decode_configs`` entry (``DecodeSpec``: ``--decode-config``) the same way."""
     if names:
         impls = [get_impl(n) for n in dict.fromkeys(names)]
     else:
         impls = list(all_impls().values())
     if not impls:
         raise BadInput("no implementation is registered")
-    if not tile_configs:
-        return impls
-    out = []
-    for impl in impls:
-        out.append(impl)
-        out += [v for v in (impl.tile_variant(spec) for spec in dict.fromkeys(tile_configs)) if v is not None]
-    if len(out) == len(impls):
-        raise BadInput(f"--tile-config: none of the implementations ({', '.join(i.name for i in impls)}) "
-                       "takes a tile shape (fast-tc and fast-tc-sync do)")
+    out = impls
+    for specs, variant, option, who in ((tile_configs, "tile_variant", "--tile-config", "fast-tc and fast-tc-sync do"),
+                                        (decode_configs, "decode_variant", "--decode-config", "fast-decode does")):
+        if not specs:
+            continue
+        more = []
+        for impl in out:
+            more.append(impl)
+            make = getattr(impl, variant, lambda spec: None)
+            more += [v for v in (make(spec) for spec in dict.fromkeys(specs)) if v is not None]
+        if len(more) == len(out):
+            raise BadInput(f"{option}: none of the implementations ({', '.join(i.name for i in out)}) "
+                           f"takes {'a tile shape' if variant == 'tile_variant' else 'a decode shape'} ({who})")
+        out = more
     return out
 
 
@@ -281,6 +289,9 @@ class Context:
     command: str = ""
     progress: Callable | None = None
     samples: int | None = None  # a fixed sample count per implementation instead of the budget
+    # one meter per row of what an implementation allocates (attnbench.memory: the peak_mem_mb column);
+    # None: the column stays empty
+    memory: Callable | None = None
 
     def timing_options(self) -> dict:
         """The keywords ``time`` takes: the budget, or the fixed sample count when one is set."""
@@ -373,12 +384,20 @@ def run_case(case: Case, impls: list[Impl], ctx: Context, done: Callable[[dict],
         ref = None  # one float64 reference per configuration (a backward's: its gradients), for every implementation
         for impl in candidates:
             row = rows[impl.name]
+            # peak_mem_mb: from before prepare to the end of the gate's run, the reference left out
+            window = PeakWindow(ctx.memory()) if ctx.memory is not None else None
             try:
+                if window is not None:
+                    window.begin()
                 runner = impl.prepare(prob, q, k, v, **grad)
                 _setup_cols(row, getattr(runner, "setup", None))
                 if ref is None:
-                    ref = reference_of(prob, q, k, v, **grad)
-                g = judge(impl, prob, runner, q, k, v, ref, **grad)
+                    with window.aside() if window is not None else contextlib.nullcontext():
+                        ref = reference_of(prob, q, k, v, **grad)
+                g = judge(impl, prob, MeteredRunner(runner, window) if window is not None else runner, q, k, v, ref,
+                          **grad)
+                if window is not None:
+                    row["peak_mem_mb"] = window.mib(prob)
             except BadInput as e:
                 out[impl.name] = _finish(row, "skipped", _one_line(e))
                 continue
@@ -387,6 +406,9 @@ def run_case(case: Case, impls: list[Impl], ctx: Context, done: Callable[[dict],
                 e = None  # noqa: F841 - its traceback holds the failed run's arrays: let go before cleanup
                 ctx.cleanup()
                 continue
+            finally:
+                if window is not None:
+                    window.end()  # the allocator as it was, whatever happened
             row.update(rel_err=g.rel_err, tolerance=g.tolerance)
             if g.ok:
                 runners[impl.name] = runner
@@ -463,6 +485,7 @@ def device_context(seed: int = 0, budget_s: float = DEFAULT_BUDGET_S, command: s
     """The real thing: provenance, peaks measured once, CUDA-event timing with L2 flushes.
     BadInput, before anything is measured, when there is no device to sweep on."""
     from .impls import device_problem
+    from .memory import DeviceMemory
     from .results import provenance
     from .timing import EventTimer, measure_peaks
 
@@ -473,7 +496,7 @@ def device_context(seed: int = 0, budget_s: float = DEFAULT_BUDGET_S, command: s
     peaks = measure_peaks()
     timer = EventTimer()
     return Context(time=timer.time, peaks=peaks, provenance=prov, seed=seed, budget_s=budget_s,
-                   command=command, progress=progress, samples=samples)
+                   command=command, progress=progress, samples=samples, memory=DeviceMemory)
 
 
 __all__ = ["Instance", "Case", "Context", "plan", "instances", "t_values", "select_impls", "run_case",

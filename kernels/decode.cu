@@ -53,6 +53,7 @@ decode_split(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* 
     w.bh = 0;
     w.T = Tb;  // K and V rows >= Tb are zero-filled (and masked: the tile holding Tb is partial)
     w.base = 0;
+    w.kv_base = 0;  // (the loads read gm's pointers, set above)
     TcLoad ld;
     ld.init(sm, gm, w);
     tc_load_tile<TcMma::Layout, BM>(sm.q, q, 0, rows);  // Q's rows past the group's zero-filled

@@ -1,8 +1,9 @@
 // Tensor-core attention forward for bfloat16 / float16 (float32 accumulation), FlashAttention-2
 // style, over a host-built list of key tiles per query tile.
 //
-// Grid: (query tiles, B * H, residue classes); block: NWARPS warps, each owning MT m16 tiles of
-// query rows (BM = 16 * MT * NWARPS). For every key tile of the query tile's list: S = Q K^T; on
+// Grid: (query tiles, B * H, residue classes); query head blockIdx.y reads key/value head
+// blockIdx.y / KV_GROUP (grouped-query heads, H = KV_GROUP * H_kv; tc/scheduler.cuh). Block:
+// NWARPS warps, each owning MT m16 tiles of query rows (BM = 16 * MT * NWARPS). For every key tile of the query tile's list: S = Q K^T; on
 // partial tiles only, keys failing ab_allowed(i, j) or j >= T set to -inf; online softmax; O += P V.
 // Then O is normalised, staged in the Q buffer and stored. K/V tiles stream through STAGES
 // shared-memory buffers. This file composes the parts, each in kernels/tc/ with its notes:
@@ -56,7 +57,7 @@ __device__ __forceinline__ void fast_tc_body(const u16* __restrict__ Qg, const u
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane >> 2, t4 = lane & 3;
     const TcSmem sm = tc_smem(smem);
-    const TcGlobal gm = {Qg + w.base, Kg + w.base, Vg + w.base, Og + w.base, &mapQ, &mapK, &mapV, &mapO};
+    const TcGlobal gm = {Qg + w.base, Kg + w.kv_base, Vg + w.kv_base, Og + w.base, &mapQ, &mapK, &mapV, &mapO};
     const AB_PATTERN_T pat{AB_PATTERN_ARGS};
 
     TcLoad ld;

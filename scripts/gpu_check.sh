@@ -20,8 +20,17 @@
 #        --T 32768 --impl fast-tc --impl flex --impl sdpa-flash --impl sdpa-cudnn --samples 25`; DEV_ARGS
 #        adds options, e.g. --pattern dense), rows in dev.csv
 #   tilebuild: tile-list build times at T=131072, host and device (`attnbench tiles`), tile_build.csv
+#   gqa: fast-tc and fast-tc-sync with grouped-query heads against H_kv = H, the llm configuration at
+#        T=32768 (GQA_ARGS replaces that), sdpa-cudnn and flex beside them, 25 samples: `--H-kv 16` (H)
+#        then `--H-kv 4`, rows of both in OUT_DIR/gqa.csv as they come (resumable; the issue's target: as
+#        many useful TFLOP/s at H_kv=4)
 #   decode: `attnbench sweep --config decode` (DECODE_ARGS adds options, e.g. --impl fast-decode --B 1),
 #           rows in decode.csv
+#   decodeshapes: fast-decode's shapes against each other and SDPA on the dense and streaming 4+1024
+#           decodes (Tq=1, T 4096, 32768, 131072, the decode configuration's B), interleaved, 25 samples:
+#           one --decode-config per space-separated entry of DECODE_SHAPES (default below: split counts,
+#           one wave by the device's occupancy, stages, key tiles), DECODESHAPES_ARGS replaces the
+#           narrowing options; rows in OUT_DIR/decodeshapes.csv as they come (resumable)
 #   ab: this tree against an earlier one, alternating: AB_OLD names a folder holding a checkout of the
 #       earlier commit (e.g. `git archive C | tar -x -C old`, carried beside the tree) and AB_OLD_COMMIT
 #       its commit; AB_ROUNDS (default 3) rounds of `attnbench sweep --config llm $AB_ARGS` each way,
@@ -122,8 +131,19 @@ for s in $steps; do
     dev) step dev attnbench sweep --config llm --T 32768 --impl fast-tc --impl flex --impl sdpa-flash \
                --impl sdpa-cudnn --samples 25 ${DEV_ARGS:-} --out "$work/dev.csv" ;;
     tilebuild) step tilebuild attnbench tiles --out "$work/tile_build.csv" ;;
+    gqa)   for hkv in 16 4; do
+               step gqa_$hkv attnbench sweep --config llm --H-kv $hkv --impl fast-tc --impl fast-tc-sync \
+                   --impl sdpa-cudnn --impl flex --samples 25 ${GQA_ARGS:---T 32768} --resume --out "$out/gqa.csv"
+           done ;;
     decode) # the serving configuration (DECODE_ARGS narrows it), rows in OUT_DIR/decode.csv as they come
            step decode attnbench sweep --config decode ${DECODE_ARGS:-} --resume --out "$out/decode.csv" ;;
+    decodeshapes) dc=()
+           for s in ${DECODE_SHAPES:-SPLITS=4 SPLITS=8 SPLITS=16 BLOCKS_PER_SM=0 BLOCKS_PER_SM=2 STAGES=2 STAGES=4 BN=32,STAGES=3 BN=32,STAGES=4,BLOCKS_PER_SM=0 BN=128,STAGES=2,BLOCKS_PER_SM=0}; do
+               dc+=(--decode-config "$s")
+           done
+           step decodeshapes attnbench sweep --config decode --impl fast-decode "${dc[@]}" --impl sdpa-cudnn \
+               --impl sdpa-flash --samples 25 ${DECODESHAPES_ARGS:---pattern dense --pattern streaming --sink 4 --window 1024 --Tq 1 --T 4096 --T 32768 --T 131072} \
+               --resume --out "$out/decodeshapes.csv" ;;
     ab)    old="${AB_OLD:?AB_OLD names the earlier tree}"
            mkdir -p "$work/ab"  # the rounds' CSVs stay in the tar (a device call brings back few files)
            for r in $(seq 1 "${AB_ROUNDS:-3}"); do

@@ -108,4 +108,153 @@ def test_list_says_which_shapes_each_implementation_takes():
     from attnbench.impls import get_impl
 
     assert IMPL.shapes_taken() == "decoding (Tq < Tk), grouped heads, ragged batches"
-    assert get_impl("fast-tc").shapes_taken() == "prefill"
+    assert get_impl("fast-tc").shapes_taken() == "prefill, grouped heads"
+
+
+# ---- its shape, for tuning: --decode-config and ATTNBENCH_DECODE_CONFIG ------------------------------
+from attnbench.decode import DEFAULT, ENV, DecodeConfig, parse_decode_config, split_count  # noqa: E402
+
+# the choices of scripts/gpu_check.sh's decodeshapes step (DECODE_SHAPES' default)
+GPU_CHECK_SHAPES = ("SPLITS=4", "SPLITS=8", "SPLITS=16", "BLOCKS_PER_SM=0", "BLOCKS_PER_SM=2", "STAGES=2", "STAGES=4",
+                    "BN=32,STAGES=3", "BN=32,STAGES=4,BLOCKS_PER_SM=0", "BN=128,STAGES=2,BLOCKS_PER_SM=0")
+
+
+def test_the_gpu_check_step_sweeps_these_shapes():
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "scripts" / "gpu_check.sh").read_text()
+    assert f'DECODE_SHAPES:-{" ".join(GPU_CHECK_SHAPES)}' in text
+
+
+@pytest.mark.parametrize("text, given", [
+    ("SPLITS=8", (("SPLITS", 8),)),
+    ("stages=4, bn=32", (("BN", 32), ("STAGES", 4))),
+    ("BLOCKS_PER_SM=0,MIN_PER_SPLIT=2", (("BLOCKS_PER_SM", 0), ("MIN_PER_SPLIT", 2))),
+    ("8,32,4", (("NWARPS", 8), ("BN", 32), ("STAGES", 4), ("MINB", 1), ("SPLITS", 0), ("BLOCKS_PER_SM", 4),
+                ("MIN_PER_SPLIT", 4))),
+])
+def test_a_decode_shape_parses_named_and_positional_forms(text, given):
+    spec = parse_decode_config(text)
+    assert spec.given == given and str(spec) == ",".join(f"{k}={v}" for k, v in given)
+
+
+@pytest.mark.parametrize("text, words", [
+    ("NWARPS=6", "NWARPS=6 must be a multiple of 4 from 4 to 16"),
+    ("BN=24", "BN=24 must be a multiple of 16"),
+    ("STAGES=1", "STAGES=1 must be from 2 to 8"),
+    ("SPLITS=-1", "SPLITS=-1 must be from 0 to 4096"),
+    ("WG=1", "unknown field 'WG' (fields: NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT)"),
+    ("SPLITS=4,SPLITS=8", "SPLITS given twice"),
+])
+def test_bad_decode_shapes_name_the_option_and_the_limit(text, words):
+    with pytest.raises(BadInput) as e:
+        parse_decode_config(text)
+    assert str(e.value).startswith(f"--decode-config {text!r}: ") and words in str(e.value)
+
+
+def test_the_splits_come_from_the_shape():
+    # the default: about 4 blocks per SM, at least 4 tiles a split (B=8 x H_kv=8 lists of 512 tiles on 132 SMs)
+    assert split_count(512, 64, 132) == (63, 9)
+    assert split_count(512, 64, 132, parse_decode_config("SPLITS=4").apply()) == (128, 4)
+    assert split_count(512, 64, 132, parse_decode_config("BLOCKS_PER_SM=2").apply()) == (125, 5)
+    assert split_count(16, 1, 132, parse_decode_config("SPLITS=64").apply()) == (1, 16)  # no empty splits
+    assert split_count(512, 1, 132) == (4, 128)  # B = H_kv = 1: MIN_PER_SPLIT tiles a split
+    # BLOCKS_PER_SM=0: one wave of what an SM holds (2 blocks of 112 KiB): 4 splits x 64 lists = 256 <= 264
+    one_wave = parse_decode_config("BLOCKS_PER_SM=0").apply()
+    assert split_count(512, 64, 132, one_wave, resident=2) == (128, 4)
+    assert split_count(2048, 8, 132, one_wave, resident=2) == (63, 33)  # B=1 at Tk=131072: 264 blocks
+    assert split_count(64, 512, 132, one_wave, resident=2) == (64, 1)  # more lists than a wave holds
+    assert split_count(8, 1, 132, one_wave, resident=2) == (4, 2)  # MIN_PER_SPLIT tiles a split at least
+
+
+def test_a_shape_the_kernel_cannot_take_is_refused_by_name(monkeypatch):
+    assert DEFAULT.problem(64) is None and DEFAULT.problem(128) is None
+    assert "loads 32 rows a pass" in DecodeConfig(NWARPS=8, BN=16).problem(64)
+    assert "shared memory" in DecodeConfig(BN=256, STAGES=8).problem(128)
+    m = make_mask("dense", 4096, True)
+    v = IMPL.decode_variant(parse_decode_config("NWARPS=8,BN=16"))
+    assert "loads" in v.unsupported(Problem(m, 1, 8, 64, "bfloat16", H_kv=2, Tq=1))
+    # eight warps hold 128 rows: H/H_kv x Tq up to 128
+    v = IMPL.decode_variant(parse_decode_config("NWARPS=8"))
+    assert v.unsupported(Problem(m, 1, 32, 128, "bfloat16", H_kv=2, Tq=8)) is None
+    assert "exceed 64" in IMPL.unsupported(Problem(m, 1, 32, 128, "bfloat16", H_kv=2, Tq=8))
+
+
+def test_a_variant_is_named_by_its_shape_and_the_plain_one_reads_the_environment(monkeypatch):
+    v = IMPL.decode_variant(parse_decode_config("SPLITS=8,STAGES=2"))
+    assert v.name == "fast-decode[STAGES=2,SPLITS=8]" and IMPL.name == "fast-decode" and IMPL.config is None
+    assert v.shape() == DecodeConfig(STAGES=2, SPLITS=8)
+    monkeypatch.delenv(ENV, raising=False)
+    assert IMPL.shape() == DEFAULT
+    monkeypatch.setenv(ENV, "BN=32,STAGES=4")
+    assert IMPL.shape() == DecodeConfig(BN=32, STAGES=4) and v.shape() == DecodeConfig(STAGES=2, SPLITS=8)
+    monkeypatch.setenv(ENV, "BN=7")
+    with pytest.raises(BadInput, match=f"{ENV} 'BN=7': BN=7 must be a multiple of 16"):
+        IMPL.shape()
+    assert ENV in IMPL.description and "--decode-config" in IMPL.description
+
+
+def test_the_sweep_adds_a_row_per_decode_shape(registry):
+    from attnbench import sweep as sw
+
+    registry["fast-decode"] = IMPL
+    specs = [parse_decode_config(t) for t in ("SPLITS=8", "STAGES=2")]
+    names = [i.name for i in sw.select_impls(("fake-exact", "fast-decode"), decode_configs=specs)]
+    assert names == ["fake-exact", "fast-decode", "fast-decode[SPLITS=8]", "fast-decode[STAGES=2]"]
+    why = r"--decode-config: none of the implementations \(fake-exact\) takes a decode shape \(fast-decode does\)"
+    with pytest.raises(BadInput, match=why):
+        sw.select_impls(("fake-exact",), decode_configs=specs)
+
+
+def test_a_bad_decode_config_is_refused_before_any_device(registry, monkeypatch):
+    from click.testing import CliRunner
+
+    from attnbench import sweep as sw
+    from attnbench.cli import main
+
+    monkeypatch.setattr(sw, "device_context", lambda *a, **k: (_ for _ in ()).throw(AssertionError("device asked")))
+    r = CliRunner().invoke(main, ["sweep", "--config", "decode", "--impl", "fake-exact", "--decode-config", "BN=7"])
+    assert r.exit_code == 2 and "--decode-config 'BN=7': BN=7 must be a multiple of 16" in r.output
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("text", GPU_CHECK_SHAPES)
+def test_the_shapes_the_gpu_check_tries_compile_without_spills(arch, text):
+    cfg = parse_decode_config(text).apply()
+    for pattern in ("dense", "streaming"):
+        reports = compile_only("decode", kernel_defines(128, "bfloat16", make_mask(pattern, 4096, True), cfg), arch)
+        for r in reports:
+            assert 0 < r.registers <= 255 and (r.spill_stores, r.spill_loads) == (0, 0), (text, r)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("text", ("SPLITS=1", "SPLITS=16", "BLOCKS_PER_SM=0", "BN=32,STAGES=4", "BN=128,STAGES=2",
+                                  "NWARPS=8"))
+@pytest.mark.parametrize("pattern,params", [("dense", {}), ("streaming", {"sink": 4, "window": 64})])
+def test_gate_of_other_shapes(text, pattern, params):
+    from attnbench.check import gate
+
+    impl = IMPL.decode_variant(parse_decode_config(text))
+    mask = make_mask(pattern, 4096, True, **params)
+    for prob in (Problem(mask, 2, 32, 128, "bfloat16", H_kv=8, Tq=1),
+                 Problem(mask, 2, 8, 64, "float16", H_kv=2, Tq=16),
+                 Problem(mask, 3, 8, 128, "bfloat16", H_kv=2, Tq=4, cache_lens=(4096, 1024, 3008))):
+        res = gate(impl, prob)
+        assert res.ok, (text, prob.q_len, res)
+
+
+@pytest.mark.gpu
+def test_blocks_per_sm_0_takes_the_devices_occupancy():
+    import cupy
+
+    from attnbench.arrays import random_inputs
+
+    impl = IMPL.decode_variant(parse_decode_config("BLOCKS_PER_SM=0"))
+    prob = Problem(make_mask("dense", 32768, True), 8, 32, 128, "bfloat16", H_kv=8, Tq=1)
+    q = random_inputs(prob.shape, prob.dtype, 1)[0]
+    _, k, v = random_inputs(prob.kv_shape, prob.dtype, 2)
+    setup = impl.prepare(prob, q, k, v).setup
+    assert 1 <= setup["blocks_per_sm"] <= 4  # 112 KiB of shared memory a block at D=128: 2 on an H100 or H200
+    assert setup["decode_config"].endswith("BLOCKS_PER_SM=0,MIN_PER_SPLIT=4")
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    assert 8 * 8 * setup["splits"] <= setup["blocks_per_sm"] * sms  # one wave

@@ -16,7 +16,7 @@ from attnbench.check import gate, judge
 from attnbench.impls import Problem, all_impls, get_impl
 from attnbench.patterns import PATTERNS, BadInput, examples, make_mask
 
-PEERS = ("cublas", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flex")
+PEERS = ("cublas", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "flex")
 TORCH_PEERS = PEERS[1:]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -67,7 +67,7 @@ def test_peers_are_registered_as_family_peer():
         assert set(impl.dtypes) <= {"float32", "float16", "bfloat16"}
     # flash and cuDNN have no float32 kernels; the others take every dtype
     assert "float32" not in impls["sdpa-flash"].dtypes and "float32" not in impls["sdpa-cudnn"].dtypes
-    for name in ("cublas", "sdpa-efficient", "flex"):
+    for name in ("cublas", "sdpa-efficient", "sdpa-math", "flex"):
         assert set(impls[name].dtypes) == {"float32", "float16", "bfloat16"}
 
 
@@ -128,6 +128,35 @@ def test_sdpa_refuses_masks_above_the_limit():
     assert why is None or "GiB" not in why
 
 
+def test_sdpa_math_materialises_its_scores_and_refuses_them_above_the_limit():
+    math_ = get_impl("sdpa-math")
+    assert math_.backend == "MATH" and math_.takes_mask and math_.materializes
+    assert math_.gqa and math_.decode and math_.ragged and math_.passes == ("fwd", "bwd", "fwd+bwd")
+    assert not any(get_impl(n).materializes for n in ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient"))
+    # the llm configuration at T = 4096 fits (16 heads: 2 x 1 GiB of float32 scores and probabilities) ...
+    ok = _prob("dense", 4096, H=16)
+    assert peers.sdpa_math_bytes(ok) == 2 * 16 * 4096 * 4096 * 4 <= peers.SDPA_MATH_BYTES
+    why = math_.unsupported(ok)
+    assert why is None or "GiB" not in why
+    # ... at T = 32768 it does not, dense too (no mask needed, the scores all the same)
+    why = math_.unsupported(_prob("dense", 32768, H=16))
+    assert why and "sdpa-math" in why and "materialises" in why and "128.0 GiB" in why and "4 GiB limit" in why
+    with pytest.raises(BadInput, match="materialises"):
+        math_.require(_prob("dense", 32768, H=16))
+    # a backward holds twice as much: 3 GiB for the forward, 6 with the backward
+    fwd = _prob("dense", 8192, H=6)
+    bwd = Problem(fwd.mask, 1, 6, 64, "bfloat16", pass_name="bwd")
+    assert peers.sdpa_math_bytes(bwd) == 2 * peers.sdpa_math_bytes(fwd) == 6 << 30
+    assert "GiB" not in (math_.unsupported(fwd) or "") and "6.0 GiB" in math_.unsupported(bwd)
+    # decoding: the scores of Tq queries only (B=64 x 32 heads x Tk=131072 at Tq=1: 2 GiB, fits; Tq=16 does not)
+    dec = Problem(make_mask("dense", 131072), B=64, H=32, D=128, dtype="bfloat16", H_kv=8, Tq=1)
+    assert peers.sdpa_math_bytes(dec) == 2 * 64 * 32 * 131072 * 4
+    why = math_.unsupported(dec)
+    assert why is None or "materialises" not in why
+    dec16 = Problem(make_mask("dense", 131072), B=64, H=32, D=128, dtype="bfloat16", H_kv=8, Tq=16)
+    assert "[64, 32, 16, 131072]" in math_.unsupported(dec16)
+
+
 def test_flex_refuses_head_dims_it_has_no_kernel_for():
     why = get_impl("flex").unsupported(_prob("dense", 128, D=48))
     assert "D=48" in why
@@ -181,7 +210,7 @@ def test_mask_mod_equals_dense_mask(T, case):
 # -- on a device: every peer through the gate ----------------------------------------------------
 def _must_run(name, prob):
     """Combinations a peer is known to take: an unsupported reason there is a failure."""
-    if name in ("cublas", "flex", "sdpa-efficient"):
+    if name in ("cublas", "flex", "sdpa-efficient", "sdpa-math"):
         return True
     if name == "sdpa-flash":
         return prob.mask.pattern.name == "dense" and prob.dtype != "float32"
@@ -269,6 +298,29 @@ def test_mask_build_is_setup(name):
     assert runner.setup["mask_build_s"] > 0
 
 
+MATH_SHAPES = [  # (pattern, params, T, causal, B, H, H_kv, Tq, lens, dtype)
+    ("dense", {}, 1000, True, 2, 4, None, None, None, "bfloat16"),
+    ("bigbird", {"block": 8}, 1000, True, 1, 8, 2, None, None, "bfloat16"),
+    ("window", {"window": 64}, 1000, False, 1, 4, 4, None, None, "float16"),
+    ("dense", {}, 4096, True, 2, 8, 2, 1, None, "bfloat16"),
+    ("streaming", {"sink": 4, "window": 64}, 4096, True, 2, 8, 2, 16, None, "bfloat16"),
+    ("dense", {}, 1024, True, 3, 8, 1, 4, (1024, 512, 333), "bfloat16"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pattern,params,T,causal,B,H,H_kv,Tq,lens,dtype", MATH_SHAPES,
+                         ids=[f"{p}-T{T}-B{B}H{H}Hkv{hk}-Tq{tq}{'-ragged' if ls else ''}-{dt}"
+                              for p, _, T, _, B, H, hk, tq, ls, dt in MATH_SHAPES])
+def test_sdpa_math_passes_the_gate_on_prefill_and_decode_shapes(pattern, params, T, causal, B, H, H_kv, Tq, lens,
+                                                                 dtype):
+    prob = Problem(make_mask(pattern, T, causal, **params), B=B, H=H, D=64, dtype=dtype, H_kv=H_kv, Tq=Tq,
+                   cache_lens=lens)
+    impl = _ready("sdpa-math", prob)
+    res = gate(impl, prob)
+    assert res.ok, f"sdpa-math {prob.mask.label()} H_kv={H_kv} Tq={Tq} lens={lens}: {res.reason}"
+
+
 @pytest.mark.gpu
 def test_unsupported_combinations_are_refused_before_any_work():
     from attnbench.arrays import random_inputs
@@ -277,6 +329,7 @@ def test_unsupported_combinations_are_refused_before_any_work():
                        ("sdpa-flash", _prob("dense", 128, dtype="float32")),
                        ("sdpa-cudnn", _prob("dense", 128, dtype="float32")),
                        ("sdpa-efficient", _prob("window", 65536, window=256, H=1)),
+                       ("sdpa-math", _prob("dense", 32768, H=16)),
                        ("flex", _prob("dense", 128, D=48))]:
         impl = get_impl(name)
         if impl.availability():

@@ -2,6 +2,7 @@
 //
 // HEAD_D (64 or 128), BN (keys per tile, multiple of 16), STRIDE, QREG, WG, NWARPS, MT, MINB
 // (blocks per SM for __launch_bounds__), STAGES (>= 2), TMA, AB_F16 (1: float16, 0: bfloat16),
+// KV_GROUP (query heads per key/value head, H / H_kv: grouped-query heads; default 1),
 // LAZY (default WG), FWD_LSE (default 0), and the pattern itself: CAUSAL, AB_PATTERN_T and AB_PATTERN_ARGS
 // (Mask.device_defines() of Mask.tile_predicate(BM, BN); kernels/common.cuh), its parameters as
 // constants so that its divisions become multiplications by constants.
@@ -49,6 +50,11 @@
 #ifndef LAZY
 #define LAZY WG
 #endif
+// KV_GROUP: query heads sharing one key/value head (H / H_kv); 1 (the default) compiles the code of
+// H_kv = H, K and V at Q's offsets (tc/scheduler.cuh)
+#ifndef KV_GROUP
+#define KV_GROUP 1
+#endif
 // FWD_LSE 1: fast_tc.cu's entry point is fast_tc_fwd_lse, which also stores each row's log-sum-exp
 #ifndef FWD_LSE
 #define FWD_LSE 0
@@ -63,6 +69,7 @@
 static_assert(HEAD_D % 64 == 0, "HEAD_D must be a multiple of 64");
 static_assert(BN % 16 == 0, "BN must be a multiple of 16");
 static_assert(STAGES >= 2, "STAGES must be at least 2");
+static_assert(KV_GROUP >= 1, "KV_GROUP must be at least 1");
 #if WG
 static_assert(MT == 1 && NWARPS % 4 == 0, "WG: one m16 tile per warp, whole warpgroups");
 static_assert(BN == 32 || BN == 64 || BN == 128, "WG: BN 32, 64 or 128");

@@ -13,7 +13,7 @@
 // Loads: Q and the K/V tiles come by bulk tensor copies (kernels/tma.cuh) that one thread issues,
 // each stage completing on its own mbarrier, instead of a cp.async per 16-byte chunk per thread;
 // the copy engine applies the 128-byte swizzle and zero-fills rows >= T (the output goes back the
-// same way, tc_store_tma of tc/epilogue.cuh). The tensor maps (Q, K, V, O: [B*H][T][HEAD_D] viewed
+// same way, tc_store_tma of tc/epilogue.cuh). The tensor maps (Q, O: [B*H][T][HEAD_D], K, V: [B*H_kv][T][HEAD_D], viewed
 // in boxes of 64 columns) come by value; other builds take them too and ignore them.
 //   tma_load_kv(dK, dV, mapK, mapV, row0, bar): rows row0.. of K and V, completing on bar.
 //   TcLoadTma: begin() initialises the barriers (after the V stages: Q's, then one per stage);
@@ -74,13 +74,14 @@ struct TcMmaWgmma {
     static __device__ __forceinline__ void fence_loads() { wg_fence_smem(); }
 };
 
-// Rows [row0, row0 + BN) of this block's head (blockIdx.y) of K and V into their stages, both completing on `bar`.
+// Rows [row0, row0 + BN) of this block's key/value head (tc_kv_bh(): blockIdx.y when KV_GROUP 1; the maps of K
+// and V are [B * H_kv][T][HEAD_D]) of K and V into their stages, both completing on `bar`.
 __device__ __forceinline__ void tma_load_kv(u32 dK, u32 dV, const void* mapK, const void* mapV, int row0, u32 bar) {
     tma_expect(bar, 2 * TILE_BYTES);
 #pragma unroll
     for (int pn = 0; pn < HEAD_D / 64; ++pn) {
-        tma_load3(dK + pn * BN * 128, mapK, pn * 64, row0, blockIdx.y, bar);
-        tma_load3(dV + pn * BN * 128, mapV, pn * 64, row0, blockIdx.y, bar);
+        tma_load3(dK + pn * BN * 128, mapK, pn * 64, row0, tc_kv_bh(), bar);
+        tma_load3(dV + pn * BN * 128, mapV, pn * 64, row0, tc_kv_bh(), bar);
     }
 }
 

@@ -4,11 +4,15 @@
 // the last tiles, first), batch * head blockIdx.y, residue class blockIdx.z (strided patterns,
 // Mask.strided: dilated with r > 1; row or key a of the kernel is position c + STRIDE * a of the
 // sequence, and the tile list and the predicate are those of the inner pattern on a class, which
-// holds Tc = ceil((T - c) / STRIDE) positions). A persistent scheduler, loading the next work item
+// holds Tc = ceil((T - c) / STRIDE) positions). Grouped-query heads (KV_GROUP = H / H_kv > 1): the
+// query head of blockIdx.y = b * H + h reads key/value head b * H_kv + h / KV_GROUP, which is
+// blockIdx.y / KV_GROUP since H = KV_GROUP * H_kv (tc_kv_bh; K and V are [B * H_kv][T][HEAD_D]); with
+// KV_GROUP 1 K and V sit at Q's offsets, the code of before. A persistent scheduler, loading the next work item
 // while the current one computes, would replace tc_block_work.
 //
 // Interface:
-//   TcWork tc_block_work(T_all): the block's work item (qt, bh, T, base).
+//   TcWork tc_block_work(T_all): the block's work item (qt, bh, T, base, kv_base).
+//   tc_kv_bh(): the block's key/value head in K and V ([B * H_kv] of them; blockIdx.y when KV_GROUP 1).
 //   TcWork tc_item_work(T_all, BH, item, cls): the backward's (a work item of a key tile's list;
 //   the grid flat over items, residue classes and B * H), its item and residue class.
 //   TcTileList: init(thead, tent, qt) reads the list head and the entries of the first STAGES
@@ -27,8 +31,11 @@ struct TcWork {
     int qt;       // query tile
     int bh;       // batch * head
     int T;        // positions in this block's residue class (STRIDE 1: the whole sequence)
-    size_t base;  // element offset of the class's first row in Q, K, V and O
+    size_t base;  // element offset of the class's first row in Q and O (and K, V when KV_GROUP 1)
+    size_t kv_base;  // element offset of the class's first row in K and V (grouped heads: of tc_kv_bh())
 };
+
+__device__ __forceinline__ unsigned tc_kv_bh() { return blockIdx.y / KV_GROUP; }
 
 __device__ __forceinline__ TcWork tc_block_work(int T_all) {
     TcWork w;
@@ -38,6 +45,7 @@ __device__ __forceinline__ TcWork tc_block_work(int T_all) {
     // this block's residue class and its length (STRIDE 1: the whole sequence)
     w.T = (T_all - (int)blockIdx.z + STRIDE - 1) / STRIDE;
     w.base = (size_t)blockIdx.y * (size_t)T_all * HEAD_D + (size_t)blockIdx.z * HEAD_D;
+    w.kv_base = KV_GROUP == 1 ? w.base : (size_t)tc_kv_bh() * (size_t)T_all * HEAD_D + (size_t)blockIdx.z * HEAD_D;
     return w;
 }
 
@@ -55,6 +63,7 @@ __device__ __forceinline__ TcWork tc_item_work(int T_all, int BH, int& item, int
     w.qt = item;
     w.T = (T_all - cls + STRIDE - 1) / STRIDE;
     w.base = (size_t)w.bh * (size_t)T_all * HEAD_D + (size_t)cls * HEAD_D;
+    w.kv_base = w.base;  // (no grouped heads in a backward)
     return w;
 }
 
