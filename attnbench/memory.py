@@ -171,13 +171,9 @@ class DeviceMemory:
     def fresh(self) -> None:
         """Device tile lists cached by earlier rows (attnbench.tiles) dropped: the row that needs one
         builds (and counts) its own. Runners that hold one keep it."""
-        from . import tiles
+        from .tiles import drop_device_copies
 
-        for name in ("_CACHE", "_CACHE_T"):
-            for t in list(getattr(tiles, name, {}).values()):
-                cached = getattr(t, "_device", None)
-                if isinstance(cached, dict):
-                    cached.clear()
+        drop_device_copies()
 
 
 __all__ = ["DeviceMemory", "MeteredRunner", "PeakWindow", "output_bytes", "MIB"]

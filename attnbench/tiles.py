@@ -517,6 +517,14 @@ def tile_list_t(mask, BM: int, BN: int) -> TransposedTiles:
     return _cached(_CACHE_T, mask, BM, BN, lambda: transpose(tile_list(mask, BM, BN), -(-mask.T // BN)))
 
 
+def drop_device_copies() -> None:
+    """Forget the device copy of every cached list, transposed list and work-item list: the next
+    user builds (and counts, in its memory and setup columns) its own."""
+    for cache in (_CACHE, _CACHE_T, _CACHE_ITEMS):
+        for t in cache.values():
+            t._device.clear()
+
+
 _CACHE_ITEMS: OrderedDict = OrderedDict()
 
 

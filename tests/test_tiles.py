@@ -199,3 +199,15 @@ def test_a_cached_list_keeps_a_warm_rebuild_time():
     t = tile_list(make_mask("window", 4096, True, window=257), 64, 64)
     assert t.build_s > 0 and t.rebuild_s > 0
     assert tile_list(make_mask("window", 4096, True, window=257), 64, 64) is t  # cached, with both
+
+
+def test_drop_device_copies_forgets_every_cached_lists_device_copy():
+    from attnbench import tiles as tl
+    from attnbench.patterns import make_mask
+
+    m = make_mask("streaming", 1024, True, sink=4, window=64)
+    lists = [tl.tile_list(m, 64, 64), tl.tile_list_t(m, 64, 64), tl.tile_items_t(m, 64, 64, 2)]
+    for t in lists:
+        t._device[0] = object()  # what .device() keeps per device
+    tl.drop_device_copies()
+    assert all(not t._device for t in lists)
