@@ -160,6 +160,9 @@ def serving_cases(config: str, cases: list[Case], *, B=None, H_kv=None, Tq=(), c
     H_kv = c.H_kv if H_kv is None else H_kv
     if H_kv is not None and H_kv < 1:
         raise BadInput(f"--H-kv={H_kv} must be a positive integer")
+    odd = [cs.H for cs in cases if H_kv is not None and cs.H % H_kv]
+    if odd:
+        raise BadInput(f"--H-kv={H_kv} must divide the query heads H={odd[0]}")
     bad = [t for t in Tq if t < 1]
     if bad:
         raise BadInput(f"--Tq={bad[0]} must be a positive integer")

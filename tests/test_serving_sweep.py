@@ -168,3 +168,12 @@ def test_every_decode_case_fits_its_cache_in_one_gpu():
     for c in cases:
         kv_bytes = 2 * c.B * c.H_kv * c.T * c.D * 2
         assert kv_bytes < 40e9, c.describe()
+
+
+def test_a_key_value_head_count_that_does_not_divide_H_is_refused_by_name():
+    from attnbench.errors import BadInput
+    from attnbench.sweep import plan
+
+    with pytest.raises(BadInput, match=r"--H-kv=3 must divide the query heads H=16"):
+        plan("llm", T=(4096,), H_kv=3)
+    assert plan("llm", T=(4096,), H_kv=4)
