@@ -38,7 +38,8 @@
 #   traincheck: `attnbench check --pass bwd` (the gradient gate) on every implementation that runs here,
 #           small cases (TRAINCHECK_ARGS replaces them)
 #   train: `attnbench sweep --config training` (fwd, bwd, fwd+bwd) for fast-tc and the peers, 10 samples,
-#          T=32768 (TRAIN_ARGS replaces that, e.g. "--T 4096 --D 64"), rows in train.csv
+#          T=32768 (TRAIN_ARGS replaces that, e.g. "--T 4096 --D 64"; TRAIN_IMPLS the implementations,
+#          e.g. "fast-tc flex"), rows in OUT_DIR/train.csv (TRAIN_CSV names another) as they come
 #
 # GPU_TESTS (optional) narrows the tests step to given files or -k expressions (the whole GPU suite
 # takes about 6 minutes on a warm H100, more on a fresh machine: split it over calls under a
@@ -162,8 +163,10 @@ PY
            step traincheck attnbench check --pass bwd ${TRAINCHECK_ARGS:---T 7 --T 1000 --H 2 --pattern dense --pattern window --pattern streaming --pattern block_diagonal} ;;
     train) # the training configuration's passes (TRAIN_ARGS narrows it, default T=32768), rows in
            # OUT_DIR/train.csv as they come
-           step train attnbench sweep --config training --impl fast-tc --impl flex --impl sdpa-flash --impl sdpa-cudnn \
-               --impl sdpa-efficient --impl cublas --samples 10 ${TRAIN_ARGS:---T 32768} --resume --out "$out/train.csv" ;;
+           # TRAIN_IMPLS (space-separated) replaces the implementations, TRAIN_CSV the file name
+           ti=(); for i in ${TRAIN_IMPLS:-fast-tc flex sdpa-flash sdpa-cudnn sdpa-efficient cublas}; do ti+=(--impl "$i"); done
+           step train attnbench sweep --config training "${ti[@]}" --samples 10 ${TRAIN_ARGS:---T 32768} \
+               --resume --out "$out/${TRAIN_CSV:-train.csv}" ;;
     *) say "unknown step $s"; status=1 ;;
     esac
 done
