@@ -26,7 +26,7 @@ class FastTCAttention(torch.autograd.Function):
         with cupy.cuda.Device(q.device.index), cupy.cuda.ExternalStream(torch.cuda.current_stream(q.device).cuda_stream):
             o, lse = forward_lse(mask, bq.array, bk.array, bv.array, scale, dtype=bq.dtype, wgmma=wgmma)
         out = unbind(o, bq)
-        ctx.mask, ctx.scale = mask, scale
+        ctx.mask, ctx.scale, ctx.wgmma = mask, scale, wgmma
         ctx.save_for_backward(q, k, v, out, torch.from_dlpack(lse))
         return out
 
@@ -36,7 +36,7 @@ class FastTCAttention(torch.autograd.Function):
         b = [_cupy(t, name) for t, name in ((q, "q"), (k, "k"), (v, "v"), (out, "o"), (do, "do"))]
         with cupy.cuda.Device(q.device.index), cupy.cuda.ExternalStream(torch.cuda.current_stream(q.device).cuda_stream):
             grads = backward(ctx.mask, *(x.array for x in b[:4]), cupy.from_dlpack(lse), b[4].array, ctx.scale,
-                             dtype=b[0].dtype)
+                             dtype=b[0].dtype, wgmma=ctx.wgmma)
         return (*(unbind(g, b[0]) for g in grads), None, None, None)
 
 

@@ -223,8 +223,8 @@ def list_cmd():
                    f"{im.shapes_taken()}: {state}")
         click.echo(f"  {'':<15} {im.description}")
     click.echo("passes: fwd (forward), bwd (backward, given the forward's output and log-sum-exp), fwd+bwd "
-               "(training step), each implementation's above; fast-tc and fast-tc-sync compute all three (their "
-               "backward on mma.sync on every GPU), the peers too (the torch peers through autograd), the float32 "
+               "(training step), each implementation's above; fast-tc and fast-tc-sync compute all three (fast-tc's "
+               "backward on wgmma on sm_90, fast-tc-sync's on mma.sync), the peers too (the torch peers through autograd), the float32 "
                "family (naive, fast-f32) stays forward-only, and serving shapes (H_kv < H, Tq < Tk, ragged "
                "batches) are forward-only")
 

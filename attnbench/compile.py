@@ -196,6 +196,7 @@ def compile_only(name: str, defines: dict, arch: str) -> list[KernelReport]:
 # the oldest target each kernel family builds for, and why (older targets are refused by name)
 MIN_SM = {"fast_tc": (80, "mma.sync on bfloat16 and cp.async need sm_80 or newer"),
           "fast_tc_bwd": (80, "mma.sync on bfloat16 and cp.async need sm_80 or newer"),
+          "fast_tc_bwd_wg": (90, "its products are Hopper's warpgroup MMA (wgmma, sm_90a)"),
           "fast_f32": (80, "cp.async needs sm_80 or newer")}
 
 

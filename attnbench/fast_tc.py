@@ -10,8 +10,8 @@ moved by bulk tensor copies (TMA, maps from ``attnbench.tma``), and with mma.syn
 A strided pattern (``Mask.strided``: dilated) runs as its inner pattern on every residue class,
 one grid layer per class, rows gathered at the stride: no tile of it is partial for the stride.
 Both take the passes bwd and fwd+bwd too: the forward with FWD_LSE 1 (entry fast_tc_fwd_lse) saves
-each row's log-sum-exp and the backward (kernels/fast_tc_bwd.cu, mma.sync on every GPU) runs after
-it; see ``attnbench.fast_tc_bwd``, whose ``forward_lse`` and ``backward`` are re-exported here.
+each row's log-sum-exp and the backward runs after it (fast-tc on sm_90: kernels/fast_tc_bwd_wg.cu on
+wgmma; fast-tc elsewhere and fast-tc-sync: kernels/fast_tc_bwd.cu on mma.sync); see ``attnbench.fast_tc_bwd``, whose ``forward_lse`` and ``backward`` are re-exported here.
 """
 from __future__ import annotations
 
@@ -279,8 +279,8 @@ class FastTCRunner(Runner):
 
 @dataclass(eq=False)
 class FastTC(Impl):
-    # the backward (kernels/fast_tc_bwd.cu) runs on mma.sync on every GPU, after this impl's forward
-    # with the log-sum-exp (wgmma on sm_90 for fast-tc); a wgmma backward is still to come
+    # the backward runs after this impl's forward with the log-sum-exp, on the same products: wgmma on
+    # sm_90 for fast-tc (kernels/fast_tc_bwd_wg.cu), mma.sync otherwise (kernels/fast_tc_bwd.cu)
     passes = ("fwd", "bwd", "fwd+bwd")
     # the forward takes grouped-query heads (H_kv < H: query head h reads key/value head h // (H / H_kv),
     # KV_GROUP); prefill only (Tq = Tk, no ragged batch: fast-decode's), and no backward there (Problem)
@@ -430,8 +430,8 @@ def forward_launch(prob: Problem, cfg: TileConfig, arrays, out, lse=None, setup:
 IMPL = register(FastTC(
     name="fast-tc",
     family="attnbench",
-    description="tensor-core FlashAttention-2-style forward over the pattern's key-tile list: warpgroup MMA "
-                "(wgmma) on sm_90, mma.sync with ldmatrix elsewhere",
+    description="tensor-core FlashAttention-2-style forward and backward over the pattern's tile lists: "
+                "warpgroup MMA (wgmma) on sm_90, mma.sync with ldmatrix elsewhere",
     dtypes=("bfloat16", "float16"),
 ))
 SYNC_IMPL = register(FastTC(

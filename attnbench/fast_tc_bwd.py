@@ -1,7 +1,10 @@
-"""fast-tc's backward (kernels/fast_tc_bwd.cu) and its forward that saves each row's log-sum-exp.
+"""fast-tc's backward (kernels/fast_tc_bwd.cu, kernels/fast_tc_bwd_wg.cu) and its forward that saves
+each row's log-sum-exp.
 
-The backward runs on mma.sync with cp.async on every GPU (a wgmma backward for sm_90 is still to
-come), key-tile-major over the transposed tile list (``tiles.tile_list_t``: for each key tile the
+The backward's main kernel runs on Hopper's warpgroup MMA for fast-tc on sm_90 (fast_tc_bwd_wg.cu,
+``BWD_SHAPES_WG``: one warpgroup a block, key-major, P^T and dS^T kept in registers for dV and dK)
+and on mma.sync with cp.async otherwise (fast_tc_bwd.cu: fast-tc-sync, and fast-tc before sm_90);
+both walk the same lists and work items with the same prep and convert kernels, key-tile-major over the transposed tile list (``tiles.tile_list_t``: for each key tile the
 query tiles that visit it, flagged full or partial, so only partial tiles are masked), with dQ
 accumulated by float32 atomics. The lists are cut into work items of at most L query tiles
 (``tiles.work_items``; L from ``split_length``), the longest first, so that no block walks a long
@@ -10,8 +13,8 @@ several add their dK and dV in float32. Three launches: ``fast_tc_bwd_prep`` (de
 beside the log-sum-exp, the dQ and split dK / dV accumulators zeroed), ``fast_tc_bwd`` (dK, dV, and
 dQ's sums), ``fast_tc_bwd_dq`` (dQ times the scale in the storage dtype, and the split key tiles' dK
 and dV). ``Backward(dq="pass")`` (or $ATTNBENCH_BWD_DQ=pass) computes dQ instead by a pass of its own
-over the forward list (``fast_tc_bwd_dq_pass``): no float32 accumulator and no reductions, 1.4x the
-products; docs/PERF.md "backward v2" predicts both ways.
+over the forward list (``fast_tc_bwd_dq_pass``, beside the mma.sync main loop only): no float32
+accumulator and no reductions, 1.4x the products; docs/PERF.md "backward v2" measures both ways.
 
 The log-sum-exp is the natural log: ``lse[b, h, i] = log(sum_j exp(scale * q_i . k_j))`` over row
 i's allowed keys, float32 [B, H, T] (``reference.reference_forward``'s), as the forward with
@@ -32,13 +35,14 @@ import numpy as np
 from .arrays import bind
 from .compile import get_module
 from .errors import BadInput
-from .fast_tc import (IMPL, SYNC_IMPL, LOG2E, FastTC, Launch, TileConfig, bind_inputs, forward_launch,
+from .fast_tc import (IMPL, SYNC_IMPL, LOG2E, WG_ARCH, FastTC, Launch, TileConfig, bind_inputs, forward_launch,
                       pattern_defines, table_array)
 from .impls import Problem, Runner, timed
 from .patterns import Mask
 from .tiles import lru, mask_key, tile_items_t, tile_list, tile_list_t
 
 KERNEL = "fast_tc_bwd"
+KERNEL_WG = "fast_tc_bwd_wg"  # the same kernels, the main one on wgmma (sm_90a)
 MAIN, PREP, DQ = "fast_tc_bwd", "fast_tc_bwd_prep", "fast_tc_bwd_dq"
 DQ_PASS = "fast_tc_bwd_dq_pass"  # BWD_DQ_PASS builds: dQ by a pass over the forward list
 DQ_WAYS = ("atomic", "pass")     # how dQ is summed: reductions into float32 in the main kernel, or its own pass
@@ -50,10 +54,12 @@ DEFAULT_SMEM = 48 * 1024
 @dataclass(frozen=True)
 class BwdConfig:
     """Compile-time shape of the backward: NWARPS warps, key tiles and query tiles of
-    BM = BN = 16 * NWARPS rows (a warp owns 16 query rows of S and dP, 16 keys of dK and dV)."""
+    BM = BN = 16 * NWARPS rows (a warp owns 16 query rows of S and dP, 16 keys of dK and dV; with
+    WG, one warpgroup owns 64 keys and walks 64-row query tiles key-major)."""
     NWARPS: int
     STAGES: int  # buffers the Q and dO tiles stream through
     MINB: int    # blocks per multiprocessor asked of the register allocator
+    WG: int = 0  # 1: the main kernel on Hopper's warpgroup MMA (kernels/fast_tc_bwd_wg.cu, sm_90a)
 
     @property
     def BN(self) -> int:
@@ -67,13 +73,30 @@ class BwdConfig:
     def threads(self) -> int:
         return 32 * self.NWARPS
 
+    @property
+    def kernel(self) -> str:
+        """The source of its main kernel (the prep and convert kernels come with it)."""
+        return KERNEL_WG if self.WG else KERNEL
+
+    @property
+    def arch(self) -> str | None:
+        """The target it needs beyond what CuPy picks for the device (None: any)."""
+        return WG_ARCH if self.WG else None
+
     def smem_bytes(self, D: int) -> int:
-        """K and V, STAGES Q and dO tiles, the staged P and dS."""
+        """K and V, STAGES Q and dO tiles, the staged P and dS (WG: dS alone, and STAGES rows of
+        the query tile's (lse2, delta))."""
+        if self.WG:
+            return 2 * D * (2 * self.BN + 2 * self.STAGES * self.BM) + 2 * self.BM * self.BN + 8 * self.STAGES * self.BM
         return 2 * D * (2 * self.BN + 2 * self.STAGES * self.BM) + 2 * 2 * self.BM * self.BN
 
     def dq_pass_smem_bytes(self, D: int) -> int:
         """The dQ pass's: Q and dO, STAGES K and V tiles."""
         return 2 * D * (2 * self.BM + 2 * self.STAGES * self.BN)
+
+    @property
+    def spec(self) -> str:
+        return f"NWARPS={self.NWARPS},BN={self.BN},STAGES={self.STAGES},MINB={self.MINB}" + (",WG=1" if self.WG else "")
 
 
 # per head dimension: (shape, why). Registers (sm_80 / sm_90, NVRTC 13): D=64 198-206, D=128
@@ -83,10 +106,18 @@ BWD_SHAPES: dict[int, tuple[BwdConfig, str]] = {
     128: (BwdConfig(NWARPS=4, STAGES=2, MINB=1), "64 x 64 tiles, Q and dO in 2 stages (112 KiB); dK and dV "
                                                  "take 128 registers a thread"),
 }
+# the wgmma main loop's (sm_90): one warpgroup a block, the same tiles and lists
+BWD_SHAPES_WG: dict[int, tuple[BwdConfig, str]] = {
+    64: (BwdConfig(NWARPS=4, STAGES=2, MINB=2, WG=1), "one warpgroup, 64 x 64 tiles, Q and dO in 2 stages "
+                                                      "(57 KiB): 2 blocks per SM"),
+    128: (BwdConfig(NWARPS=4, STAGES=2, MINB=2, WG=1), "one warpgroup, 64 x 64 tiles, Q and dO in 2 stages "
+                                                       "(105 KiB): 2 blocks per SM, dK and dV 128 registers a thread"),
+}
 
 
-def bwd_config(D: int) -> BwdConfig:
-    return BWD_SHAPES[D][0]
+def bwd_config(D: int, wgmma: bool = False) -> BwdConfig:
+    """The backward's shape at head dimension D: the wgmma main loop's (sm_90) or mma.sync's."""
+    return (BWD_SHAPES_WG if wgmma else BWD_SHAPES)[D][0]
 
 
 # ---- work items: the transposed lists cut so that every block's walk is short --------------------
@@ -110,6 +141,12 @@ def split_length(entries: int, longest: int, heads: int, slots: int) -> int:
     under W / slots = 7958); streaming 16+64: L=24, key tile 0's 512 tiles in 22 items."""
     target = max(1, -(-SPLIT_WAVES * slots // max(1, heads)))
     return max(1, min(max(SPLIT_MIN, -(-entries // target)), longest))
+
+
+def choose_bwd_config(D: int, wgmma: bool, dq: str = "atomic") -> BwdConfig:
+    """The backward's shape: the wgmma main loop's when ``wgmma`` (fast-tc on sm_90) and dQ's sums
+    are reductions; mma.sync's otherwise (dQ by a pass of its own exists beside mma.sync only)."""
+    return bwd_config(D, wgmma and dq == "atomic")
 
 
 def forced_dq() -> str:
@@ -141,6 +178,10 @@ def bwd_defines(D: int, dtype: str, mask: Mask, cfg: BwdConfig | None = None, dq
     stride, inner = mask.strided()
     d = dict(HEAD_D=D, BN=cfg.BN, NWARPS=cfg.NWARPS, STAGES=cfg.STAGES, MT=1, MINB=cfg.MINB, QREG=0,
              AB_F16=int(dtype == "float16"), STRIDE=stride)
+    if cfg.WG:
+        if dq == "pass":
+            raise BadInput("dq='pass' runs on the mma.sync backward only (fast-tc-sync, or fast-tc before sm_90)")
+        d["WG"] = 1
     if dq == "pass":
         d["BWD_DQ_PASS"] = 1
     d.update(pattern_defines(inner.tile_predicate(cfg.BM, cfg.BN)))
@@ -162,13 +203,16 @@ class Backward:
     pass of its own over the forward list, no accumulator); None: $ATTNBENCH_BWD_DQ, else "atomic"."""
 
     def __init__(self, prob: Problem, setup: dict | None = None, cfg: BwdConfig | None = None,
-                 split: int | None = None, dq: str | None = None):
+                 split: int | None = None, dq: str | None = None, wgmma: bool = False):
         check_dtype(prob.dtype)
         if prob.D not in BWD_SHAPES:
             raise BadInput(f"D={prob.D} is not supported by the backward of fast-tc "
                            f"(supports D in {', '.join(map(str, sorted(BWD_SHAPES)))})")
         self.prob = prob
-        self.cfg = cfg = cfg or bwd_config(prob.D)
+        self.dq_way = dq = forced_dq() if dq is None else dq
+        if dq not in DQ_WAYS:
+            raise BadInput(f"dq={dq!r}: expected one of {', '.join(DQ_WAYS)}")
+        self.cfg = cfg = cfg or choose_bwd_config(prob.D, wgmma, dq)
         self.setup = setup = {} if setup is None else setup
         stride, inner = prob.mask.strided()
         self.stride, self.inner = stride, inner
@@ -190,15 +234,12 @@ class Backward:
                      bwd_items_build_s=items.build_s, bwd_items_device_s=self.items.build_s)
         if self.n_items * self.heads >= 2 ** 31:
             raise BadInput(f"{self.n_items} work items x {self.heads} heads and classes exceed the grid (2^31 blocks)")
-        self.dq_way = dq = forced_dq() if dq is None else dq
-        if dq not in DQ_WAYS:
-            raise BadInput(f"dq={dq!r}: expected one of {', '.join(DQ_WAYS)}")
         setup["bwd_dq"] = dq
         if dq == "pass":  # the forward list at the backward's tiles, on the device (built above)
             self.fwd_tiles = tile_list(inner, cfg.BM, cfg.BN).device()
         self.table = table_array(inner)
         with timed(setup, "compile_s"):
-            mod = get_module(KERNEL, bwd_defines(prob.D, prob.dtype, prob.mask, cfg, dq))
+            mod = get_module(cfg.kernel, bwd_defines(prob.D, prob.dtype, prob.mask, cfg, dq), cfg.arch)
             self.main, self.prep, self.dq = (mod.get_function(x) for x in (MAIN, PREP, DQ))
             self.smem = cfg.smem_bytes(prob.D)
             if self.smem > DEFAULT_SMEM:
@@ -208,7 +249,7 @@ class Backward:
                 self.dq_smem = cfg.dq_pass_smem_bytes(prob.D)
                 if self.dq_smem > DEFAULT_SMEM:
                     self.dq_pass.max_dynamic_shared_size_bytes = self.dq_smem
-        setup["bwd_tile_config"] = f"NWARPS={cfg.NWARPS},BN={cfg.BN},STAGES={cfg.STAGES},MINB={cfg.MINB}"
+        setup["bwd_tile_config"] = cfg.spec
 
     @staticmethod
     def slots(cfg: BwdConfig) -> int:
@@ -299,7 +340,7 @@ def build_backward(impl: FastTC, prob: Problem, q, k, v, do, cfg: TileConfig | N
     o = cupy.empty(prob.shape, dtype=q.dtype)
     lse = cupy.empty((B, H, T), cupy.float32)
     fwd = forward_launch(prob, fcfg, (q, k, v), o, lse, setup)
-    bwd = Backward(prob, setup)
+    bwd = Backward(prob, setup, wgmma=impl.uses_wgmma())
     grads = tuple(cupy.empty(prob.shape, dtype=q.dtype) for _ in range(3))
     launches = bwd.launches(q, k, v, o, lse, do, *grads, *bwd.scratch())
     with_fwd = prob.pass_name == "fwd+bwd"
@@ -362,10 +403,12 @@ def forward_lse(mask: Mask, q, k, v, scale: float | None = None, dtype: str | No
     return o, lse
 
 
-def backward(mask: Mask, q, k, v, o, lse, do, scale: float | None = None, dtype: str | None = None):
+def backward(mask: Mask, q, k, v, o, lse, do, scale: float | None = None, dtype: str | None = None,
+             wgmma: bool = True):
     """The gradients (dq, dk, dv) of fast-tc's attention at q, k, v given its output ``o``, the
     rows' log-sum-exp ``lse`` (float32 [B, H, T], natural log, as ``forward_lse`` gives them) and
-    the output's gradient ``do``; CuPy storage arrays of q's shape and dtype."""
+    the output's gradient ``do``; CuPy storage arrays of q's shape and dtype. ``wgmma``: fast-tc's
+    main loop (wgmma on sm_90), else fast-tc-sync's (mma.sync)."""
     import cupy
 
     prob, (q, k, v, o, do) = _bound(mask, scale, dtype, q=q, k=k, v=v, o=o, do=do)
@@ -373,7 +416,8 @@ def backward(mask: Mask, q, k, v, o, lse, do, scale: float | None = None, dtype:
             or not lse.flags.c_contiguous:
         raise BadInput(f"lse must be a contiguous float32 CuPy array of shape {prob.shape[:3]} (forward_lse's), got "
                        f"{type(lse).__name__} {getattr(lse, 'dtype', '')} {tuple(getattr(lse, 'shape', ()))}")
-    plan = _cached(prob, ("bwd", forced_split(), forced_dq()), False, lambda: Backward(prob))
+    wg = wgmma and IMPL.uses_wgmma()
+    plan = _cached(prob, ("bwd", forced_split(), forced_dq()), wg, lambda: Backward(prob, wgmma=wg))
     grads = tuple(cupy.empty(prob.shape, dtype=q.dtype) for _ in range(3))
     for ln in plan.launches(q, k, v, o, lse, do, *grads, *plan.scratch()):
         ln()
@@ -381,11 +425,11 @@ def backward(mask: Mask, q, k, v, o, lse, do, scale: float | None = None, dtype:
 
 
 def _builds_of(mask: Mask, D: int, dtype: str) -> list[tuple[str, dict]]:
-    """The backward of ``mask`` and the forwards with the log-sum-exp it runs after (mma.sync and
-    wgmma shapes)."""
+    """The backward of ``mask`` (mma.sync and wgmma main loops) and the forwards with the log-sum-exp
+    it runs after (mma.sync and wgmma shapes)."""
     from .fast_tc import KERNEL as FWD, choose_config, kernel_defines, lse_shape
 
-    return [(KERNEL, bwd_defines(D, dtype, mask))] + [
+    return [(KERNEL, bwd_defines(D, dtype, mask)), (KERNEL_WG, bwd_defines(D, dtype, mask, bwd_config(D, True)))] + [
         (FWD, {**kernel_defines(D, dtype, mask, lse_shape(choose_config(mask, D, wgmma))), "FWD_LSE": 1})
         for wgmma in (False, True)]
 
@@ -414,5 +458,5 @@ def gate_builds(masks) -> list[tuple[str, dict]]:
                    for b in _builds_of(mask, D, dtype))
 
 
-__all__ = ["BWD_SHAPES", "BwdConfig", "Backward", "FastTCBwdRunner", "backward", "build_backward", "bwd_defines",
+__all__ = ["BWD_SHAPES", "BWD_SHAPES_WG", "BwdConfig", "Backward", "choose_bwd_config", "FastTCBwdRunner", "backward", "build_backward", "bwd_defines",
            "forward_lse", "gate_builds", "standard_builds"]

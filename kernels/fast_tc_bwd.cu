@@ -2,13 +2,11 @@
 // style, key-tile-major over the transposed tile list (for each key tile, the query tiles whose
 // forward lists name it, flagged full or partial; attnbench.tiles.tile_list_t), cut into work
 // items (attnbench.tiles.WorkItems: each key tile's list in stretches of at most L query tiles,
-// the longest first; a key tile cut in more than one is *split*). Three kernels:
+// the longest first; a key tile cut in more than one is *split*), on mma.sync (every GPU; the
+// wgmma main loop of sm_90 is fast_tc_bwd_wg.cu). Three kernels: fast_tc_bwd_prep and
+// fast_tc_bwd_dq (tc/bwd_prep.cuh: delta beside the log-sum-exp, accumulators zeroed; dQ and the
+// split key tiles' dK and dV converted), and between them the main kernel:
 //
-//   fast_tc_bwd_prep  per row: delta = rowsum(dO * O) in float32, stored beside the forward's
-//                     log-sum-exp in base 2 (LD [B * H * T] of float2 (lse * log2 e, delta)); the
-//                     row of the float32 dQ accumulator zeroed, and the rows of the split key tiles'
-//                     float32 dK / dV accumulator. Grid: max(rows, split rows) / (256 / CH); 256
-//                     threads, CH per row.
 //   fast_tc_bwd       grid: items x residue classes x B * H, flat (tc_item_work: the item slowest,
 //                     so every head's longest items go first); block NWARPS warps. The block loads
 //                     its key tile's K and V (BN keys) once and keeps dK and dV in registers; the query
@@ -20,14 +18,9 @@
 //                     dV += P^T dO and dK += dS^T Q. At the end dK (times the scale) and dV are
 //                     stored in the storage dtype, or, by an item of a split key tile, added to
 //                     the tile's float32 accumulator rows (tc_red2: red.global.add.v2.f32 on sm_90).
-//   fast_tc_bwd_dq    dQ = scale * the accumulator, in the storage dtype; then (the blocks past dQ)
-//                     the split key tiles' dK = scale * its accumulator and dV. Grid: (dQ's
-//                     elements + the split rows' D elements) / 2048.
 //
-// Split accumulator (float32, rows of 2 * HEAD_D: dK's columns then dV's): row
-// ((slot * BH + bh) * classes + class) * BN + key for split slot `slot` (its key tile:
-// split_kt[slot]), key `key` of the tile. Only split key tiles have rows, so memory and zeroing
-// grow with what is split, not with T.
+// Only split key tiles have rows in the float32 dK / dV accumulator (tc/bwd_prep.cuh), so memory
+// and zeroing grow with what is split, not with T.
 //
 // Layout, and why: S and dP are computed query-major (warp w owns query rows 16 w .. 16 w + 15,
 // the forward's layout) so the forward's masking applies unchanged and dS, still in registers, is
@@ -51,20 +44,15 @@
 #include "tc/mainloop_sync.cuh"
 #include "tc/bwd_mma.cuh"
 #include "tc/bwd_epilogue.cuh"
+#include "tc/bwd_prep.cuh"
 
 #ifndef DQ_CHUNK
 #define DQ_CHUNK 32
 #endif
-// BWD_DQ_PASS 1: dQ by a pass of its own over the forward list (fast_tc_bwd_dq_pass), no float32
-// accumulator and no reductions; 0: dQ's sums by reductions in the main kernel
-#ifndef BWD_DQ_PASS
-#define BWD_DQ_PASS 0
-#endif
 static_assert(HEAD_D % DQ_CHUNK == 0 && DQ_CHUNK % 16 == 0, "DQ_CHUNK: a multiple of 16 dividing HEAD_D");
-static_assert(!TMA, "backward: cp.async loads");
+static_assert(!TMA && !WG, "this backward: mma.sync products, cp.async loads (WG builds: fast_tc_bwd_wg.cu)");
 
 typedef TcLoadAsync<TcMmaSync> TcLoad;
-#define BWD_PREP_THREADS 256
 
 // One step of a walk over a list whose tiles stream through the STAGES buffers (both kernels): the
 // list's next entry, the wait for this tile and the refill of the stage the previous one freed;
@@ -83,37 +71,6 @@ struct TcBwdWalk {
         return ent;
     }
 };
-
-extern "C" __global__ void __launch_bounds__(BWD_PREP_THREADS)
-fast_tc_bwd_prep(const u16* __restrict__ Og, const u16* __restrict__ dOg, const float* __restrict__ Lg,
-                 float2* __restrict__ LD, float* __restrict__ dQacc, int rows, float* __restrict__ dKVacc, int srows) {
-    const int row = blockIdx.x * (BWD_PREP_THREADS / CH) + threadIdx.x / CH, c = threadIdx.x % CH;
-    const bool ok = row < rows;
-    if (row < srows) {  // the split key tiles' dK and dV accumulators: a row's 8 columns of each
-        float4* z = reinterpret_cast<float4*>(dKVacc + (size_t)row * (2 * HEAD_D) + c * 8);
-        z[0] = z[1] = z[HEAD_D / 4] = z[HEAD_D / 4 + 1] = make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-    float d = 0.f;
-    if (ok) {
-        const size_t at = (size_t)row * HEAD_D + c * 8;
-        const uint4 o = *reinterpret_cast<const uint4*>(Og + at);
-        const uint4 g = *reinterpret_cast<const uint4*>(dOg + at);
-        const u32 ov[4] = {o.x, o.y, o.z, o.w}, gv[4] = {g.x, g.y, g.z, g.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const float2 a = tc_unpack(ov[i]), b = tc_unpack(gv[i]);
-            d = fmaf(a.x, b.x, fmaf(a.y, b.y, d));
-        }
-#if !BWD_DQ_PASS
-        float4* z = reinterpret_cast<float4*>(dQacc + at);
-        z[0] = z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
-#endif
-    }
-    // the CH lanes of a row (aligned groups within the warp) add their parts
-#pragma unroll
-    for (int off = CH / 2; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffffu, d, off);
-    if (ok && c == 0) LD[row] = make_float2(Lg[row] * TC_LOG2E, d);
-}
 
 extern "C" __global__ void __launch_bounds__(THREADS, MINB)
 fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* __restrict__ Vg,
@@ -206,48 +163,7 @@ fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
     }
     TcLoad::drain();
 
-    if (kts.y < 0) {  // the key tile's only item: its gradients
-        const int key0 = kt * BN + warp * 16;
-        tc_bwd_store_cols(dKg + w.base, dk, scale, key0, T, g, t4);
-        tc_bwd_store_cols(dVg + w.base, dv, 1.f, key0, T, g, t4);
-    } else {  // one of a split key tile's items: its partial sums into the tile's float32 rows
-        const int C = STRIDE < T_all ? STRIDE : T_all;
-        float* a = dKVacc + ((size_t)(kts.y * BH + w.bh) * C + cls) * (BN * 2 * HEAD_D);
-        tc_bwd_add_cols(a, dk, warp * 16, T - kt * BN, g, t4);
-        tc_bwd_add_cols(a + HEAD_D, dv, warp * 16, T - kt * BN, g, t4);
-    }
-}
-
-__device__ __forceinline__ uint4 tc_bwd_pack8(const float* __restrict__ src, float scale) {
-    const float4 a = reinterpret_cast<const float4*>(src)[0];
-    const float4 b = reinterpret_cast<const float4*>(src)[1];
-    return make_uint4(tc_pack(a.x * scale, a.y * scale), tc_pack(a.z * scale, a.w * scale),
-                      tc_pack(b.x * scale, b.y * scale), tc_pack(b.z * scale, b.w * scale));
-}
-
-extern "C" __global__ void __launch_bounds__(BWD_PREP_THREADS)
-fast_tc_bwd_dq(const float* __restrict__ dQacc, u16* __restrict__ dQg, float scale, long long n8,
-               const float* __restrict__ dKVacc, const int* __restrict__ split_kt, u16* __restrict__ dKg,
-               u16* __restrict__ dVg, int BH, int T_all, long long s8) {
-    const long long i = (long long)blockIdx.x * BWD_PREP_THREADS + threadIdx.x;  // 8 elements each
-    if (i < n8) {
-        reinterpret_cast<uint4*>(dQg)[i] = tc_bwd_pack8(dQacc + 8 * i, scale);
-        return;
-    }
-    // past dQ: the split key tiles' dK (times the scale) and dV, 8 columns of a row of each
-    const long long j = i - n8;
-    if (j >= s8) return;
-    const int C = STRIDE < T_all ? STRIDE : T_all;
-    const long long row = j / CH;  // ((slot * BH + bh) * C + class) * BN + key
-    const int ch = (int)(j % CH), key = (int)(row % BN);
-    const long long sbc = row / BN;
-    const int cls = (int)(sbc % C), bh = (int)(sbc / C % BH), slot = (int)(sbc / C / BH);
-    const int a = split_kt[slot] * BN + key;  // the key's position in its class
-    if (a >= (T_all - cls + STRIDE - 1) / STRIDE) return;
-    const size_t at = ((size_t)bh * T_all + cls + (size_t)a * STRIDE) * HEAD_D + ch * 8;
-    const float* src = dKVacc + row * (2 * HEAD_D) + ch * 8;
-    *reinterpret_cast<uint4*>(dKg + at) = tc_bwd_pack8(src, scale);
-    *reinterpret_cast<uint4*>(dVg + at) = tc_bwd_pack8(src + HEAD_D, 1.f);
+    tc_bwd_finish(dKg, dVg, dKVacc, dk, dv, kts, w, cls, BH, T_all, scale, warp, g, t4);
 }
 
 #if BWD_DQ_PASS

@@ -17,7 +17,8 @@ import pytest
 from attnbench.compile import compile_only, source
 from attnbench.configs import LLM
 from attnbench.fast_tc import IMPL, SYNC_IMPL, choose_config, kernel_defines
-from attnbench.fast_tc_bwd import BWD_SHAPES, bwd_defines, standard_builds
+from attnbench.fast_tc_bwd import (BWD_SHAPES, BWD_SHAPES_WG, bwd_config, bwd_defines, choose_bwd_config,
+                                  standard_builds)
 from attnbench.impls import Problem, get_impl
 from attnbench.patterns import PATTERNS, BadInput, make_mask
 
@@ -27,15 +28,19 @@ BWD_KERNELS = ["fast_tc_bwd", "fast_tc_bwd_dq", "fast_tc_bwd_prep"]
 
 
 # ---- CPU: NVRTC ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("D", DIMS)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("pattern,T,causal,params", [
+# (pattern, T, causal, params) of the compile tests: every kind of predicate and list
+COMPILE_CASES = [
     ("dense", 4096, True, {}), ("streaming", 4096, True, dict(sink=16, window=64)),
     ("dilated", 4096, True, dict(window=512, dilation=2)), ("bigbird", 4096, True, {}),
     ("document", 4096, False, {}), ("custom", 4096, True, {}), ("window", 1000, False, dict(window=100)),
     ("prefix_lm", 4096, False, dict(prefix=1000)),
-])
+]
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("D", DIMS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("pattern,T,causal,params", COMPILE_CASES)
 def test_backward_compiles_without_spills(arch, D, dtype, pattern, T, causal, params):
     """The three kernels, the work items' split path (float32 dK / dV sums, their conversion) included."""
     mask = make_mask(pattern, T, causal, **params)
@@ -44,6 +49,50 @@ def test_backward_compiles_without_spills(arch, D, dtype, pattern, T, causal, pa
     for r in reports:
         assert r.arch == arch and 0 < r.registers <= 255
         assert (r.spill_stores, r.spill_loads, r.stack) == (0, 0, 0), r
+
+
+@pytest.mark.parametrize("D", DIMS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("pattern,T,causal,params", COMPILE_CASES)
+def test_the_wgmma_backward_compiles_for_sm_90a_without_spills(D, dtype, pattern, T, causal, params):
+    """kernels/fast_tc_bwd_wg.cu: the same three kernels, the main one on wgmma; sm_90a only."""
+    from attnbench.compile import target_arch, unbuildable
+
+    mask = make_mask(pattern, T, causal, **params)
+    cfg = bwd_config(D, wgmma=True)
+    d = bwd_defines(D, dtype, mask, cfg)
+    assert cfg.kernel == "fast_tc_bwd_wg" and cfg.arch == "sm_90a" and d["WG"] == 1
+    assert target_arch(d, "sm_80") is None and target_arch(d, "sm_90") == "sm_90a"
+    assert unbuildable("fast_tc_bwd_wg", "sm_80") and not unbuildable("fast_tc_bwd_wg", "sm_90a")
+    reports = compile_only("fast_tc_bwd_wg", d, "sm_90a")
+    assert sorted(r.kernel for r in reports) == BWD_KERNELS
+    for r in reports:
+        assert r.arch == "sm_90a" and 0 < r.registers <= 255
+        assert (r.spill_stores, r.spill_loads, r.stack) == (0, 0, 0), r
+
+
+def test_fast_tc_takes_the_wgmma_backward_on_sm_90_and_mma_sync_otherwise():
+    """The shape follows the products (wgmma: fast-tc on sm_90) and the dQ way: dQ by its own pass
+    exists beside mma.sync only, so dq='pass' takes mma.sync's shape, and a wgmma shape refuses it."""
+    for D in DIMS:
+        assert choose_bwd_config(D, True).WG == 1 and choose_bwd_config(D, True) == BWD_SHAPES_WG[D][0]
+        assert choose_bwd_config(D, False) == BWD_SHAPES[D][0] and not BWD_SHAPES[D][0].WG
+        assert choose_bwd_config(D, True, "pass") == BWD_SHAPES[D][0]
+        assert choose_bwd_config(D, True).BN == choose_bwd_config(D, False).BN  # the same lists and items
+    mask = make_mask("dense", 1000, True)
+    with pytest.raises(BadInput, match="dq='pass'"):
+        bwd_defines(64, "bfloat16", mask, bwd_config(64, True), dq="pass")
+    assert "WG" not in bwd_defines(64, "bfloat16", mask)
+
+
+def test_the_wgmma_backwards_smem_fits_two_blocks_per_sm():
+    """K, V, two Q and dO stages, the staged dS^T and the (lse2, delta) rows, as the kernel lays them
+    out (BWG_SMEM_BYTES), within half of an sm_90 multiprocessor's 228 KiB."""
+    for D in DIMS:
+        cfg = bwd_config(D, True)
+        tile = 2 * D * cfg.BN
+        assert cfg.smem_bytes(D) == 2 * tile + 2 * cfg.STAGES * tile + 2 * cfg.BM * cfg.BN + cfg.STAGES * cfg.BM * 8
+        assert cfg.MINB * (cfg.smem_bytes(D) + 1024) <= 228 * 1024
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -427,10 +476,12 @@ def test_attention_returns_a_tensor_in_the_graph_only_when_asked():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("wgmma", [True, False], ids=["wgmma", "mma.sync"])
 @pytest.mark.parametrize("T,causal,D", [(64, False, 64), (128, True, 64), (1000, True, 128)])
-def test_the_backward_stage_by_stage(T, causal, D):
+def test_the_backward_stage_by_stage(T, causal, D, wgmma):
     """Each stage against the reference on its own, so that a failure says which one is wrong: the
-    forward's output and log-sum-exp, the prep's (lse log2 e, delta), then dV (P alone), dK, dQ."""
+    forward's output and log-sum-exp, the prep's (lse log2 e, delta), then dV (P alone), dK, dQ; the
+    main loop of fast-tc (wgmma on sm_90) and of fast-tc-sync."""
     import cupy
 
     from attnbench import fast_tc_bwd as fb
@@ -448,7 +499,7 @@ def test_the_backward_stage_by_stage(T, causal, D):
         o, lse = fb.forward_lse(mask, q, k, v, dtype=dtype, wgmma=wgmma)
         errs[f"o{int(wgmma)}"] = rel_error(to_float32(o, dtype), ref_o)
         errs[f"lse{int(wgmma)}"] = float(cupy.abs(lse.astype(cupy.float64) - rlse).max())
-    bw = fb.Backward(prob)
+    bw = fb.Backward(prob, wgmma=wgmma and IMPL.uses_wgmma())
     grads = tuple(cupy.full(prob.shape, 0x7FC0, dtype=q.dtype) for _ in range(3))
     ld, acc, dkv = bw.scratch()
     prep, main, conv = bw.launches(q, k, v, o, lse, do, *grads, ld, acc, dkv)

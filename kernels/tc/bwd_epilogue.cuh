@@ -17,10 +17,15 @@
 //   tc_bwd_add_cols(a, acc, r0, n, g, t4): a warp's [16][HEAD_D] accumulators added to float32
 //     rows r0 + g and r0 + g + 8 (below n) of a split key tile's accumulator a (rows 2 * HEAD_D
 //     floats apart: dK's then dV's columns), once per item.
+//   tc_bwd_finish(dKg, dVg, dKVacc, dk, dv, kts, w, cls, BH, T_all, scale, warp, g, t4): the end of a
+//     work item (key tile kts.x, split slot kts.y or -1) whose warp w holds keys 16 w .. + 15 of dK
+//     and dV: stored (times the scale for dK) when the tile is not split, else added to the split
+//     tile's float32 rows (tc/bwd_prep.cuh's layout).
 //   tc_red2(p, x, y): p[0] += x, p[1] += y without a result (p 8-byte aligned): one vector
 //     red.global.add.v2.f32 on sm_90, two scalar reductions before.
 #pragma once
 #include "tc/common.cuh"
+#include "tc/scheduler.cuh"
 #include "tc/bwd_mma.cuh"
 
 __device__ __forceinline__ float2 tc_unpack(u32 x) {
@@ -106,5 +111,22 @@ __device__ __forceinline__ void tc_bwd_add_cols(float* __restrict__ a, const flo
 #pragma unroll
             for (int j = 0; j < HEAD_D / 8; ++j) tc_red2(p + 8 * j, acc[j][2 * h], acc[j][2 * h + 1]);
         }
+    }
+}
+
+__device__ __forceinline__ void tc_bwd_finish(u16* __restrict__ dKg, u16* __restrict__ dVg, float* __restrict__ dKVacc,
+                                              const float (&dk)[HEAD_D / 8][4], const float (&dv)[HEAD_D / 8][4],
+                                              int2 kts, const TcWork& w, int cls, int BH, int T_all, float scale,
+                                              int warp, int g, int t4) {
+    const int kt = kts.x;
+    if (kts.y < 0) {  // the key tile's only item: its gradients
+        const int key0 = kt * BN + warp * 16;
+        tc_bwd_store_cols(dKg + w.base, dk, scale, key0, w.T, g, t4);
+        tc_bwd_store_cols(dVg + w.base, dv, 1.f, key0, w.T, g, t4);
+    } else {  // one of a split key tile's items: its partial sums into the tile's float32 rows
+        const int C = STRIDE < T_all ? STRIDE : T_all;
+        float* a = dKVacc + ((size_t)(kts.y * BH + w.bh) * C + cls) * (BN * 2 * HEAD_D);
+        tc_bwd_add_cols(a, dk, warp * 16, w.T - kt * BN, g, t4);
+        tc_bwd_add_cols(a + HEAD_D, dv, warp * 16, w.T - kt * BN, g, t4);
     }
 }

@@ -32,7 +32,7 @@
 #pragma once
 #include "tc/common.cuh"
 
-static_assert(BM == BN && BN % 64 == 0 && MT == 1 && !QREG && !WG,
+static_assert(BM == BN && BN % 64 == 0 && MT == 1 && !QREG,
               "backward: BN == BM = 16 * NWARPS, a multiple of 64; one m16 tile per warp; operands from shared memory");
 
 #define BWD_PCH (BN / 8)      // 16-byte chunks of a staged P / dS row

@@ -1,0 +1,80 @@
+// Tensor-core attention backward on Hopper's warpgroup MMA (sm_90a), for bfloat16 / float16 with
+// float32 accumulation: fast_tc_bwd.cu's three kernels and work (the transposed tile list cut
+// into work items, key-tile-major, dK and dV in registers, dQ's sums by float32 reductions), its
+// main kernel's products on wgmma (tc/bwd_wgmma.cuh) instead of mma.sync. One warpgroup a block,
+// 64-key tiles against 64-query tiles (the tile lists and work items of the mma.sync backward).
+//
+// Per query tile of the item: S^T = K Q^T and dP^T = V dO^T issued together; partial tiles (and a
+// key tile reaching past T) masked; P^T = exp2(S^T scale log2 e - lse2), packed as the A operand
+// of dV += P^T dO, issued at once; dS^T = P^T (dP^T - delta) once dP^T lands, packed for
+// dK += dS^T Q, issued, and staged in shared memory while the products run; then, every warp's
+// dS^T staged, dQ += dS K by 64 columns, added to the float32 accumulator. Two barriers a tile (the
+// refill's, the staged dS^T's).
+#include "tc/config.cuh"
+#include "tc/common.cuh"
+#include "tc/scheduler.cuh"
+#include "tc/bwd_wgmma.cuh"
+#include "tc/bwd_prep.cuh"
+
+// the parameters of fast_tc_bwd.cu's main kernel, in its order: the host launches either the same way
+extern "C" __global__ void __launch_bounds__(THREADS, MINB)
+fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* __restrict__ Vg,
+            const u16* __restrict__ dOg, const float2* __restrict__ LD, float* __restrict__ dQacc,
+            u16* __restrict__ dKg, u16* __restrict__ dVg, const int4* __restrict__ ihead,
+            const int2* __restrict__ itile, const int* __restrict__ tent, float* __restrict__ dKVacc, int BH,
+            int T_all, float scale_log2, float scale, const int* __restrict__ table) {
+    extern __shared__ __align__(1024) unsigned char smem[];
+    int item, cls;
+    const TcWork w = tc_item_work(T_all, BH, item, cls);
+    const int2 kts = itile[item];  // (key tile, split slot or -1)
+    const int kt = kts.x, T = w.T;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int g = lane >> 2, t4 = lane & 3;
+    const AB_PATTERN_T pat{AB_PATTERN_ARGS};
+
+    const TcBwgSmem sm = tc_bwg_smem(smem);
+    const TcBwgSrc src = {Qg + w.base, dOg + w.base, LD + (size_t)w.bh * T_all + cls};
+    tc_load_tile<TcPanelLayout, BN>(sm.k, Kg + w.base, kt * BN, T);
+    tc_load_tile<TcPanelLayout, BN>(sm.v, Vg + w.base, kt * BN, T);
+    tc_commit();
+    TcTileList list;
+    list.init(ihead, tent, item);  // the item's stretch of its key tile's list
+    const int n = list.n;
+    TcBwgWalk walk;
+    walk.first(sm, src, list, T);
+    const TcBwgOps op = tc_bwg_ops(sm);
+
+    TcBwdCols dk, dv;
+    tc_zero_frag(dk);
+    tc_zero_frag(dv);
+    float* dq = dQacc + w.base;
+    const bool edge = kt * BN + BN > T;  // keys >= T in the tile: masked on every query tile
+    const int key0 = kt * BN + warp * 16;
+    const u32 lds0 = sm.ld + 16 * t4;
+
+    for (int it = 0; it < n; ++it) {
+        int st;
+        const int ent = walk.step(sm, src, list, tent, T, it, n, st);
+        const int qt = tc_entry_tile(ent);
+        const u32 so = (u32)st * (TILE_BYTES >> 4), lds = lds0 + st * BWG_LDB;
+
+        TcBwdRows s, dp;
+        TcBwdFrag pa, pd;
+        tc_bwg_scores(s, dp, op, st);  // S^T landed, dP^T on its way
+        if ((ent & 1) || edge) tc_bwg_mask(s, pat, key0, qt * BM, T, g, t4);
+        tc_bwg_probs(s, lds, scale_log2);  // P^T
+        tc_bwd_pack(pa, s);
+        tc_bwg_kv(dv, pa, op.on + so);  // dV += P^T dO
+        wg_wait<1>();  // dP^T
+        tc_bwg_dscores(dp, pa, lds);  // dS^T
+        tc_bwd_pack(pd, dp);
+        tc_bwg_kv(dk, pd, op.qn + so);  // dK += dS^T Q
+        tc_bwd_stage(sm.ds, pd, warp, g, t4);
+        wg_wait<0>();
+        wg_fence_smem();
+        __syncthreads();  // dS^T staged by every warp
+        tc_bwg_dq(dq, op, qt * BM + warp * 16, T, g, t4);  // dQ += dS K
+    }
+    tc_wait<0>();
+    tc_bwd_finish(dKg, dVg, dKVacc, dk, dv, kts, w, cls, BH, T_all, scale, warp, g, t4);
+}

@@ -1,0 +1,237 @@
+// The backward's products on Hopper's warpgroup MMA (WG 1, sm_90a; fast_tc_bwd_wg.cu): one
+// warpgroup a block, a key tile of BN = 64 keys against query tiles of BM = 64 rows, key-major so
+// that P^T and dS^T stay in registers as the A operands of the two largest products:
+//
+//   S^T = K Q^T, dP^T = V dO^T   m64n64k16, K / V (resident) and Q / dO (a stage) from shared
+//                                memory, all K-major: the warpgroup's rows are keys (warp w:
+//                                keys 16 w .. 16 w + 15), its columns the tile's queries;
+//   dV += P^T dO, dK += dS^T Q   m64nHEAD_Dk16, A from registers (tc_p_frag of the S^T / dS^T
+//                                accumulators), B (dO, Q) read N-major as the forward reads V;
+//   dQ = dS K                    m64n64k16 per 64 columns of dQ, A = dS read M-major from dS^T
+//                                staged in shared memory ([key][query], tc_bwd_stage: 128-byte
+//                                rows, the 128-byte swizzle), B = K read N-major; dQ's sums
+//                                by float32 reductions (tc_bwd_dq_add).
+//
+// Tiles are 64-column panels (TcPanelLayout), streamed by cp.async (tc_load_tile): the Q and dO
+// tiles and the tile's rows of (lse2, delta) (8 bytes a row) through STAGES buffers, one commit
+// group a tile. Padding rows (>= T) load as zeros: their S^T column is 0 and lse2 0, so P^T = 1
+// there, but dO's zero rows make their dP^T, dS^T and dV terms 0, and their dQ is not stored.
+//
+// Interface:
+//   TcBwgSmem tc_bwg_smem(smem): K, V, STAGES Q, STAGES dO tiles, the staged dS^T, STAGES rows of
+//     (lse2, delta); BWG_SMEM_BYTES in all.
+//   TcBwgWalk: first(sm, src, list, T) loads the list's first STAGES - 1 tiles and waits for K and
+//     V (the oldest group); step(sm, src, list, tent, T, it, n, st) -> entry of tile `it`, waits
+//     for it (stage st) and refills the stage tile it - 1 used.
+//   TcBwgOps tc_bwg_ops(sm): the descriptors' low words.
+//   tc_bwg_scores(s, dp, op, st): issues S^T and dP^T (two commit groups), waits for S^T.
+//   tc_bwg_mask(s, pat, key0, q0, T, g, t4): S^T's disallowed entries -inf (partial tiles, edges).
+//   tc_bwg_probs(s, lds, scale_log2): S^T into P^T; lds: the stage's (lse2, delta) rows at 16 t4.
+//   tc_bwg_dscores(dp, p, lds): dP^T into dS^T = P^T (dP^T - delta), P^T packed (p).
+//   tc_bwg_kv(acc, a, op_b, st): issues acc += A B for A's BM / 16 k-steps (dV: A = P^T, B = dO;
+//     dK: A = dS^T, B = Q), one commit group.
+//   tc_bwg_dq(dq, op, row0, T, g, t4): dQ's rows of the tile += dS K, a 64-column panel at a time.
+#pragma once
+#include "tc/common.cuh"
+#include "tc/scheduler.cuh"
+#include "tc/mainloop_sync.cuh"
+#include "tc/mainloop_wgmma.cuh"
+#include "tc/bwd_mma.cuh"
+#include "tc/bwd_epilogue.cuh"
+
+static_assert(WG && !TMA && NWARPS == 4 && BN == 64 && BM == BN,
+              "wgmma backward: one warpgroup, 64 x 64 tiles, cp.async loads");
+
+#define BWG_LDB (BM * 8)  // a stage's (lse2, delta) rows
+#define BWG_SMEM_BYTES (2 * TILE_BYTES + 2 * STAGES * TILE_BYTES + BN * BM * 2 + STAGES * BWG_LDB)
+
+struct TcBwgSmem {
+    u32 k, v;  // the key tile's K and V
+    u32 q, o;  // the Q and dO stages (stage s at + s * TILE_BYTES)
+    u32 ds;    // dS^T staged for dQ
+    u32 ld;    // the (lse2, delta) stages (stage s at + s * BWG_LDB)
+};
+
+__device__ __forceinline__ TcBwgSmem tc_bwg_smem(const void* smem) {
+    TcBwgSmem s;
+    s.k = tc_smem_addr(smem);
+    s.v = s.k + TILE_BYTES;
+    s.q = s.v + TILE_BYTES;
+    s.o = s.q + STAGES * TILE_BYTES;
+    s.ds = s.o + STAGES * TILE_BYTES;
+    s.ld = s.ds + BN * BM * 2;
+    return s;
+}
+
+// the tensors a work item streams, at its class's first row
+struct TcBwgSrc {
+    const u16 *q, *o;
+    const float2* ld;  // rows STRIDE apart
+};
+
+__device__ __forceinline__ void tc_cp_async8(u32 dst, const void* src, int bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(dst), "l"(src), "r"(bytes));
+}
+
+// query tile qt's Q, dO and (lse2, delta) rows into stage s (rows >= T zero-filled)
+__device__ __forceinline__ void tc_bwg_load(const TcBwgSmem& sm, const TcBwgSrc& src, int qt, int T, int s) {
+    tc_load_tile<TcPanelLayout, BM>(sm.q + s * TILE_BYTES, src.q, qt * BM, T);
+    tc_load_tile<TcPanelLayout, BM>(sm.o + s * TILE_BYTES, src.o, qt * BM, T);
+    if (threadIdx.x < BM) {
+        const int row = qt * BM + threadIdx.x;
+        const bool ok = row < T;
+        tc_cp_async8(sm.ld + s * BWG_LDB + threadIdx.x * 8, ok ? src.ld + (size_t)row * STRIDE : src.ld, ok ? 8 : 0);
+    }
+}
+
+struct TcBwgWalk {
+    int st = 0, st_fill = STAGES - 1;
+
+    __device__ __forceinline__ void first(const TcBwgSmem& sm, const TcBwgSrc& src, const TcTileList& list, int T) {
+#pragma unroll
+        for (int s = 0; s < STAGES - 1; ++s) {
+            if (s < list.n) tc_bwg_load(sm, src, tc_entry_tile(list.ring[s]), T, s);
+            tc_commit();
+        }
+        tc_wait<STAGES - 1>();  // K and V's group is the oldest
+        wg_fence_smem();
+        __syncthreads();
+    }
+
+    __device__ __forceinline__ int step(const TcBwgSmem& sm, const TcBwgSrc& src, TcTileList& list,
+                                        const int* __restrict__ tent, int T, int it, int n, int& stage) {
+        int ent_nx;
+        const int ent = list.next(tent, it, ent_nx);
+        tc_wait<STAGES - 2>();
+        wg_fence_smem();
+        __syncthreads();  // tile `it` visible to all; every warp done with tile it - 1 (its stage, dS^T)
+        if (it + STAGES - 1 < n) tc_bwg_load(sm, src, tc_entry_tile(ent_nx), T, st_fill);
+        tc_commit();
+        st_fill = st_fill == STAGES - 1 ? 0 : st_fill + 1;
+        stage = st;
+        st = st == STAGES - 1 ? 0 : st + 1;
+        return ent;
+    }
+};
+
+// descriptor low words: K-major views (S^T, dP^T), N-major views with their panel stride (dV, dK:
+// dO and Q; dQ: K), the staged dS^T read M-major (one 64-query panel)
+struct TcBwgOps {
+    u32 k, v, q, o;    // K-major (stage offsets added for q and o)
+    u32 qn, on, kn;    // N-major
+    u32 ds;
+};
+
+__device__ __forceinline__ TcBwgOps tc_bwg_ops(const TcBwgSmem& sm) {
+    TcBwgOps op;
+    op.k = wg_desc_lo(sm.k, 0);
+    op.v = wg_desc_lo(sm.v, 0);
+    op.q = wg_desc_lo(sm.q, 0);
+    op.o = wg_desc_lo(sm.o, 0);
+    op.qn = wg_desc_lo(sm.q, BM * 128);
+    op.on = wg_desc_lo(sm.o, BM * 128);
+    op.kn = wg_desc_lo(sm.k, BN * 128);
+    op.ds = wg_desc_lo(sm.ds, BM * 128);
+    return op;
+}
+
+// k-step ks of a K-major 64-row panel tile: panel ks / 4, 32 bytes a step within it (descriptor units)
+__device__ __forceinline__ u32 tc_bwg_kstep(int ks) { return (u32)(((ks >> 2) * 64 * 128 + (ks & 3) * 32) >> 4); }
+
+__device__ __forceinline__ void tc_bwg_scores(TcBwdRows& s, TcBwdRows& dp, const TcBwgOps& op, int st) {
+    const u32 so = (u32)st * (TILE_BYTES >> 4);
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < HEAD_D / 16; ++ks)
+        wg_ss64(s, wg_desc_of(op.k + tc_bwg_kstep(ks)), wg_desc_of(op.q + so + tc_bwg_kstep(ks)), ks);
+    wg_commit();
+#pragma unroll
+    for (int ks = 0; ks < HEAD_D / 16; ++ks)
+        wg_ss64(dp, wg_desc_of(op.v + tc_bwg_kstep(ks)), wg_desc_of(op.o + so + tc_bwg_kstep(ks)), ks);
+    wg_commit();
+    wg_wait<1>();
+}
+
+// S^T's entries the pattern disallows set to -inf: s[j][e] is key key0 + g + 8 (e >> 1), query
+// q0 + 8 j + 2 t4 + (e & 1). Thread (g, t4) evaluates the predicate for queries 8 g + 2 t4 and + 1
+// over the warp's 16 keys (ab_allowed_bits, low 16 bits of each word, packed in one), and block j
+// takes its word from lane 4 j + t4. Queries clamped below T (the predicate's table reads); keys
+// >= T masked for non-causal patterns (a causal key beyond T is beyond every real query).
+template <class P>
+__device__ __forceinline__ void tc_bwg_mask(TcBwdRows& s, const P& pat, int key0, int q0, int T, int g, int t4) {
+    const int qa = q0 + 8 * g + 2 * t4;
+    unsigned wa = ab_allowed_bits(pat, min(qa, T - 1), key0), wb = ab_allowed_bits(pat, min(qa + 1, T - 1), key0);
+    if (!CAUSAL) {
+        const unsigned in_seq = ab_span(0, T - 1 - key0);
+        wa &= in_seq;
+        wb &= in_seq;
+    }
+    const unsigned mine = (wa & 0xffffu) | (wb << 16);
+#pragma unroll
+    for (int j = 0; j < BM / 8; ++j) {
+        const unsigned x = __shfl_sync(0xffffffffu, mine, 4 * j + t4) >> g;
+        s[j][0] = (x & 1u) ? s[j][0] : AB_NEG_INF;
+        s[j][1] = ((x >> 16) & 1u) ? s[j][1] : AB_NEG_INF;
+        s[j][2] = ((x >> 8) & 1u) ? s[j][2] : AB_NEG_INF;
+        s[j][3] = ((x >> 24) & 1u) ? s[j][3] : AB_NEG_INF;
+    }
+}
+
+// (lse2, delta) of queries 8 j + 2 t4 and + 1: one 16-byte read (lds = the stage's rows + 16 t4)
+__device__ __forceinline__ float4 tc_bwg_stats(u32 lds, int j) {
+    float4 r;
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=f"(r.x), "=f"(r.y), "=f"(r.z), "=f"(r.w) : "r"(lds + j * 64));
+    return r;
+}
+
+__device__ __forceinline__ void tc_bwg_probs(TcBwdRows& s, u32 lds, float scale_log2) {
+#pragma unroll
+    for (int j = 0; j < BM / 8; ++j) {
+        const float4 L = tc_bwg_stats(lds, j);
+        s[j][0] = tc_exp2(fmaf(s[j][0], scale_log2, -L.x));
+        s[j][1] = tc_exp2(fmaf(s[j][1], scale_log2, -L.z));
+        s[j][2] = tc_exp2(fmaf(s[j][2], scale_log2, -L.x));
+        s[j][3] = tc_exp2(fmaf(s[j][3], scale_log2, -L.z));
+    }
+}
+
+// p[kk][e] (tc_p_frag): block 2 kk + (e >> 1), key g + 8 (e & 1), its two queries' P
+__device__ __forceinline__ void tc_bwg_dscores(TcBwdRows& dp, const TcBwdFrag& p, u32 lds) {
+#pragma unroll
+    for (int j = 0; j < BM / 8; ++j) {
+        const float4 L = tc_bwg_stats(lds, j);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // keys g, g + 8
+            const float2 pv = tc_unpack(p[j >> 1][2 * (j & 1) + h]);
+            dp[j][2 * h] = pv.x * (dp[j][2 * h] - L.y);
+            dp[j][2 * h + 1] = pv.y * (dp[j][2 * h + 1] - L.w);
+        }
+    }
+}
+
+// acc += A B over the tile's BM queries: A's k-step kk is a[kk], B's rows 16 kk .. at descriptor
+// word b (an N-major view with the stage offset added); one commit group
+__device__ __forceinline__ void tc_bwg_kv(TcBwdCols& acc, const TcBwdFrag& a, u32 b) {
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk) WG_CAT(wg_rs, HEAD_D)(acc, a[kk], wg_desc_of(b + ((kk * 16 * 128) >> 4)), 1);
+    wg_commit();
+}
+
+// dQ rows row0 + g, + 8 (warp's query rows of the tile) += dS K, 64 columns at a time: A = dS from
+// the staged dS^T (M-major, k-step kk at its rows 16 kk ..), B = K's panel p (N-major)
+__device__ __forceinline__ void tc_bwg_dq(float* __restrict__ dq, const TcBwgOps& op, int row0, int T, int g, int t4) {
+#pragma unroll 1
+    for (int p = 0; p < HEAD_D / 64; ++p) {
+        float c[8][4];
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk)
+            wg_tt64(c, wg_desc_of(op.ds + ((kk * 16 * 128) >> 4)),
+                    wg_desc_of(op.kn + ((p * BN * 128 + kk * 16 * 128) >> 4)), kk);
+        wg_commit();
+        wg_wait<0>();
+        tc_bwd_dq_add<64>(dq, c, p * 64, row0, T, g, t4);
+    }
+}
