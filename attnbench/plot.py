@@ -6,12 +6,12 @@ Four kinds are small multiples (a panel per pattern instance, a line per impleme
 each; attnbench's solid, peers dashed and marked "(peer)"; legend in family order, attnbench first):
   * ``runtime``: median ms vs T, log-log;
   * ``speedup-over-dense``: dense ms / pattern ms of the same implementation (same T, B, H, D,
-    dtype and causal flag) vs T;
+    dtype and causal flag) vs T (none for a group without such a dense row);
   * ``tflops``: useful TFLOP/s vs T;
   * ``share-of-floor``: floor time / measured time vs T (the ``roofline`` column, in %).
 The fifth, ``best-attnbench-vs-dense``, is the README's headline figure: for the fastest
 attnbench implementation of the group, dense and each pattern's runtime vs T (log-log) beside each
-pattern's speedup over that dense.
+pattern's speedup over that dense (none where that implementation has no dense row).
 """
 from __future__ import annotations
 
@@ -191,15 +191,28 @@ def _panels(df, y: str, ylabel: str, what: str, logy: bool = True, ref: float | 
     return fig
 
 
+def group_kinds(df) -> list[str]:
+    """The kinds of figure a group's rows give, in KINDS' order: ``speedup-over-dense`` only where
+    some pattern has a dense row to be measured against (``with_speedup``; a sweep of patterns
+    without dense has none), the headline only where the fastest attnbench implementation
+    (``best_own_impl``) has an ok dense row."""
+    best = best_own_impl(df)
+    dense = (df["status"] == "ok") & (df["pattern"] == "dense") & (df["impl"] == best)
+    return [k for k in KINDS if (k != "speedup-over-dense" or len(with_speedup(df)))
+            and (k != HEADLINE or dense.any())]
+
+
 def group_figures(df) -> dict[str, "plt.Figure"]:
-    """The figures of one (dtype, D, B, H) group, by kind; the caller saves and closes them."""
+    """The figures of one (dtype, D, B, H) group, by kind (``group_kinds``); the caller saves and
+    closes them."""
+    kinds = group_kinds(df)
     ok = df[df["status"] == "ok"]
     figs = {"runtime": _panels(ok, "median_ms", "runtime (ms, median)", "Runtime vs T")}
-    sp = with_speedup(df)
-    figs["speedup-over-dense"] = _panels(
-        sp, "speedup", "dense ms / pattern ms (x)",
-        "Speedup over dense = dense time / pattern time, each implementation against its own dense "
-        "(same T, causal flag) vs T", ref=1.0)
+    if "speedup-over-dense" in kinds:
+        figs["speedup-over-dense"] = _panels(
+            with_speedup(df), "speedup", "dense ms / pattern ms (x)",
+            "Speedup over dense = dense time / pattern time, each implementation against its own dense "
+            "(same T, causal flag) vs T", ref=1.0)
     passes = sorted(set(ok["pass"].astype(str))) if "pass" in ok else ["fwd"]
     flops = FLOPS_OF.get(passes[0], "useful FLOPs") if len(passes) == 1 else "useful FLOPs"
     figs["tflops"] = _panels(ok, "tflops", "useful TFLOP/s", f"Useful TFLOP/s ({flops} / median) vs T")
@@ -207,8 +220,8 @@ def group_figures(df) -> dict[str, "plt.Figure"]:
         ok.assign(roofline_pct=100 * ok["roofline"]), "roofline_pct", "share of the floor (%)",
         "Share of the floor = floor time / measured time vs T\n(floor: max of FLOPs / matmul peak, "
         "bytes / copy bandwidth)")
-    best = best_own_impl(df)
-    if best is not None:
+    if HEADLINE in kinds:
+        best = best_own_impl(df)
         figs[HEADLINE] = best_vs_dense(ok[ok["impl"] == best], best)
     return figs
 

@@ -20,7 +20,7 @@ from numbers import Number
 from pathlib import Path
 
 from .patterns import PATTERNS, BadInput
-from .plot import (GROUP, HEADLINE, KINDS, PASS_TAG, best_own_impl, group_columns, impl_label, impl_order,
+from .plot import (GROUP, HEADLINE, PASS_TAG, best_own_impl, group_columns, group_kinds, impl_label, impl_order,
                    instance_labels, png_name, with_pass_tag)
 from .results import read_results
 from .safefile import read_text, write_atomically
@@ -123,8 +123,7 @@ def _link(csv_path, key, kind: str, base) -> str:
 
 
 def _figure_links(df, csv_path, key, base) -> str:
-    kinds = [k for k in KINDS if k != HEADLINE or best_own_impl(df) is not None]
-    return " · ".join(f"[{k}]({_link(csv_path, key, k, base)})" for k in kinds)
+    return " · ".join(f"[{k}]({_link(csv_path, key, k, base)})" for k in group_kinds(df))
 
 
 def headline_T(df) -> int:
@@ -188,8 +187,8 @@ def _headline(frames, base) -> str:
             if not (g["status"] == "ok").any():
                 continue
             lines += _headline_table(g, gpu, config)
-            best = best_own_impl(g)
-            if best is not None:
+            if HEADLINE in group_kinds(g):
+                best = best_own_impl(g)
                 lines += [f"![{config}, {key[0]} D={key[1]}: {best}, runtime of dense and each pattern vs T, "
                           f"and speedup over dense]({_link(path, key, HEADLINE, base)})", ""]
     keys = [f"{p} {PATTERNS[p].short_key}" for p in PATTERNS if p in present and PATTERNS[p].short_key]

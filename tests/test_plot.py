@@ -165,3 +165,27 @@ def test_rows_with_list_parameters_plot_and_keep_their_labels(tmp_path):
     pd.concat([df, dil]).to_csv(csv, index=False)
     paths = plot_csv(csv, tmp_path / "out")
     assert paths and all(p.stat().st_size > 10_000 for p in paths)
+
+
+def test_a_csv_without_dense_rows_plots_without_a_speedup_figure(tmp_path):
+    """Patterns with no dense row to compare against (one implementation, built-ins beside their
+    custom expressions, as `--pattern custom --pattern window ...` sweeps them) give neither
+    speedup-over-dense nor the headline (patterns against dense), and the tables link neither;
+    every other kind is drawn."""
+    df = pd.read_csv(SMALL, keep_default_na=False, dtype=str)
+    df = df[(df["impl"] == "fake-exact") & (df["pattern"] != "dense")]
+    csv = tmp_path / "nodense.csv"
+    df.to_csv(csv, index=False)
+    paths = plot_csv(csv, tmp_path / "out")
+    kinds = [k for k in KINDS if k not in ("speedup-over-dense", HEADLINE)]
+    assert sorted(p.name for p in paths) == sorted(f"nodense_{dtype}_D{D}_B1_H2_{kind}.png"
+                                                  for dtype, D in (("float32", 16), ("float16", 32)) for kind in kinds)
+    from attnbench.plot import group_kinds
+    from attnbench.readme import render, render_headline
+
+    assert group_kinds(read_results(csv)) == kinds
+    full = render([str(csv)], base=tmp_path)
+    assert "[runtime](nodense_float32_D16_B1_H2_runtime.png)" in full and "speedup-over-dense" not in full
+    assert HEADLINE not in full and HEADLINE not in render_headline([str(csv)], base=tmp_path)
+    # with its dense rows, the same implementation alone gets every kind
+    assert group_kinds(read_results(SMALL).query("impl == 'fake-exact'")) == list(KINDS)
