@@ -10,6 +10,9 @@ A list is built from a pattern's intervals (``Pattern.intervals``) in two steps:
    host with numpy (``Tiles.entries``) or on the GPU (``Tiles.device``, kernels/tiles.cu), where a
    dense list of a million entries takes microseconds.
 
+A pattern of one family may give step 1's ranges in closed form instead (``Pattern.tile_bounds``:
+document, whose build then costs a few vectorised passes over the query tiles).
+
 ``tile_list`` caches lists per (pattern, parameters, T, causal, BM, BN) and each list keeps the
 seconds its build took, so a benchmark row reports the build even when the list was cached.
 """
@@ -196,6 +199,9 @@ def build(mask, BM: int, BN: int, fresh: bool = False) -> Tiles:
     t0 = time.perf_counter()
     if mask.T >= 2 ** 29:
         raise ValueError(f"T={mask.T} is too long for the tile-list build (int32 keys): T < 2^29")
+    bounds = mask.pattern.tile_bounds(mask, BM, BN)
+    if bounds is not None:  # one family in closed form (document)
+        return _three_runs(BM, BN, bounds, t0)
     ks, ke, fs, fe = _tile_ranges(mask, BM, BN)
     F, nq = ks.shape
     if F == 1:
@@ -255,7 +261,7 @@ def _sweep(BM: int, BN: int, ks, ke, fs, fe, t0: float) -> Tiles:
 
 
 def _one_family(BM: int, BN: int, ks, ke, fs, fe, t0: float) -> Tiles:
-    """``build`` for a pattern of one family (window, document, prefix LM, dense, ...): each query
+    """``build`` for a pattern of one family (window, prefix LM, dense, ...): each query
     tile's list is at most three runs, [ks, fs) partial, [fs, fe) full, [fe, ke) partial: the
     pieces the sweep over range ends would cut, found without sorting (where the lists are short,
     the sweep's fixed cost dominates the build)."""
