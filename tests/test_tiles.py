@@ -211,3 +211,64 @@ def test_drop_device_copies_forgets_every_cached_lists_device_copy():
         t._device[0] = object()  # what .device() keeps per device
     tl.drop_device_copies()
     assert all(not t._device for t in lists)
+
+
+DOC_SHAPES = [(64, 64), (64, 128), (128, 64), (16, 16), (64, 32), (32, 64), (48, 16), (16, 48)]
+
+
+def _interval_builds(mask, BM, BN):
+    """The list of ``mask`` by the interval build: the one-family cut and the general sweep."""
+    from attnbench import tiles as tl
+
+    ks, ke, fs, fe = tl._tile_ranges(mask, BM, BN)
+    return tl._one_family(BM, BN, ks[0], ke[0], fs[0], fe[0], 0.0), tl._sweep(BM, BN, ks, ke, fs, fe, 0.0)
+
+
+def _same_lists(mask, shapes):
+    for BM, BN in shapes:
+        fast = build(mask, BM, BN)
+        assert mask.pattern.tile_bounds(mask, BM, BN) is not None
+        for slow in _interval_builds(mask, BM, BN):
+            for name in ("ptr", "run_off", "run_val"):
+                a, b = getattr(fast, name), getattr(slow, name)
+                assert a.dtype == b.dtype and np.array_equal(a, b), (mask.label(), mask.causal, BM, BN, name)
+
+
+_DOC_LENGTH = st.one_of(st.just(1), st.integers(1, 3), st.sampled_from([16, 32, 48, 64, 128]),
+                        st.integers(1, 300))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_DOC_LENGTH, min_size=1, max_size=12), st.booleans(), st.sampled_from([0, 0, 1, 2, 5, 64, 100]))
+def test_document_closed_form_list_is_the_interval_builds(lens, causal, window):
+    """document's closed-form bounds (``tile_bounds``) give the interval build's list byte for byte:
+    lengths of 1, boundaries on and off tile edges, odd T, causal or not, with a window or not."""
+    mask = make_mask("document", sum(lens), causal, doc_lens=tuple(lens), window=window)
+    _same_lists(mask, DOC_SHAPES)
+
+
+@pytest.mark.parametrize("lens", [(1,), (1,) * 37, (64,) * 8, (63, 1, 64, 65, 1, 1, 128), (1000,),
+                                  (1, 127, 129, 1, 255), (200, 1, 1, 1, 300, 7)])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("window", [0, 1, 3, 64, 129])
+def test_document_closed_form_on_chosen_lengths(lens, causal, window):
+    _same_lists(make_mask("document", sum(lens), causal, doc_lens=lens, window=window), DOC_SHAPES)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_document_closed_form_on_the_llm_instance(causal):
+    """The llm configuration's instance (log-normal lengths around 2048, seed 0), with and without
+    a window, at the forward's tile shapes."""
+    for window in (0, 4096):
+        mask = make_mask("document", 32768, causal, doc_mean=2048, doc_seed=0, window=window)
+        _same_lists(mask, [(64, 64), (64, 128), (128, 64)])
+
+
+def test_only_document_gives_closed_form_bounds():
+    """The other patterns keep the interval build (their bounds hook answers None)."""
+    from attnbench.patterns import REGISTERED
+
+    for pat in REGISTERED:
+        for p in pat.examples(256):
+            mask = make_mask(pat.name, 256, True, **p)
+            assert (pat.tile_bounds(mask, 64, 64) is not None) == (pat.name == "document"), pat.name

@@ -11,7 +11,8 @@ gives:
   * ``intervals(i)``: for each row, a few key intervals ("families") that cover every allowed key;
     a family marked exact allows every key inside it (``attnbench.tiles`` builds tile lists from them);
   * ``device_args``: the integers the device struct's fields take after ``causal``, in order;
-  * ``examples(T)``: parameter sets valid at T, over which the tests and ``check`` run.
+  * ``examples(T)``: parameter sets valid at T, over which the tests and ``check`` run;
+  * optionally ``tile_bounds``: a one-family pattern's tile list bounds in closed form (document).
 The causal clause (``j <= i``) is applied on top of every pattern by ``Mask``. A pattern without
 closed-form counts and intervals (``custom``) overrides ``build_tiles`` (its lists by
 classification), ``extra_defines`` (-D constants beyond the struct's fields) and ``check_mask``
@@ -195,6 +196,12 @@ class Pattern:
     def build_tiles(self, mask, BM: int, BN: int, fresh: bool = False):
         """The tile list by other means than ``intervals`` (custom: by classification), or None for
         the interval build; ``fresh``: not from a cache of the pattern's own."""
+        return None
+
+    def tile_bounds(self, mask, BM: int, BN: int):
+        """The interval build's list of a one-family pattern in closed form, or None for the
+        interval build: int64 [n_qtiles, 4], per query tile ks <= fs <= fe <= ke, its key tiles
+        [ks, fs) partial, [fs, fe) full and [fe, ke) partial (``attnbench.tiles`` cuts the runs)."""
         return None
 
     def extra_defines(self, T: int, p: dict) -> dict:

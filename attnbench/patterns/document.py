@@ -94,6 +94,45 @@ class Document(Pattern):
         lo, hi = self._lo_hi(i, T, causal, p, table)
         return lo[None], hi[None], [True]
 
+    def tile_bounds(self, mask, BM, BN):
+        """The list in closed form: lo and hi never decrease along the rows, so a query tile's hull
+        is [lo(first row), hi(last row)) and what all its rows allow [lo(last), hi(first)), read
+        from the table at each tile's first and last rows (strided views, no gather)."""
+        T, W, table = mask.T, mask.params["window"], mask.table
+        nq = -(-T // BM)
+        b = np.empty((nq, 4), np.int64)
+        lo0, lo1, hi0, hi1 = b.T  # lo and hi of each tile's first and last rows, then its bounds
+        first, last = table[::BM], table[BM - 1::BM]  # the document (start, end) of those rows
+        if last.shape[0] < nq:  # a last tile cut short by T
+            last = np.concatenate([last, table[-1:]])
+        lo0[:] = first[:, 0]
+        lo1[:] = last[:, 0]
+        r0 = np.arange(0, T, BM, dtype=np.int64)
+        if W:
+            r1 = r0 + (BM - 1)
+            r1[-1] = T - 1
+            np.maximum(lo0, r0 - (W - 1), out=lo0)
+            np.maximum(lo1, r1 - (W - 1), out=lo1)
+        if mask.causal:  # the row itself ends its keys (it is inside its document, and W >= 1)
+            np.add(r0, 1, out=hi0)
+            np.add(r0, BM, out=hi1)
+            hi1[-1] = T
+        else:
+            hi0[:] = first[:, 1]
+            hi1[:] = last[:, 1]
+            if W:
+                np.minimum(hi0, r0 + W, out=hi0)
+                np.minimum(hi1, r1 + W, out=hi1)
+        # the key tiles: ks = lo0 // BN, fs = ceil(lo1 / BN), fe = hi0 // BN, ke = ceil(hi1 / BN)
+        flat = b.ravel()
+        flat[1::2] += BN - 1
+        if BN & (BN - 1):
+            flat //= BN
+        else:  # a shift: half a division's cost
+            flat >>= BN.bit_length() - 1
+        np.maximum(hi0, lo1, out=hi0)  # no full tiles: fe = fs
+        return b
+
     def examples(self, T):
         ones = min(T, 2)  # documents of length 1 too
         rest = T - ones
