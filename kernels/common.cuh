@@ -7,7 +7,8 @@
 //   int causal;                        first field: also require j <= i
 //   bool allowed(int i, int j)         the predicate for 0 <= i, j < T, causal clause included
 //   unsigned bits(int i, int j0)       allowed(i, j0 + b) as bit b for b = 0 .. 31, before the causal
-//                                      clause (ab_allowed_bits applies it); keys >= T are the caller's
+//                                      clause (ab_allowed_bits applies it: with it, keys past the row
+//                                      may come set or not); keys >= T are the caller's
 //   void keys(int i, int T, push)      push(j) for the allowed keys of row i, in the seed's order
 // No CUDA headers are included, so the same source compiles through NVRTC with or without a device.
 #pragma once
@@ -39,8 +40,28 @@ __device__ __forceinline__ unsigned ab_shr(unsigned x, unsigned n) {
     return y;
 }
 
-__device__ __forceinline__ unsigned ab_span(int lo, int hi) {
-    return ab_shl(0xffffffffu, (unsigned)max(lo, 0)) & ab_shr(0xffffffffu, (unsigned)(31 - min(hi, 31)));
+// ab_span's two halves: bits >= lo (ab_span_from) and bits <= hi (ab_span_to)
+__device__ __forceinline__ unsigned ab_span_from(int lo) { return ab_shl(0xffffffffu, (unsigned)max(lo, 0)); }
+__device__ __forceinline__ unsigned ab_span_to(int hi) { return ab_shr(0xffffffffu, (unsigned)(31 - min(hi, 31))); }
+__device__ __forceinline__ unsigned ab_span(int lo, int hi) { return ab_span_from(lo) & ab_span_to(hi); }
+
+// Bits 0, r, 2r, ... of a 32-bit word (bit 0 alone for r >= 32), r >= 1: five steps, each doubling
+// the bits set; a constant when r is one. Bits b, b + r, ... are ab_shl(ab_every(r), b).
+__device__ __forceinline__ unsigned ab_every(int r) {
+    const int s = min(r, 32);
+    unsigned m = 1u;
+#pragma unroll
+    for (int k = 0; k < 5; ++k)
+        if ((s << k) < 32) m |= m << (s << k);
+    return m;
+}
+
+// a mod d in 0 .. d - 1 for any sign of a (floored, as Python's %), d >= 1: a mask when d is a
+// power of two (one instruction when d is a constant)
+__device__ __forceinline__ int ab_floormod32(int a, int d) {
+    if ((d & (d - 1)) == 0) return a & (d - 1);
+    const int r = a % d;
+    return r < 0 ? r + d : r;
 }
 
 // allowed(i, j) of any pattern struct (the patterns' own written without branches where they can,
@@ -54,7 +75,7 @@ __device__ __forceinline__ bool ab_allowed(const P& p, int i, int j) { return p.
 template <class P>
 __device__ __forceinline__ unsigned ab_allowed_bits(const P& p, int i, int j0) {
     const unsigned m = p.bits(i, j0);
-    return p.causal ? m & ab_span(0, i - j0) : m;
+    return p.causal ? m & ab_span_to(i - j0) : m;
 }
 
 // ---- 16-bit float conversions without cuda_fp16.h / cuda_bf16.h ---------------------------

@@ -235,6 +235,27 @@ def test_gate_strided(T, window, dilation, causal):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("T,causal,levels", [
+    (9001, True, ((2048, 1), (2048, 2), (2048, 4))),  # the llm levels: full tiles below 2048, partial past it
+    (1001, False, ((40, 1), (24, 2), (16, 4))),
+    (777, True, ((20, 3), (9, 5), (3, 33))),           # residues by division; a level sparser than a word
+    (333, False, ((7, 31), (4, 64), (50, 1))),
+])
+def test_gate_dilated_levels(T, causal, levels):
+    """Several dilation levels run unstrided, each partial tile through the levels' words
+    (dilated.cuh level_bits), at odd T, on both main loops and head dims."""
+    from attnbench.check import gate
+
+    (W, r), extra = levels[0], levels[1:]
+    mask = make_mask("dilated", T, causal, window=W, dilation=r, levels=extra)
+    assert mask.strided()[0] == 1
+    for D in DIMS:
+        for impl in (IMPL, SYNC_IMPL):
+            res = gate(impl, Problem(mask, 1, 2, D, "bfloat16"))
+            assert res.ok, (impl.name, D, res)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("impl", [IMPL, SYNC_IMPL], ids=["fast-tc", "fast-tc-sync"])
 @pytest.mark.parametrize("rising", [True, False], ids=["rising", "falling"])
 @pytest.mark.parametrize("pattern,params", [("dense", {}), ("window", dict(window=256)),

@@ -1,8 +1,12 @@
 """The row-at-a-time predicate (ab_allowed_bits, the partial tiles of fast-tc) against the
 pattern's own definition, bit for bit: a wrong key in one row would hide under the gate's norm."""
+import shutil
+import subprocess
+
 import numpy as np
 import pytest
 
+from attnbench import compile as kc
 from attnbench.compile import compile_only
 from attnbench.patterns import examples, make_mask
 
@@ -49,3 +53,107 @@ def check_bits(mask, truth=None):
 @pytest.mark.parametrize("pattern,causal,params", CASES, ids=[f"{c[0]}-{'c' if c[1] else 'nc'}-{i}" for i, c in enumerate(CASES)])
 def test_bits_match_the_pattern(pattern, causal, params):
     check_bits(make_mask(pattern, T, causal, **params))
+
+
+# ---- dilated's words in closed form (kernels/patterns/dilated.cuh, level_bits) ------------------------
+# Each level's word is its constant word ab_every(r) (bits 0, r, 2r, ...) shifted by the row's residue
+# rr mod r, rr = i - j0, within the level's reach: checked against the plain predicate in numpy (the
+# same steps) and as the device code itself, built on the host with g++. Levels below, at and past 32
+# keys a word, powers of two (a mask) and others (a division), rows behind and ahead of the word.
+LEVEL_RS = (1, 2, 3, 4, 5, 8, 16, 31, 32, 33, 64)
+LEVEL_SETS = ([((W, r),) for r in LEVEL_RS for W in (1, 3, 9)] +
+              [((40, 1), (40, 2), (40, 4)), ((6, 2), (4, 4), (8, 1)), ((5, 3), (4, 5), (3, 33)),
+               ((9, 31), (2, 32), (3, 64), (20, 1)), ((1, 1), (7, 8), (3, 16)), tuple((3, r) for r in LEVEL_RS[:9])])
+ROWS, STARTS = 400, 460  # rows 0 .. ROWS - 1 against words j0 = 0 .. STARTS - 1 (j0 > i: keys ahead)
+ALL32 = np.uint64(0xFFFFFFFF)
+
+
+def level_set_mask(levels, causal, T=ROWS):
+    (W, r), extra = levels[0], tuple(levels[1:])
+    return make_mask("dilated", T, causal, window=W, dilation=r, levels=extra)
+
+
+def truth_words(mask, rows, starts):
+    """allowed(i, j0 + b), the causal clause included, as bit b of word [i, j0] (keys past T too)."""
+    i, j0, b = rows[:, None, None], starts[None, :, None], np.arange(32)[None, None, :]
+    ok = mask.pattern.allowed(i, j0 + b, mask.T, mask.causal, mask.params, None)
+    if mask.causal:
+        ok = ok & (j0 + b <= i)
+    return (ok.astype(np.uint64) << np.arange(32, dtype=np.uint64)).sum(axis=2, dtype=np.uint64)
+
+
+def span_from(lo):
+    return (ALL32 << np.clip(lo, 0, 32).astype(np.uint64)) & ALL32
+
+
+def span_to(hi):
+    return np.where(hi < 0, np.uint64(0), ALL32 >> (31 - np.clip(hi, 0, 31)).astype(np.uint64))
+
+
+def closed_form_words(levels, causal, rr):
+    """ab_allowed_bits of ab_dilated in numpy, for rr = i - j0."""
+    out = np.zeros(rr.shape, np.uint64)
+    for W, r in levels:
+        reach = (W - 1) * r
+        every = np.uint64(sum(1 << b for b in range(0, 32, r)))  # ab_every(r)
+        shift = rr % r  # floor mod, as ab_floormod32
+        word = np.where(shift < 32, (every << np.minimum(shift, 31).astype(np.uint64)) & ALL32, np.uint64(0))
+        word &= span_from(rr - reach)
+        out |= word if causal else word & span_to(rr + reach)
+    return out & span_to(rr) if causal else out
+
+
+def test_ab_every_steps_give_every_rth_bit():
+    for r in range(1, 70):
+        m, s = 1, min(r, 32)
+        for k in range(5):  # the device loop, step by step
+            if s << k < 32:
+                m |= (m << (s << k)) & 0xFFFFFFFF
+        assert m == sum(1 << b for b in range(0, 32, r)), r
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_dilated_level_words_in_closed_form_are_the_predicate(causal):
+    rows, starts = np.arange(ROWS), np.arange(STARTS)
+    rr = rows[:, None] - starts[None, :]
+    for levels in LEVEL_SETS:
+        want = truth_words(level_set_mask(levels, causal), rows, starts)
+        got = closed_form_words(levels, causal, rr)
+        bad = np.argwhere(got != want)
+        assert not bad.size, (levels, causal, bad[0], hex(int(got[tuple(bad[0])])), hex(int(want[tuple(bad[0])])))
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no g++")
+def test_dilated_device_words_on_the_host_are_the_predicate(tmp_path):
+    """kernels/patterns/dilated.cuh's bits through ab_allowed_bits, compiled with g++ (the device
+    helpers as test_expr_bits builds them), every level set above, both causal flags."""
+    from test_expr_bits import host_common
+
+    masks = [level_set_mask(levels, causal) for levels in LEVEL_SETS for causal in (True, False)]
+    (tmp_path / "common.cuh").write_text(host_common())
+    funcs = "\n".join(f"static unsigned f{n}(int i, int j0) {{ const ab_dilated p{{{m.device_defines()['AB_PATTERN_ARGS']}}}; "
+                      f"return ab_allowed_bits(p, i, j0); }}" for n, m in enumerate(masks))
+    (tmp_path / "main.cpp").write_text(
+        f'#include "{kc.kernel_dir() / "patterns" / "dilated.cuh"}"\n{funcs}\n'
+        f"static unsigned (*fs[])(int, int) = {{{', '.join(f'f{n}' for n in range(len(masks)))}}};\n"
+        "#include <cstdio>\nint main() {\n"
+        f"  for (auto f : fs) for (int i = 0; i < {ROWS}; ++i) for (int j0 = 0; j0 < {STARTS}; ++j0) {{\n"
+        "    unsigned w = f(i, j0); fwrite(&w, 4, 1, stdout); }\n  return 0;\n}\n")
+    exe = tmp_path / "bits"
+    r = subprocess.run(["g++", "-std=c++17", "-O1", "-Wno-unknown-pragmas", "-Wno-missing-braces", f"-I{tmp_path}",
+                        "-o", str(exe), str(tmp_path / "main.cpp")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = np.frombuffer(subprocess.run([str(exe)], check=True, capture_output=True).stdout, dtype=np.uint32)
+    out = out.reshape(len(masks), ROWS, STARTS)
+    for n, m in enumerate(masks):
+        want = truth_words(m, np.arange(ROWS), np.arange(STARTS))
+        bad = np.argwhere(out[n] != want)
+        assert not bad.size, (m.label(), m.causal, bad[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [True, False])
+def test_dilated_level_words_on_the_device(causal):
+    """The same level sets through predicate.cu (parameters at run time), at an odd T."""
+    for levels in LEVEL_SETS:
+        check_bits(level_set_mask(levels, causal, T=333))

@@ -35,10 +35,7 @@ __device__ __forceinline__ int ab_floordiv32(int a, int d) {  // d > 0
     const int q = a / d;
     return q - (int)((q * d != a) & (a < 0));
 }
-__device__ __forceinline__ int ab_floormod32(int a, int d) {  // d > 0: in [0, d)
-    const int r = a % d;
-    return r < 0 ? r + d : r;
-}
+// (ab_floormod32, also dilated's residue, is in common.cuh)
 __device__ __forceinline__ int ab_min32(int a, int b) { return a < b ? a : b; }
 __device__ __forceinline__ int ab_max32(int a, int b) { return a < b ? b : a; }
 __device__ __forceinline__ int ab_abs32(int a) { return a < 0 ? -a : a; }
@@ -48,8 +45,7 @@ __device__ __forceinline__ bool ab_custom_expr(long long ab_i, long long ab_j) {
 // ---- the bits form: one 32-bit word per comparison, bit b for key j0 + b --------------------------
 enum { AB_LT, AB_LE, AB_GT, AB_GE, AB_EQ, AB_NE };
 
-__device__ __forceinline__ unsigned ab_span_from(int lo) { return ab_shl(0xffffffffu, (unsigned)max(lo, 0)); }
-__device__ __forceinline__ unsigned ab_span_to(int hi) { return ab_shr(0xffffffffu, (unsigned)(31 - min(hi, 31))); }
+// (ab_span_from, ab_span_to: common.cuh)
 
 // v of a comparison (|v| < 2^30 in int; a 64-bit one clamped to -64 .. 64, which keeps its place
 // against 0 .. 31)

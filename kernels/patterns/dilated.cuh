@@ -20,23 +20,23 @@ struct ab_dilated {
             if (k < extra) ok |= (a < lv[2 * k] * lv[2 * k + 1]) & ((a % lv[2 * k + 1]) == 0);
         return ok & ab_before(causal, i - j);
     }
-    // one level's keys among j0 .. j0 + 31: every r-th bit from the first whose distance d = i - j
-    // is a multiple of r, within the level's reach (the causal clause is the caller's)
+    // one level's keys among j0 .. j0 + 31 for rr = i - j0: the bits b with rr - b a multiple of r
+    // (every r-th bit from rr mod r: the level's constant word ab_every(r) shifted; none past bit 31
+    // when r >= 32) within the level's reach behind the row, and ahead of it when not causal (keys
+    // past the row are the caller's when causal, ab_allowed_bits). With the parameters compiled in,
+    // a few integer instructions a level: the word is a constant, rr mod r a mask for a power of two
+    // r (a multiply-high otherwise), no loop over the word's bits.
     __device__ __forceinline__ unsigned level_bits(int rr, int W, int r) const {
-        if (r == 1) return ab_span(rr - W + 1, causal ? rr : rr + W - 1);
-        int b = rr % r;
-        if (b < 0) b += r;
-        unsigned m = 0;
-        for (; b < 32; b += r) m |= 1u << b;
-        return m & ab_span(rr - (W - 1) * r, causal ? rr : rr + (W - 1) * r);
+        const int reach = (W - 1) * r;
+        const unsigned m = ab_shl(ab_every(r), (unsigned)ab_floormod32(rr, r)) & ab_span_from(rr - reach);
+        return causal ? m : m & ab_span_to(rr + reach);
     }
     __device__ __forceinline__ unsigned bits(int i, int j0) const {
-        const int r = i - j0;
-        if (dilation == 1 && extra == 0) return ab_span(r - window + 1, causal ? r : r + window - 1);
-        unsigned m = level_bits(r, window, dilation);
+        const int rr = i - j0;
+        unsigned m = level_bits(rr, window, dilation);
 #pragma unroll
         for (int k = 0; k < AB_DILATED_MAX_LEVELS; ++k)
-            if (k < extra) m |= level_bits(r, lv[2 * k], lv[2 * k + 1]);
+            if (k < extra) m |= level_bits(rr, lv[2 * k], lv[2 * k + 1]);
         return m;
     }
     template <class F>
