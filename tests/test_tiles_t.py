@@ -1,11 +1,14 @@
 """Transposed tile lists (attnbench.tiles.transpose, tile_list_t): for each key tile the query tiles
-the forward list pairs with it, flagged alike, for every registered pattern's examples."""
+the forward list pairs with it, flagged alike, for every registered pattern's examples and every llm
+instance (against a plain sort of the entries, byte for byte)."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from attnbench.configs import LLM
 from attnbench.errors import BadInput
+from attnbench.fast_tc import choose_config
 from attnbench import tiles as tl
 from attnbench.patterns import examples, make_mask
 from attnbench.tiles import Tiles, TransposedTiles, build, tile_list, tile_list_t, transpose
@@ -91,3 +94,49 @@ def test_transposing_a_dense_list_costs_its_runs_not_its_entries():
     tt = tile_list_t(m, 64, 64)
     assert tt.n_visited == fwd.n_visited > 2_000_000
     assert tt.run_off.size <= 2 * (131072 // 64)
+
+
+def reference_transpose(t: Tiles, n_ktiles: int):
+    """(ptr, run_off, run_val) the plain way: every entry expanded with its query tile, one stable
+    sort by key tile (query tiles stay ascending), a run cut where the next entry of a key tile is
+    not the next query tile with the same flag."""
+    ent = t.entries.astype(np.int64)
+    qt = np.repeat(np.arange(t.ptr.size - 1, dtype=np.int64), np.diff(t.ptr))
+    order = np.argsort(ent >> 1, kind="stable")
+    kt, val = ent[order] >> 1, qt[order] << 1 | ent[order] & 1
+    start = np.ones(kt.size, bool)
+    start[1:] = (kt[1:] != kt[:-1]) | (val[1:] != val[:-1] + 2)
+    run_off = np.flatnonzero(start)
+    ptr = np.zeros(n_ktiles + 1, np.int32)
+    ptr[1:] = np.cumsum(np.bincount(kt, minlength=n_ktiles))
+    return ptr, run_off.astype(np.int64), val[run_off]
+
+
+def _llm_lists(T: int):
+    """(label, forward list, key tiles) of every llm instance that builds at T, at each tile shape
+    fast-tc takes for it (both D, wgmma or not), its inner pattern for a strided one."""
+    for inst in LLM.instances:
+        try:
+            mask = inst.mask(T)
+        except BadInput:  # a block that does not divide T
+            continue
+        inner = mask.strided()[1]
+        shapes = {(c.BM, c.BN) for D in LLM.D for wgmma in (True, False) for c in [choose_config(mask, D, wgmma)]}
+        for BM, BN in sorted(shapes):
+            yield f"{mask.label()} {BM}x{BN}", build(inner, BM, BN), -(-inner.T // BN)
+
+
+@pytest.mark.parametrize("T", [4096, 32768, 131072, 1000, 4160, 33000])
+def test_every_llm_instance_transposes_byte_for_byte_as_the_plain_sort(T):
+    """``transpose`` and each of its ways against ``reference_transpose``: the same arrays, dtypes
+    included, for every llm instance (document and custom ones too) at the llm sizes and odd ones."""
+    seen = set()
+    for label, fwd, nk in _llm_lists(T):
+        seen.add(label.split("(")[0])
+        want = reference_transpose(fwd, nk)
+        for how in (transpose, tl._transpose_entries, tl._transpose_runs):
+            tt = how(fwd, nk)
+            for got, ref in zip((tt.ptr, tt.run_off, tt.run_val), want):
+                assert got.dtype == ref.dtype and np.array_equal(got, ref), (label, how)
+    assert {"dense 64x64", "window", "document", "custom"} <= seen
+
