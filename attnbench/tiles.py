@@ -298,98 +298,263 @@ def _three_runs(BM: int, BN: int, b, t0: float) -> Tiles:
 @dataclass(frozen=True, eq=False)
 class TransposedTiles(Tiles):
     """The query tiles each key tile visits: entries ``qt << 1 | partial``, CSR over key tiles
-    (``ptr`` [n_ktiles + 1]), stored as runs like ``Tiles``; the same (query tile, key tile) pairs
-    and flags as the forward list it was transposed from, whose BM and BN it keeps."""
+    (``ptr`` [n_ktiles + 1]), stored as runs like ``Tiles``, each run as long as it can be (the
+    next query tile of its key tile is absent or flagged otherwise); the same (query tile, key
+    tile) pairs and flags as the forward list it was transposed from, whose BM and BN it keeps."""
 
     @property
     def n_ktiles(self) -> int:
         return self.ptr.size - 1
 
 
-def _run_rows(t: Tiles) -> np.ndarray:
-    """The query tile (CSR row) of each run."""
-    return np.searchsorted(t.ptr, t.run_off, side="right").astype(np.int64) - 1
-
-
-def _first_only(row, lo, hi, flag, row2, lo2, hi2, flag2, n_rows: int, n_cols: int):
-    """Ranges [lo, hi) of each (row, flag) covered by the first set of ranges and not by the second
-    (ranges of one set never overlap within a (row, flag)): one sweep over the sorted range ends of
-    all rows at once, as in ``build``. Returns (row, flag, lo, hi), int64."""
-    inside = (row2 >= 0) & (row2 < n_rows)
-    row2, lo2, hi2, flag2 = row2[inside], lo2[inside], hi2[inside], flag2[inside]
-    W = n_cols + 1
-    keys = np.concatenate([((row * 2 + flag) * W + lo) * 4, ((row * 2 + flag) * W + hi) * 4 + 1,
-                           ((row2 * 2 + flag2) * W + lo2) * 4 + 2, ((row2 * 2 + flag2) * W + hi2) * 4 + 3])
-    keys.sort()
-    kind = keys & 3
-    cov = np.cumsum(np.where(kind & 1, -1, 1) << (kind >> 1))  # first set +-1, second +-2
-    pts = keys >> 2
-    length = np.append(np.diff(pts), 0)
-    keep = np.flatnonzero((cov == 1) & (length > 0))  # within a group: a group closes what it opens
-    group, start = np.divmod(pts[keep], W)
-    return group >> 1, group & 1, start, start + length[keep]
-
-
-def _points(row, flag, lo, hi):
-    """The ranges expanded to one (row, flag, column) per column."""
-    n = hi - lo
-    cols = np.repeat(lo - np.cumsum(n) + n, n) + np.arange(int(n.sum()), dtype=np.int64)
-    return np.repeat(row, n), np.repeat(flag, n), cols
-
-
 def transpose(tiles: Tiles, n_ktiles: int) -> TransposedTiles:
     """The forward list ``tiles`` transposed: for each of ``n_ktiles`` key tiles, the query tiles
-    whose lists name it, ascending, with the same flags: from its entries when its runs are short
-    (a list of partial tiles, BigBird's), else from its runs (dense, long windows)."""
-    if tiles.n_visited <= 4 * tiles.run_off.size + 4096:
-        return _transpose_entries(tiles, n_ktiles)
-    return _transpose_runs(tiles, n_ktiles)
+    whose lists name it, ascending, with the same flags (a list's runs ascend within its query
+    tile, as every builder writes them). Three ways to one result, the cheapest that applies:
 
+    - a band (``_band``: every query tile's list one stretch, partial, full, partial, whose bounds
+      never decrease from one query tile to the next: dense, windows, documents, block diagonals,
+      dilation levels): each key tile's query tiles in closed form, O(query + key tiles);
+    - a list of few entries (``_by_entries``: sinks, BigBird's random blocks): one sort of them;
+    - a long list of another shape (``_by_runs``): a sweep over the runs' ends, O(runs).
 
-def _transpose_entries(tiles: Tiles, n_ktiles: int) -> TransposedTiles:
-    """``transpose`` entry by entry: one stable sort of the key tiles (the entries come by query
-    tile, so each key tile's query tiles come out ascending), then runs where the next entry of a
-    key tile is the next query tile with the same flag."""
+    ``build_s`` is the whole call's seconds, the choice included."""
     t0 = time.perf_counter()
-    ent = tiles.entries.astype(np.int64)
-    qt = np.repeat(np.arange(tiles.ptr.size - 1, dtype=np.int64), np.diff(tiles.ptr))
-    order = np.argsort(ent >> 1, kind="stable")
-    kt, flag, qt = ent[order] >> 1, ent[order] & 1, qt[order]
-    val = qt << 1 | flag
-    start = np.ones(kt.size, bool)
-    start[1:] = (kt[1:] != kt[:-1]) | (val[1:] != val[:-1] + 2)
+    return TransposedTiles(tiles.BM, tiles.BN, *_transposed(tiles, n_ktiles), time.perf_counter() - t0)
+
+
+def _transposed(tiles: Tiles, n_ktiles: int):
+    """(ptr, run_off, run_val) of ``transpose``."""
+    nq, n, R = tiles.ptr.size - 1, tiles.n_visited, tiles.run_off.size
+    if R == 0:
+        return np.zeros(n_ktiles + 1, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    first = None
+    if n > 4 * (nq + n_ktiles) + 4096:  # below, the entries' sort costs less than the band's fixed steps
+        first = _first_runs(tiles)
+        got = _band(tiles, n_ktiles, first)
+        if got is not None:
+            return got
+    if n <= 8 * R + 4096:  # above, the sweep over 4 ends a run costs less than sorting every entry
+        return _by_entries(tiles, n_ktiles)
+    return _by_runs(tiles, n_ktiles, first)
+
+
+def _first_runs(tiles: Tiles) -> np.ndarray:
+    """Each query tile's first run, and R at the end (nq searches, not one per run)."""
+    return np.searchsorted(tiles.run_off, tiles.ptr)
+
+
+def _timed(how):
+    """``how`` alone as a ``transpose`` (the tests compare the three ways), None where it declines."""
+    def run(tiles: Tiles, n_ktiles: int):
+        t0 = time.perf_counter()
+        got = how(tiles, n_ktiles) if tiles.run_off.size else _transposed(tiles, n_ktiles)
+        return None if got is None else TransposedTiles(tiles.BM, tiles.BN, *got, time.perf_counter() - t0)
+    return run
+
+
+def _key_dtype(top: int):
+    """int32 when every key is below ``top`` < 2^31, else int64."""
+    return np.int32 if top < 2 ** 31 else np.int64
+
+
+def _band(tiles: Tiles, n_ktiles: int, first=None):
+    """``transpose`` of a band, None for another list. In a band every query tile's list is one
+    stretch [ks, ke), partial on [ks, fs), full on [fs, fe), partial on [fe, ke), and no bound
+    decreases from a query tile to the next (a tile without a full stretch is given an empty one
+    where the tiles before it end theirs, within its own stretch). Then key tile kt is visited by
+    the query tiles [c0, c3), partial on [c0, c1), full on [c1, c2), partial on [c2, c3), where
+    c0..c3 count the query tiles whose ke, fe, fs, ks lie at or before kt: one bincount and one
+    cumulative sum give them all; the two partial stretches join where the full one is empty.
+    ``first``: ``_first_runs(tiles)`` when the caller has it."""
+    val = tiles.run_val
+    first = _first_runs(tiles) if first is None else first
+    nq = first.size - 1
+    cnt = np.diff(first)
+    if not cnt.all():
+        return None  # a query tile without entries
+    lo = val >> 1
+    hi = np.diff(tiles.run_off, append=tiles.n_visited)
+    hi += lo
+    b = np.empty((4, nq), np.int64)  # the bounds ke, fe, fs, ks of every query tile
+    ks, ke = b[3], b[0]
+    np.take(lo, first[:-1], out=ks)
+    np.take(hi, first[1:] - 1, out=ke)
+    # runs never overlap, so each list fills [ks, ke) exactly when the lengths add up
+    if int(ke.sum()) - int(ks.sum()) != tiles.n_visited:
+        return None
+    full = np.flatnonzero(~(val & 1).astype(bool))
+    row = np.repeat(np.arange(nq), cnt)[full]
+    new = np.empty(row.size + 1, bool)
+    new[0] = new[-1] = True
+    np.not_equal(row[1:], row[:-1], out=new[1:-1])
+    new = np.flatnonzero(new)  # the first full run of each query tile that has one, and the end
+    rows_f = row[new[:-1]]
+    fs_f = lo[full[new[:-1]]]
+    fe_f = hi[full[new[1:] - 1]]
+    if int(fe_f.sum()) - int(fs_f.sum()) != int(hi[full].sum()) - int(lo[full].sum()):
+        return None  # a query tile with two full stretches
+    fs, fe = b[2], b[1]
+    fe[:] = ks
+    fe[rows_f] = fe_f
+    np.maximum.accumulate(fe, out=fe)
+    fs[0] = ks[0]
+    fs[1:] = fe[:-1]
+    np.clip(fs, ks, ke, out=fs)
+    fe[:] = fs
+    fs[rows_f] = fs_f
+    fe[rows_f] = fe_f
+    if nq > 1 and (b[:, 1:] < b[:, :-1]).any():
+        return None
+    W = n_ktiles + 1
+    b += np.arange(0, 4 * W, W)[:, None]
+    c = np.bincount(b.ravel(), minlength=4 * W).reshape(4, W)[:, :n_ktiles]
+    np.cumsum(c, axis=1, out=c)
+    # per key tile the runs partial [c0, c1), full [c1, c2), partial [c2, c3), as in _one_family
+    length = np.empty((n_ktiles, 3), np.int64)
+    np.subtract(c[1:], c[:-1], out=length.T)
+    joined = length[:, 1] == 0
+    length[:, 0] += length[:, 2] * joined
+    length[:, 2] *= ~joined
+    v = np.empty((n_ktiles, 3), np.int64)
+    np.left_shift(c[:3].T, 1, out=v)
+    v[:, 0] |= 1
+    v[:, 2] |= 1
+    length = length.ravel()
+    keep = np.flatnonzero(length.astype(bool))
+    run_len = length[keep]
+    ends = np.cumsum(length)
+    ptr = np.zeros(n_ktiles + 1, np.int32)
+    ptr[1:] = ends[2::3]
+    run_off = ends[keep]
+    run_off -= run_len
+    return ptr, run_off, v.ravel()[keep]
+
+
+def _by_entries(tiles: Tiles, n_ktiles: int):
+    """``transpose`` entry by entry: each entry a key kt << qb | qt << 1 | partial (int32 where it
+    fits), made by one cumulative sum over the list (entry t of a run adds t << qb to the run's
+    first key) and sorted once; a run goes on while the next key is 2 more (the next query tile,
+    the same key tile and flag)."""
+    ptr, off, val = tiles.ptr, tiles.run_off, tiles.run_val
+    nq, n = ptr.size - 1, tiles.n_visited
+    qb = nq.bit_length() + 1  # qt << 1 | partial < 2^qb, also for qt + 1
+    step = 1 << qb
+    dt = _key_dtype(n_ktiles << qb)
+    g = val >> 1
+    g <<= qb
+    g |= val & 1
+    g -= off << qb  # a run's first key less its offset times the step: the differences are the jumps
+    d = np.full(n, step, dt)
+    d[0] = g[0]
+    d[off[1:]] = np.diff(g) + step
+    keys = np.cumsum(d, out=d)
+    keys += np.repeat(np.arange(0, 2 * nq, 2, dtype=dt), np.diff(ptr))  # qt << 1
+    keys.sort()
+    start = np.empty(n, bool)
+    start[0] = True
+    np.not_equal(keys[1:], keys[:-1] + 2, out=start[1:])
     run_off = np.flatnonzero(start)
-    counts = np.bincount(kt, minlength=n_ktiles)
-    ptr = np.zeros(n_ktiles + 1, np.int64)
-    np.cumsum(counts, out=ptr[1:])
-    return TransposedTiles(tiles.BM, tiles.BN, ptr.astype(np.int32), run_off.astype(np.int64), val[run_off],
-                           time.perf_counter() - t0)
+    head = keys[run_off]
+    run_val = head & (step - 1)
+    head >>= qb
+    return _csr(head, np.diff(run_off, append=n), n_ktiles), run_off, run_val.astype(np.int64)
 
 
-def _transpose_runs(tiles: Tiles, n_ktiles: int) -> TransposedTiles:
-    """``transpose`` from the runs without expanding them: a transposed run starts at (qt, kt)
-    when query tile qt names kt and qt - 1 does not with the same flag, and ends where qt + 1 does
-    not; the cost grows with the runs of the two lists, not with their entries."""
-    t0 = time.perf_counter()
-    nq = tiles.ptr.size - 1
-    row = _run_rows(tiles)
-    lo = tiles.run_val >> 1
-    hi = lo + tiles.run_len
-    flag = tiles.run_val & 1
-    ends = []
-    for shift in (1, -1):  # starts: not in the row before; ends: not in the row after
-        r, f, a, b = _first_only(row, lo, hi, flag, row + shift, lo, hi, flag, nq, n_ktiles)
-        qt, f, kt = _points(r, f, a, b)
-        order = np.argsort(kt * nq + qt, kind="stable")
-        ends.append((qt[order], f[order], kt[order]))
-    (qs, fs, kts), (qe, _, _) = ends
-    run_len = qe - qs + 1
-    counts = np.bincount(kts, weights=run_len, minlength=n_ktiles).astype(np.int64)
-    ptr = np.zeros(n_ktiles + 1, np.int64)
-    np.cumsum(counts, out=ptr[1:])
-    run_off = np.cumsum(run_len) - run_len
-    return TransposedTiles(tiles.BM, tiles.BN, ptr.astype(np.int32), run_off.astype(np.int64),
-                           (qs << 1 | fs).astype(np.int64), time.perf_counter() - t0)
+def _csr(kt, run_len, n_ktiles: int) -> np.ndarray:
+    """int32 ``ptr`` [n_ktiles + 1] of runs in key-tile order (``kt`` each one's key tile)."""
+    ptr = np.zeros(n_ktiles + 1, np.int32)
+    ptr[1:] = np.cumsum(np.bincount(kt, weights=run_len, minlength=n_ktiles))  # exact below 2^53
+    return ptr
+
+
+def _by_runs(tiles: Tiles, n_ktiles: int, first=None):
+    """``transpose`` from the runs without expanding them. Query tile r's list differs from r - 1's
+    at *change points* (r, kt); one sweep over the range ends of every list and of its
+    predecessor's, copied one query tile on, finds them all (as ``build``: one sort, one running
+    sum). Sorted by key tile, each change point where r's list holds kt starts a run that ends at
+    the key tile's next change point: the cost grows with the runs, not with the entries."""
+    ptr, off, val = tiles.ptr, tiles.run_off, tiles.run_val
+    first = _first_runs(tiles) if first is None else first
+    nq = ptr.size - 1
+    kb = n_ktiles.bit_length()  # a range end <= n_ktiles < 2^kb
+    qb = nq.bit_length()        # a query tile <= nq < 2^qb
+    sh = kb + 3
+    # range ends as events (r << kb | kt) << 3 | code, code bit 0: closes, bit 1: the previous
+    # query tile's (copied onto r), bit 2: partial; each adds +-1 << (code >> 1) to the coverage
+    lo = np.repeat(np.arange(nq, dtype=np.int64) << sh, np.diff(first))
+    lo |= val << 2
+    hi = np.diff(off, append=tiles.n_visited)
+    hi <<= 3
+    hi += lo
+    hi += 1
+    join = lo[1:] == hi[:-1] - 1  # a run going on in the next one (same tile and flag): one range
+    if join.any():
+        keep = np.flatnonzero(~join)
+        lo = lo[np.append(0, keep + 1)]
+        hi = hi[np.append(keep, off.size - 1)]
+    R = lo.size
+    ev = np.empty(4 * R, _key_dtype((nq + 1) << sh))
+    ev[:R] = lo
+    ev[R:2 * R] = hi
+    np.add(ev[:2 * R], (1 << sh) | 2, out=ev[2 * R:])
+    ev.sort()
+    cov = np.bitwise_and(ev, 1)
+    cov *= -2
+    cov += 1
+    length = np.right_shift(ev, 1)
+    length &= 3
+    cov <<= length
+    np.cumsum(cov, out=cov)  # bits: 0 r's full, 1 r - 1's full, 2 r's partial, 3 r - 1's partial
+    pos = np.right_shift(ev, 3, out=ev)
+    np.subtract(pos[1:], pos[:-1], out=length[:-1])
+    length[-1] = 0
+    change = np.right_shift(cov, 1)
+    change ^= cov
+    change &= 5
+    change *= length
+    at = np.flatnonzero(change.astype(bool))
+    # the change points, key tile << S | r << 3 | r's state (0 none, 1 full, 4 partial), sorted
+    S = qb + 3
+    kdt = _key_dtype(n_ktiles << S)
+    p = pos[at]
+    keys = (p & ((1 << kb) - 1)).astype(kdt)
+    keys <<= S
+    p >>= kb
+    p <<= 3
+    keys |= p
+    own = cov[at]
+    own &= 5
+    keys |= own
+    length = length[at]
+    total = int(length.sum())
+    if total > at.size:  # stretches of change points: one per key tile
+        base = np.cumsum(length, dtype=np.int64)
+        base -= length
+        base <<= S
+        np.subtract(keys, base, out=base)
+        keys = np.repeat(base, length)
+        keys += np.arange(0, total << S, 1 << S, dtype=np.int64)
+        keys = keys.astype(kdt)
+    keys.sort()
+    # every key tile's last change point empties it (past the last query tile at the latest)
+    j = np.flatnonzero((keys & 5).astype(bool))
+    r = np.right_shift(keys, 3)
+    r &= (1 << qb) - 1
+    run_len = r[j + 1].astype(np.int64)
+    run_len -= r[j]
+    head = keys[j]
+    run_val = np.right_shift(head, 2)
+    run_val &= (1 << (qb + 1)) - 1  # r << 1 | partial
+    head >>= S
+    run_off = np.cumsum(run_len)
+    run_off -= run_len
+    return _csr(head, run_len, n_ktiles), run_off, run_val.astype(np.int64)
+
+
+_transpose_band = _timed(_band)
+_transpose_entries = _timed(_by_entries)
+_transpose_runs = _timed(_by_runs)
 
 
 # ---- work items (the backward's: a transposed list cut into stretches) -------------------------

@@ -28,8 +28,9 @@ def brute_transpose(t: Tiles, n_ktiles: int) -> list[list[int]]:
 
 
 def assert_transposed(m, BM, BN):
-    """Both ways of transposing (from the entries, from the runs) give the brute-force list."""
-    for how in (transpose, tl._transpose_entries, tl._transpose_runs):
+    """Every way of transposing (a band's closed form where it applies, from the entries, from the
+    runs) gives the brute-force list."""
+    for how in (transpose, tl._transpose_band, tl._transpose_entries, tl._transpose_runs):
         assert_transposed_by(how, m, BM, BN)
 
 
@@ -37,6 +38,9 @@ def assert_transposed_by(how, m, BM, BN):
     fwd = build(m, BM, BN)
     nk = -(-m.T // BN)
     tt = how(fwd, nk)
+    if tt is None:  # not a band
+        assert how is tl._transpose_band
+        return
     assert isinstance(tt, TransposedTiles) and (tt.BM, tt.BN) == (BM, BN)
     assert tt.ptr.dtype == np.int32 and tt.ptr.size == nk + 1 and tt.n_ktiles == nk
     want = brute_transpose(fwd, nk)
@@ -134,9 +138,21 @@ def test_every_llm_instance_transposes_byte_for_byte_as_the_plain_sort(T):
     for label, fwd, nk in _llm_lists(T):
         seen.add(label.split("(")[0])
         want = reference_transpose(fwd, nk)
-        for how in (transpose, tl._transpose_entries, tl._transpose_runs):
+        for how in (transpose, tl._transpose_band, tl._transpose_entries, tl._transpose_runs):
             tt = how(fwd, nk)
+            if tt is None:
+                continue
             for got, ref in zip((tt.ptr, tt.run_off, tt.run_val), want):
                 assert got.dtype == ref.dtype and np.array_equal(got, ref), (label, how)
     assert {"dense 64x64", "window", "document", "custom"} <= seen
 
+
+def test_the_long_llm_lists_are_bands():
+    """At T=131072 every llm list longer than its entries' sort pays for (dense, windows, the
+    document and the dilation levels) is a band: its transposed list costs O(tiles), not a sort."""
+    long = 0
+    for label, fwd, nk in _llm_lists(131072):
+        if fwd.n_visited > 4 * (fwd.ptr.size - 1 + nk) + 4096 and not label.startswith("streaming"):
+            assert tl._transpose_band(fwd, nk) is not None, label
+            long += 1
+    assert long >= 5
