@@ -275,6 +275,12 @@ def _one_family(BM: int, BN: int, ks, ke, fs, fe, t0: float) -> Tiles:
 def _three_runs(BM: int, BN: int, b, t0: float) -> Tiles:
     """The list of run bounds ``b`` (int64 [query tiles, 4], ks <= fs <= fe <= ke per row): the
     non-empty ones of [ks, fs) partial, [fs, fe) full and [fe, ke) partial, in order."""
+    return Tiles(BM, BN, *_three_run_arrays(b), time.perf_counter() - t0)
+
+
+def _three_run_arrays(b):
+    """(ptr, run_off, run_val) of ``_three_runs`` (rows of ``b``: query tiles, or the key tiles of
+    a transposed list)."""
     # on the flat bounds, 4 per query tile: one difference gives the three run lengths of each tile
     # and a fourth, from its ke to the next tile's ks, that is zeroed (a [nq, 3] slice of a [nq, 4]
     # array costs 5x more to subtract, and a bool array 3x less to search than an int one)
@@ -291,7 +297,7 @@ def _three_runs(BM: int, BN: int, b, t0: float) -> Tiles:
     ptr = np.zeros(b.shape[0] + 1, np.int32)
     ptr[1:] = ends[3::4]
     ends -= length  # each run's first entry
-    return Tiles(BM, BN, ptr, ends[keep], val[keep], time.perf_counter() - t0)
+    return ptr, ends[keep], val[keep]
 
 
 # ---- transposed lists (the backward's: query tiles per key tile) --------------------------------
@@ -365,7 +371,8 @@ def _band(tiles: Tiles, n_ktiles: int, first=None):
     where the tiles before it end theirs, within its own stretch). Then key tile kt is visited by
     the query tiles [c0, c3), partial on [c0, c1), full on [c1, c2), partial on [c2, c3), where
     c0..c3 count the query tiles whose ke, fe, fs, ks lie at or before kt: one bincount and one
-    cumulative sum give them all; the two partial stretches join where the full one is empty.
+    cumulative sum give them all, and the forward build's three-run cut (``_three_run_arrays``)
+    the runs; the two partial stretches join where the full one is empty.
     ``first``: ``_first_runs(tiles)`` when the caller has it."""
     val = tiles.run_val
     first = _first_runs(tiles) if first is None else first
@@ -409,26 +416,11 @@ def _band(tiles: Tiles, n_ktiles: int, first=None):
     W = n_ktiles + 1
     b += np.arange(0, 4 * W, W)[:, None]
     c = np.bincount(b.ravel(), minlength=4 * W).reshape(4, W)[:, :n_ktiles]
-    np.cumsum(c, axis=1, out=c)
-    # per key tile the runs partial [c0, c1), full [c1, c2), partial [c2, c3), as in _one_family
-    length = np.empty((n_ktiles, 3), np.int64)
-    np.subtract(c[1:], c[:-1], out=length.T)
-    joined = length[:, 1] == 0
-    length[:, 0] += length[:, 2] * joined
-    length[:, 2] *= ~joined
-    v = np.empty((n_ktiles, 3), np.int64)
-    np.left_shift(c[:3].T, 1, out=v)
-    v[:, 0] |= 1
-    v[:, 2] |= 1
-    length = length.ravel()
-    keep = np.flatnonzero(length.astype(bool))
-    run_len = length[keep]
-    ends = np.cumsum(length)
-    ptr = np.zeros(n_ktiles + 1, np.int32)
-    ptr[1:] = ends[2::3]
-    run_off = ends[keep]
-    run_off -= run_len
-    return ptr, run_off, v.ravel()[keep]
+    bounds = np.empty((n_ktiles, 4), np.int64)
+    np.cumsum(c, axis=1, out=bounds.T)  # per key tile c0 <= c1 <= c2 <= c3
+    no_full = bounds[:, 1] == bounds[:, 2]  # then its two partial stretches are one run, [c0, c3)
+    bounds[no_full, 1:3] = bounds[no_full, 3:]
+    return _three_run_arrays(bounds)
 
 
 def _by_entries(tiles: Tiles, n_ktiles: int):
