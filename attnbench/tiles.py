@@ -380,16 +380,19 @@ def _band(tiles: Tiles, n_ktiles: int, first=None):
     cnt = np.diff(first)
     if not cnt.all():
         return None  # a query tile without entries
-    lo = val >> 1
-    hi = np.diff(tiles.run_off, append=tiles.n_visited)
-    hi += lo
     b = np.empty((4, nq), np.int64)  # the bounds ke, fe, fs, ks of every query tile
     ks, ke = b[3], b[0]
-    np.take(lo, first[:-1], out=ks)
-    np.take(hi, first[1:] - 1, out=ke)
+    np.right_shift(val[first[:-1]], 1, out=ks)
+    last = first[1:] - 1  # each query tile's last run, which ends where the tile's entries do
+    np.right_shift(val[last], 1, out=ke)
+    ke += tiles.ptr[1:]
+    ke -= tiles.run_off[last]
     # runs never overlap, so each list fills [ks, ke) exactly when the lengths add up
     if int(ke.sum()) - int(ks.sum()) != tiles.n_visited:
         return None
+    lo = val >> 1
+    hi = np.diff(tiles.run_off, append=tiles.n_visited)
+    hi += lo
     full = np.flatnonzero(~(val & 1).astype(bool))
     row = np.repeat(np.arange(nq), cnt)[full]
     new = np.empty(row.size + 1, bool)
