@@ -59,7 +59,8 @@ class BwdConfig:
     NWARPS: int
     STAGES: int  # buffers the Q and dO tiles stream through
     MINB: int    # blocks per multiprocessor asked of the register allocator
-    WG: int = 0  # 1: the main kernel on Hopper's warpgroup MMA (kernels/fast_tc_bwd_wg.cu, sm_90a)
+    WG: int = 0  # 1: the main kernel on Hopper's warpgroup MMA (kernels/fast_tc_bwd_wg.cu, sm_90a),
+    #              NWARPS / 4 warpgroups of 64 keys each on one 64-row query tile
 
     @property
     def BN(self) -> int:
@@ -67,7 +68,8 @@ class BwdConfig:
 
     @property
     def BM(self) -> int:
-        return self.BN
+        """Query rows a tile: BN on mma.sync; 64 with WG, the query tile every warpgroup shares."""
+        return 64 if self.WG else self.BN
 
     @property
     def threads(self) -> int:
@@ -106,7 +108,10 @@ BWD_SHAPES: dict[int, tuple[BwdConfig, str]] = {
     128: (BwdConfig(NWARPS=4, STAGES=2, MINB=1), "64 x 64 tiles, Q and dO in 2 stages (112 KiB); dK and dV "
                                                  "take 128 registers a thread"),
 }
-# the wgmma main loop's (sm_90): one warpgroup a block, the same tiles and lists
+# the wgmma main loop's (sm_90): one warpgroup a block on the mma.sync loop's 64 x 64 tiles and lists
+# (docs/PERF.md "backward v3", measured). Two warpgroups on 128-key tiles at D=128 (NWARPS=8, MINB=1;
+# "backward v4") build and are gated, not yet timed: $ATTNBENCH_BWD_SHAPE=NWARPS=8,MINB=1 takes them.
+# Registers (NVRTC 13, sm_90a): 179 (D=64), 247 (D=128), 255 for the two-warpgroup build; no spills
 BWD_SHAPES_WG: dict[int, tuple[BwdConfig, str]] = {
     64: (BwdConfig(NWARPS=4, STAGES=2, MINB=2, WG=1), "one warpgroup, 64 x 64 tiles, Q and dO in 2 stages "
                                                       "(57 KiB): 2 blocks per SM"),
@@ -143,10 +148,32 @@ def split_length(entries: int, longest: int, heads: int, slots: int) -> int:
     return max(1, min(max(SPLIT_MIN, -(-entries // target)), longest))
 
 
+SHAPE_ENV = "ATTNBENCH_BWD_SHAPE"  # fields of the chosen shape replaced, e.g. "NWARPS=4,MINB=2" (timing experiments)
+
+
+def forced_shape() -> dict:
+    """The fields $ATTNBENCH_BWD_SHAPE replaces ("NWARPS=4,STAGES=2,MINB=2"; empty: none); BadInput
+    naming the entry that is no FIELD=count of NWARPS, STAGES, MINB."""
+    import os
+
+    given = os.environ.get(SHAPE_ENV, "").strip()
+    out = {}
+    for part in filter(None, (x.strip() for x in given.split(","))):
+        name, _, value = part.partition("=")
+        if name not in ("NWARPS", "STAGES", "MINB") or not value.isdigit() or int(value) < 1:
+            raise BadInput(f"{SHAPE_ENV}={given!r}: {part!r} is no FIELD=N with FIELD one of NWARPS, STAGES, MINB "
+                           f"and N >= 1")
+        out[name] = int(value)
+    return out
+
+
 def choose_bwd_config(D: int, wgmma: bool, dq: str = "atomic") -> BwdConfig:
     """The backward's shape: the wgmma main loop's when ``wgmma`` (fast-tc on sm_90) and dQ's sums
-    are reductions; mma.sync's otherwise (dQ by a pass of its own exists beside mma.sync only)."""
-    return bwd_config(D, wgmma and dq == "atomic")
+    are reductions; mma.sync's otherwise (dQ by a pass of its own exists beside mma.sync only); the
+    fields $ATTNBENCH_BWD_SHAPE names replaced."""
+    import dataclasses
+
+    return dataclasses.replace(bwd_config(D, wgmma and dq == "atomic"), **forced_shape())
 
 
 def forced_dq() -> str:

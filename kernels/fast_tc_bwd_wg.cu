@@ -1,8 +1,10 @@
 // Tensor-core attention backward on Hopper's warpgroup MMA (sm_90a), for bfloat16 / float16 with
 // float32 accumulation: fast_tc_bwd.cu's three kernels and work (the transposed tile list cut
 // into work items, key-tile-major, dK and dV in registers, dQ's sums by float32 reductions), its
-// main kernel's products on wgmma (tc/bwd_wgmma.cuh) instead of mma.sync. One warpgroup a block,
-// 64-key tiles against 64-query tiles (the tile lists and work items of the mma.sync backward).
+// main kernel's products on wgmma (tc/bwd_wgmma.cuh) instead of mma.sync. NWARPS / 4 warpgroups a
+// block, 64 keys each, against 64-query tiles they share (one warpgroup: the tile lists and work
+// items of the mma.sync backward; two, at D = 128: 128-key tiles, dQ summed over them before its
+// reductions).
 //
 // Per query tile of the item: S^T = K Q^T and dP^T = V dO^T issued together; partial tiles (and a
 // key tile reaching past T) masked; P^T = exp2(S^T scale log2 e - lse2), packed as the A operand
@@ -42,7 +44,8 @@ fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
     const int n = list.n;
     TcBwgWalk walk;
     walk.first(sm, src, list, T);
-    const TcBwgOps op = tc_bwg_ops(sm);
+    const int wg = BWG_NWG == 1 ? 0 : warp >> 2;  // (a constant with one warpgroup)
+    const TcBwgOps op = tc_bwg_ops(sm, wg);
 
     TcBwdCols dk, dv;
     tc_zero_frag(dk);
@@ -56,24 +59,24 @@ fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
         int st;
         const int ent = walk.step(sm, src, list, tent, T, it, n, st);
         const int qt = tc_entry_tile(ent);
-        const u32 so = (u32)st * (TILE_BYTES >> 4), lds = lds0 + st * BWG_LDB;
+        const u32 so = (u32)st * (BWG_QBYTES >> 4), lds = lds0 + st * BWG_LDB;
 
-        TcBwdRows s, dp;
-        TcBwdFrag pa, pd;
+        TcBwgRows s, dp;
+        TcBwgFrag pa, pd;
         tc_bwg_scores(s, dp, op, st);  // S^T landed, dP^T on its way
-        if ((ent & 1) || edge) tc_bwg_mask(s, pat, key0, qt * BM, T, g, t4);
+        if ((ent & 1) || edge) tc_bwg_mask(s, pat, key0, qt * BWG_QT, T, g, t4);
         tc_bwg_probs(s, lds, scale_log2);  // P^T
-        tc_bwd_pack(pa, s);
+        tc_bwg_pack(pa, s);
         tc_bwg_kv(dv, pa, op.on + so);  // dV += P^T dO
         wg_wait<1>();  // dP^T
         tc_bwg_dscores(dp, pa, lds);  // dS^T
-        tc_bwd_pack(pd, dp);
+        tc_bwg_pack(pd, dp);
         tc_bwg_kv(dk, pd, op.qn + so);  // dK += dS^T Q
-        tc_bwd_stage(sm.ds, pd, warp, g, t4);
+        tc_bwg_stage(sm.ds, pd, warp, g, t4);
         wg_wait<0>();
         wg_fence_smem();
         __syncthreads();  // dS^T staged by every warp
-        tc_bwg_dq(dq, op, qt * BM + warp * 16, T, g, t4);  // dQ += dS K
+        tc_bwg_dq(dq, op, wg, qt * BWG_QT + (warp & 3) * 16, T, g, t4);  // dQ += dS K
     }
     tc_wait<0>();
     tc_bwd_finish(dKg, dVg, dKVacc, dk, dv, kts, w, cls, BH, T_all, scale, warp, g, t4);

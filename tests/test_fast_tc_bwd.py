@@ -54,12 +54,20 @@ def test_backward_compiles_without_spills(arch, D, dtype, pattern, T, causal, pa
 @pytest.mark.parametrize("D", DIMS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("pattern,T,causal,params", COMPILE_CASES)
-def test_the_wgmma_backward_compiles_for_sm_90a_without_spills(D, dtype, pattern, T, causal, params):
-    """kernels/fast_tc_bwd_wg.cu: the same three kernels, the main one on wgmma; sm_90a only."""
+@pytest.mark.parametrize("warpgroups", [0, 2], ids=["chosen", "two-warpgroups"])
+def test_the_wgmma_backward_compiles_for_sm_90a_without_spills(D, dtype, pattern, T, causal, params, warpgroups):
+    """kernels/fast_tc_bwd_wg.cu: the same three kernels, the main one on wgmma; sm_90a only; the
+    chosen shape (one warpgroup) and, at D=128, two warpgroups on 128-key tiles."""
+    import dataclasses
+
     from attnbench.compile import target_arch, unbuildable
 
     mask = make_mask(pattern, T, causal, **params)
     cfg = bwd_config(D, wgmma=True)
+    if warpgroups:
+        if D != 128:
+            pytest.skip("two warpgroups split dQ by 64-column panels: D=128")
+        cfg = dataclasses.replace(cfg, NWARPS=8, MINB=1)
     d = bwd_defines(D, dtype, mask, cfg)
     assert cfg.kernel == "fast_tc_bwd_wg" and cfg.arch == "sm_90a" and d["WG"] == 1
     assert target_arch(d, "sm_80") is None and target_arch(d, "sm_90") == "sm_90a"
@@ -78,7 +86,8 @@ def test_fast_tc_takes_the_wgmma_backward_on_sm_90_and_mma_sync_otherwise():
         assert choose_bwd_config(D, True).WG == 1 and choose_bwd_config(D, True) == BWD_SHAPES_WG[D][0]
         assert choose_bwd_config(D, False) == BWD_SHAPES[D][0] and not BWD_SHAPES[D][0].WG
         assert choose_bwd_config(D, True, "pass") == BWD_SHAPES[D][0]
-        assert choose_bwd_config(D, True).BN == choose_bwd_config(D, False).BN  # the same lists and items
+        assert choose_bwd_config(D, True).BM == 64  # every warpgroup's query tile
+        assert choose_bwd_config(D, True).BN == choose_bwd_config(D, False).BN == 64  # the same lists
     mask = make_mask("dense", 1000, True)
     with pytest.raises(BadInput, match="dq='pass'"):
         bwd_defines(64, "bfloat16", mask, bwd_config(64, True), dq="pass")
@@ -90,9 +99,24 @@ def test_the_wgmma_backwards_smem_fits_two_blocks_per_sm():
     out (BWG_SMEM_BYTES), within half of an sm_90 multiprocessor's 228 KiB."""
     for D in DIMS:
         cfg = bwd_config(D, True)
-        tile = 2 * D * cfg.BN
-        assert cfg.smem_bytes(D) == 2 * tile + 2 * cfg.STAGES * tile + 2 * cfg.BM * cfg.BN + cfg.STAGES * cfg.BM * 8
+        kv, q = 2 * D * cfg.BN, 2 * D * cfg.BM
+        assert cfg.smem_bytes(D) == 2 * kv + 2 * cfg.STAGES * q + 2 * cfg.BM * cfg.BN + cfg.STAGES * cfg.BM * 8
         assert cfg.MINB * (cfg.smem_bytes(D) + 1024) <= 228 * 1024
+
+
+def test_the_backwards_shape_fields_come_from_the_environment(monkeypatch):
+    """$ATTNBENCH_BWD_SHAPE replaces fields of the chosen shape (timing one against another); a bad
+    entry is refused naming it, before anything is built."""
+    from attnbench.fast_tc_bwd import SHAPE_ENV
+
+    monkeypatch.setenv(SHAPE_ENV, "NWARPS=8,MINB=1")
+    cfg = choose_bwd_config(128, True)
+    assert (cfg.NWARPS, cfg.MINB, cfg.BN, cfg.BM, cfg.WG, cfg.STAGES) == (8, 1, 128, 64, 1, BWD_SHAPES_WG[128][0].STAGES)
+    assert cfg.threads == 256 and cfg.spec == "NWARPS=8,BN=128,STAGES=2,MINB=1,WG=1"
+    for bad in ("NWARPS=0", "BN=64", "NWARPS", "MINB=two"):
+        monkeypatch.setenv(SHAPE_ENV, bad)
+        with pytest.raises(BadInput, match=SHAPE_ENV):
+            choose_bwd_config(64, True)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -337,6 +361,33 @@ def test_gradients_match_the_reference_with_split_lists(monkeypatch, pattern, ca
     else:
         assert st["bwd_split_tiles"] == 0 and st["bwd_split"] > 3, st
     for _ in range(2):  # the second run: the accumulators zeroed again
+        runner.poison()
+        runner.run()
+        _check_grads(prob, runner.grads, q, k, v, do)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", ["NWARPS=8,MINB=1", ""], ids=["two-warpgroups", "chosen"])
+@pytest.mark.parametrize("pattern,causal,params,T", [
+    ("dense", True, {}, 1000), ("streaming", True, dict(sink=16, window=64), 777),
+    ("document", False, dict(doc_lens=(1, 300, 476)), 777), ("dilated", False, dict(window=33, dilation=3), 1000),
+    ("block_diagonal", False, dict(block=16), 1008)])
+def test_both_wgmma_shapes_match_the_reference_at_D128(monkeypatch, pattern, causal, params, T, shape):
+    """fast-tc's wgmma backward at D=128 with its chosen shape (one warpgroup, 64-key tiles) and with
+    two warpgroups (128-key tiles), split lists included (L=2)."""
+    from attnbench.fast_tc_bwd import SHAPE_ENV, SPLIT_ENV
+
+    if not IMPL.uses_wgmma():
+        pytest.skip("the wgmma backward runs on sm_90")
+    monkeypatch.setenv(SHAPE_ENV, shape)
+    mask = make_mask(pattern, T, causal, **params)
+    for L in ("2", ""):
+        monkeypatch.setenv(SPLIT_ENV, L)
+        prob = Problem(mask, 2, 3, 128, "bfloat16", pass_name="bwd")
+        q, k, v, do = _inputs(prob, seed=T + len(L))
+        runner = IMPL.prepare(prob, q, k, v, do=do)
+        assert "WG=1" in runner.setup["bwd_tile_config"]
+        assert ("NWARPS=8,BN=128" in runner.setup["bwd_tile_config"]) == bool(shape)
         runner.poison()
         runner.run()
         _check_grads(prob, runner.grads, q, k, v, do)

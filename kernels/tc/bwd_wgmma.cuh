@@ -1,16 +1,20 @@
-// The backward's products on Hopper's warpgroup MMA (WG 1, sm_90a; fast_tc_bwd_wg.cu): one
-// warpgroup a block, a key tile of BN = 64 keys against query tiles of BM = 64 rows, key-major so
-// that P^T and dS^T stay in registers as the A operands of the two largest products:
+// The backward's products on Hopper's warpgroup MMA (WG 1, sm_90a; fast_tc_bwd_wg.cu): NWG =
+// NWARPS / 4 warpgroups a block, a key tile of BN = 64 NWG keys (warpgroup w: keys 64 w ..
+// 64 w + 63) against query tiles of BWG_QT = 64 rows that all of them share, key-major so that P^T
+// and dS^T stay in registers as the A operands of the two largest products:
 //
 //   S^T = K Q^T, dP^T = V dO^T   m64n64k16, K / V (resident) and Q / dO (a stage) from shared
 //                                memory, all K-major: the warpgroup's rows are keys (warp w:
 //                                keys 16 w .. 16 w + 15), its columns the tile's queries;
 //   dV += P^T dO, dK += dS^T Q   m64nHEAD_Dk16, A from registers (tc_p_frag of the S^T / dS^T
 //                                accumulators), B (dO, Q) read N-major as the forward reads V;
-//   dQ = dS K                    m64n64k16 per 64 columns of dQ, A = dS read M-major from dS^T
-//                                staged in shared memory ([key][query], tc_bwd_stage: 128-byte
-//                                rows, the 128-byte swizzle), B = K read N-major; dQ's sums
-//                                by float32 reductions (tc_bwd_dq_add).
+//   dQ = dS K                    m64n64k16 per 64 columns of dQ over the tile's BN keys, A = dS
+//                                read M-major from dS^T staged in shared memory ([key][query],
+//                                128-byte rows, the 128-byte swizzle), B = K read N-major; with
+//                                NWG > 1 warpgroup w takes columns 64 w .. (HEAD_D = 64 NWG), so
+//                                dQ is summed over all BN keys before its float32 reductions
+//                                (tc_bwd_dq_add): the reductions and the Q / dO loads per key
+//                                fall as 1 / NWG.
 //
 // Tiles are 64-column panels (TcPanelLayout), streamed by cp.async (tc_load_tile): the Q and dO
 // tiles and the tile's rows of (lse2, delta) (8 bytes a row) through STAGES buffers, one commit
@@ -23,14 +27,15 @@
 //   TcBwgWalk: first(sm, src, list, T) loads the list's first STAGES - 1 tiles and waits for K and
 //     V (the oldest group); step(sm, src, list, tent, T, it, n, st) -> entry of tile `it`, waits
 //     for it (stage st) and refills the stage tile it - 1 used.
-//   TcBwgOps tc_bwg_ops(sm): the descriptors' low words.
+//   TcBwgOps tc_bwg_ops(sm, wg): the descriptors' low words for warpgroup wg.
 //   tc_bwg_scores(s, dp, op, st): issues S^T and dP^T (two commit groups), waits for S^T.
 //   tc_bwg_mask(s, pat, key0, q0, T, g, t4): S^T's disallowed entries -inf (partial tiles, edges).
 //   tc_bwg_probs(s, lds, scale_log2): S^T into P^T; lds: the stage's (lse2, delta) rows at 16 t4.
 //   tc_bwg_dscores(dp, p, lds): dP^T into dS^T = P^T (dP^T - delta), P^T packed (p).
-//   tc_bwg_kv(acc, a, op_b, st): issues acc += A B for A's BM / 16 k-steps (dV: A = P^T, B = dO;
-//     dK: A = dS^T, B = Q), one commit group.
-//   tc_bwg_dq(dq, op, row0, T, g, t4): dQ's rows of the tile += dS K, a 64-column panel at a time.
+//   tc_bwg_kv(acc, a, b): issues acc += A B for A's 4 k-steps (dV: A = P^T, B = dO; dK: A = dS^T,
+//     B = Q), one commit group.
+//   tc_bwg_pack(a, x), tc_bwg_stage(s, a, warp, g, t4): a fragment packed as A operands; dS^T staged.
+//   tc_bwg_dq(dq, op, wg, row0, T, g, t4): dQ's rows of the tile += dS K, a 64-column panel at a time.
 #pragma once
 #include "tc/common.cuh"
 #include "tc/scheduler.cuh"
@@ -39,15 +44,21 @@
 #include "tc/bwd_mma.cuh"
 #include "tc/bwd_epilogue.cuh"
 
-static_assert(WG && !TMA && NWARPS == 4 && BN == 64 && BM == BN,
-              "wgmma backward: one warpgroup, 64 x 64 tiles, cp.async loads");
+#define BWG_NWG (NWARPS / 4)  // warpgroups
+#define BWG_QT 64             // query rows a tile
+static_assert(WG && !TMA && NWARPS % 4 == 0 && BN == 64 * BWG_NWG && (BWG_NWG == 1 || HEAD_D == 64 * BWG_NWG),
+              "wgmma backward: BN = 64 keys a warpgroup, cp.async loads; several warpgroups split dQ by 64-column panels");
 
-#define BWG_LDB (BM * 8)  // a stage's (lse2, delta) rows
-#define BWG_SMEM_BYTES (2 * TILE_BYTES + 2 * STAGES * TILE_BYTES + BN * BM * 2 + STAGES * BWG_LDB)
+#define BWG_QBYTES (BWG_QT * HEAD_D * 2)  // a Q or dO tile
+#define BWG_LDB (BWG_QT * 8)              // a stage's (lse2, delta) rows
+#define BWG_SMEM_BYTES (2 * TILE_BYTES + 2 * STAGES * BWG_QBYTES + BN * BWG_QT * 2 + STAGES * BWG_LDB)
+
+typedef float TcBwgRows[BWG_QT / 8][4];  // a warp's [16 keys][64 queries] fragment: S^T, P^T, dP^T, dS^T
+typedef u32 TcBwgFrag[BWG_QT / 16][4];   // the same packed as the A operands of its k-steps
 
 struct TcBwgSmem {
     u32 k, v;  // the key tile's K and V
-    u32 q, o;  // the Q and dO stages (stage s at + s * TILE_BYTES)
+    u32 q, o;  // the Q and dO stages (stage s at + s * BWG_QBYTES)
     u32 ds;    // dS^T staged for dQ
     u32 ld;    // the (lse2, delta) stages (stage s at + s * BWG_LDB)
 };
@@ -57,9 +68,9 @@ __device__ __forceinline__ TcBwgSmem tc_bwg_smem(const void* smem) {
     s.k = tc_smem_addr(smem);
     s.v = s.k + TILE_BYTES;
     s.q = s.v + TILE_BYTES;
-    s.o = s.q + STAGES * TILE_BYTES;
-    s.ds = s.o + STAGES * TILE_BYTES;
-    s.ld = s.ds + BN * BM * 2;
+    s.o = s.q + STAGES * BWG_QBYTES;
+    s.ds = s.o + STAGES * BWG_QBYTES;
+    s.ld = s.ds + BN * BWG_QT * 2;
     return s;
 }
 
@@ -75,10 +86,10 @@ __device__ __forceinline__ void tc_cp_async8(u32 dst, const void* src, int bytes
 
 // query tile qt's Q, dO and (lse2, delta) rows into stage s (rows >= T zero-filled)
 __device__ __forceinline__ void tc_bwg_load(const TcBwgSmem& sm, const TcBwgSrc& src, int qt, int T, int s) {
-    tc_load_tile<TcPanelLayout, BM>(sm.q + s * TILE_BYTES, src.q, qt * BM, T);
-    tc_load_tile<TcPanelLayout, BM>(sm.o + s * TILE_BYTES, src.o, qt * BM, T);
-    if (threadIdx.x < BM) {
-        const int row = qt * BM + threadIdx.x;
+    tc_load_tile<TcPanelLayout, BWG_QT>(sm.q + s * BWG_QBYTES, src.q, qt * BWG_QT, T);
+    tc_load_tile<TcPanelLayout, BWG_QT>(sm.o + s * BWG_QBYTES, src.o, qt * BWG_QT, T);
+    if (threadIdx.x < BWG_QT) {
+        const int row = qt * BWG_QT + threadIdx.x;
         const bool ok = row < T;
         tc_cp_async8(sm.ld + s * BWG_LDB + threadIdx.x * 8, ok ? src.ld + (size_t)row * STRIDE : src.ld, ok ? 8 : 0);
     }
@@ -114,40 +125,43 @@ struct TcBwgWalk {
     }
 };
 
-// descriptor low words: K-major views (S^T, dP^T), N-major views with their panel stride (dV, dK:
-// dO and Q; dQ: K), the staged dS^T read M-major (one 64-query panel)
+// descriptor low words: K-major views (S^T, dP^T: this warpgroup's 64 rows of K and V, the Q and
+// dO stages), N-major views with their panel stride (dV, dK: dO and Q; dQ: K), the staged dS^T read
+// M-major (one 64-query panel)
 struct TcBwgOps {
     u32 k, v, q, o;    // K-major (stage offsets added for q and o)
     u32 qn, on, kn;    // N-major
     u32 ds;
 };
 
-__device__ __forceinline__ TcBwgOps tc_bwg_ops(const TcBwgSmem& sm) {
+__device__ __forceinline__ TcBwgOps tc_bwg_ops(const TcBwgSmem& sm, int wg) {
     TcBwgOps op;
-    op.k = wg_desc_lo(sm.k, 0);
-    op.v = wg_desc_lo(sm.v, 0);
+    op.k = wg_desc_lo(sm.k + (u32)(wg * 64 * 128), 0);
+    op.v = wg_desc_lo(sm.v + (u32)(wg * 64 * 128), 0);
     op.q = wg_desc_lo(sm.q, 0);
     op.o = wg_desc_lo(sm.o, 0);
-    op.qn = wg_desc_lo(sm.q, BM * 128);
-    op.on = wg_desc_lo(sm.o, BM * 128);
+    op.qn = wg_desc_lo(sm.q, BWG_QT * 128);
+    op.on = wg_desc_lo(sm.o, BWG_QT * 128);
     op.kn = wg_desc_lo(sm.k, BN * 128);
-    op.ds = wg_desc_lo(sm.ds, BM * 128);
+    op.ds = wg_desc_lo(sm.ds, BWG_QT * 128);
     return op;
 }
 
-// k-step ks of a K-major 64-row panel tile: panel ks / 4, 32 bytes a step within it (descriptor units)
-__device__ __forceinline__ u32 tc_bwg_kstep(int ks) { return (u32)(((ks >> 2) * 64 * 128 + (ks & 3) * 32) >> 4); }
+// k-step ks of a K-major tile of ROWS-row panels: panel ks / 4, 32 bytes a step within it
+// (descriptor units)
+template <int ROWS>
+__device__ __forceinline__ u32 tc_bwg_kstep(int ks) { return (u32)(((ks >> 2) * ROWS * 128 + (ks & 3) * 32) >> 4); }
 
-__device__ __forceinline__ void tc_bwg_scores(TcBwdRows& s, TcBwdRows& dp, const TcBwgOps& op, int st) {
-    const u32 so = (u32)st * (TILE_BYTES >> 4);
+__device__ __forceinline__ void tc_bwg_scores(TcBwgRows& s, TcBwgRows& dp, const TcBwgOps& op, int st) {
+    const u32 so = (u32)st * (BWG_QBYTES >> 4);
     wg_fence();
 #pragma unroll
     for (int ks = 0; ks < HEAD_D / 16; ++ks)
-        wg_ss64(s, wg_desc_of(op.k + tc_bwg_kstep(ks)), wg_desc_of(op.q + so + tc_bwg_kstep(ks)), ks);
+        wg_ss64(s, wg_desc_of(op.k + tc_bwg_kstep<BN>(ks)), wg_desc_of(op.q + so + tc_bwg_kstep<BWG_QT>(ks)), ks);
     wg_commit();
 #pragma unroll
     for (int ks = 0; ks < HEAD_D / 16; ++ks)
-        wg_ss64(dp, wg_desc_of(op.v + tc_bwg_kstep(ks)), wg_desc_of(op.o + so + tc_bwg_kstep(ks)), ks);
+        wg_ss64(dp, wg_desc_of(op.v + tc_bwg_kstep<BN>(ks)), wg_desc_of(op.o + so + tc_bwg_kstep<BWG_QT>(ks)), ks);
     wg_commit();
     wg_wait<1>();
 }
@@ -158,7 +172,7 @@ __device__ __forceinline__ void tc_bwg_scores(TcBwdRows& s, TcBwdRows& dp, const
 // takes its word from lane 4 j + t4. Queries clamped below T (the predicate's table reads); keys
 // >= T masked for non-causal patterns (a causal key beyond T is beyond every real query).
 template <class P>
-__device__ __forceinline__ void tc_bwg_mask(TcBwdRows& s, const P& pat, int key0, int q0, int T, int g, int t4) {
+__device__ __forceinline__ void tc_bwg_mask(TcBwgRows& s, const P& pat, int key0, int q0, int T, int g, int t4) {
     const int qa = q0 + 8 * g + 2 * t4;
     unsigned wa = ab_allowed_bits(pat, min(qa, T - 1), key0), wb = ab_allowed_bits(pat, min(qa + 1, T - 1), key0);
     if (!CAUSAL) {
@@ -168,7 +182,7 @@ __device__ __forceinline__ void tc_bwg_mask(TcBwdRows& s, const P& pat, int key0
     }
     const unsigned mine = (wa & 0xffffu) | (wb << 16);
 #pragma unroll
-    for (int j = 0; j < BM / 8; ++j) {
+    for (int j = 0; j < BWG_QT / 8; ++j) {
         const unsigned x = __shfl_sync(0xffffffffu, mine, 4 * j + t4) >> g;
         s[j][0] = (x & 1u) ? s[j][0] : AB_NEG_INF;
         s[j][1] = ((x >> 16) & 1u) ? s[j][1] : AB_NEG_INF;
@@ -185,9 +199,9 @@ __device__ __forceinline__ float4 tc_bwg_stats(u32 lds, int j) {
     return r;
 }
 
-__device__ __forceinline__ void tc_bwg_probs(TcBwdRows& s, u32 lds, float scale_log2) {
+__device__ __forceinline__ void tc_bwg_probs(TcBwgRows& s, u32 lds, float scale_log2) {
 #pragma unroll
-    for (int j = 0; j < BM / 8; ++j) {
+    for (int j = 0; j < BWG_QT / 8; ++j) {
         const float4 L = tc_bwg_stats(lds, j);
         s[j][0] = tc_exp2(fmaf(s[j][0], scale_log2, -L.x));
         s[j][1] = tc_exp2(fmaf(s[j][1], scale_log2, -L.z));
@@ -197,9 +211,9 @@ __device__ __forceinline__ void tc_bwg_probs(TcBwdRows& s, u32 lds, float scale_
 }
 
 // p[kk][e] (tc_p_frag): block 2 kk + (e >> 1), key g + 8 (e & 1), its two queries' P
-__device__ __forceinline__ void tc_bwg_dscores(TcBwdRows& dp, const TcBwdFrag& p, u32 lds) {
+__device__ __forceinline__ void tc_bwg_dscores(TcBwgRows& dp, const TcBwgFrag& p, u32 lds) {
 #pragma unroll
-    for (int j = 0; j < BM / 8; ++j) {
+    for (int j = 0; j < BWG_QT / 8; ++j) {
         const float4 L = tc_bwg_stats(lds, j);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {  // keys g, g + 8
@@ -210,20 +224,43 @@ __device__ __forceinline__ void tc_bwg_dscores(TcBwdRows& dp, const TcBwdFrag& p
     }
 }
 
-// acc += A B over the tile's BM queries: A's k-step kk is a[kk], B's rows 16 kk .. at descriptor
+// acc += A B over the tile's 64 queries: A's k-step kk is a[kk], B's rows 16 kk .. at descriptor
 // word b (an N-major view with the stage offset added); one commit group
-__device__ __forceinline__ void tc_bwg_kv(TcBwdCols& acc, const TcBwdFrag& a, u32 b) {
+__device__ __forceinline__ void tc_bwg_kv(TcBwdCols& acc, const TcBwgFrag& a, u32 b) {
     wg_fence();
 #pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk) WG_CAT(wg_rs, HEAD_D)(acc, a[kk], wg_desc_of(b + ((kk * 16 * 128) >> 4)), 1);
+    for (int kk = 0; kk < BWG_QT / 16; ++kk) WG_CAT(wg_rs, HEAD_D)(acc, a[kk], wg_desc_of(b + ((kk * 16 * 128) >> 4)), 1);
     wg_commit();
 }
 
-// dQ rows row0 + g, + 8 (warp's query rows of the tile) += dS K, 64 columns at a time: A = dS from
-// the staged dS^T (M-major, k-step kk at its rows 16 kk ..), B = K's panel p (N-major)
-__device__ __forceinline__ void tc_bwg_dq(float* __restrict__ dq, const TcBwgOps& op, int row0, int T, int g, int t4) {
+// a [16 keys][64 queries] fragment packed as the A operands of its 4 k-steps (tc_p_frag)
+__device__ __forceinline__ void tc_bwg_pack(TcBwgFrag& a, const TcBwgRows& x) {
+#pragma unroll
+    for (int kk = 0; kk < BWG_QT / 16; ++kk) tc_p_frag(a[kk], x, kk);
+}
+
+// a warp's packed dS^T into its keys' rows (16 warp + g and + 8) of the staged [BN][64] tile: 128-byte
+// rows, chunk c of row r at (c ^ (r & 7)); a[kk][0] / [1] keys g / g + 8 at chunk 2 kk, a[kk][2] / [3]
+// at chunk 2 kk + 1, 4 bytes at t4 * 4 (the 128-byte swizzle wgmma reads)
+__device__ __forceinline__ void tc_bwg_stage(u32 s, const TcBwgFrag& a, int warp, int g, int t4) {
+    const u32 r0 = s + (u32)((warp * 16 + g) * 128 + t4 * 4);
+#pragma unroll
+    for (int kk = 0; kk < BWG_QT / 16; ++kk) {
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+            const u32 addr = r0 + (x & 1) * 8 * 128 + (u32)(((2 * kk + (x >> 1)) ^ g) << 4);
+            asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(addr), "r"(a[kk][x]));
+        }
+    }
+}
+
+// dQ rows row0 + g, + 8 (this warp's query rows of the tile) += dS K over the tile's BN keys, 64
+// columns at a time: A = dS from the staged dS^T (M-major, k-step kk at its rows 16 kk ..), B = K's
+// panel p (N-major); one warpgroup takes every panel, several take one each (panel wg)
+__device__ __forceinline__ void tc_bwg_dq(float* __restrict__ dq, const TcBwgOps& op, int wg, int row0, int T, int g,
+                                          int t4) {
 #pragma unroll 1
-    for (int p = 0; p < HEAD_D / 64; ++p) {
+    for (int p = BWG_NWG == 1 ? 0 : wg; p < (BWG_NWG == 1 ? HEAD_D / 64 : wg + 1); ++p) {
         float c[8][4];
         wg_fence();
 #pragma unroll
