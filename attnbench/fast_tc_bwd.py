@@ -173,7 +173,13 @@ def choose_bwd_config(D: int, wgmma: bool, dq: str = "atomic") -> BwdConfig:
     fields $ATTNBENCH_BWD_SHAPE names replaced."""
     import dataclasses
 
-    return dataclasses.replace(bwd_config(D, wgmma and dq == "atomic"), **forced_shape())
+    cfg = dataclasses.replace(bwd_config(D, wgmma and dq == "atomic"), **forced_shape())
+    # what the kernels' static_asserts take: whole warpgroups (and on wgmma one 64-column dQ panel each)
+    ok = (4, 8) if not cfg.WG else ((4, 8) if D == 128 else (4,))
+    if cfg.NWARPS not in ok:
+        raise BadInput(f"{SHAPE_ENV}: NWARPS={cfg.NWARPS} does not build for the {'wgmma' if cfg.WG else 'mma.sync'} "
+                       f"backward at D={D} (NWARPS in {', '.join(map(str, ok))})")
+    return cfg
 
 
 def forced_dq() -> str:

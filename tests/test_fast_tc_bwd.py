@@ -113,10 +113,10 @@ def test_the_backwards_shape_fields_come_from_the_environment(monkeypatch):
     cfg = choose_bwd_config(128, True)
     assert (cfg.NWARPS, cfg.MINB, cfg.BN, cfg.BM, cfg.WG, cfg.STAGES) == (8, 1, 128, 64, 1, BWD_SHAPES_WG[128][0].STAGES)
     assert cfg.threads == 256 and cfg.spec == "NWARPS=8,BN=128,STAGES=2,MINB=1,WG=1"
-    for bad in ("NWARPS=0", "BN=64", "NWARPS", "MINB=two"):
+    for bad in ("NWARPS=0", "BN=64", "NWARPS", "MINB=two", "NWARPS=8", "NWARPS=6"):
         monkeypatch.setenv(SHAPE_ENV, bad)
         with pytest.raises(BadInput, match=SHAPE_ENV):
-            choose_bwd_config(64, True)
+            choose_bwd_config(64, True)  # (two warpgroups split dQ's panels: D=128 only)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
