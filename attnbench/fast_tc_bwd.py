@@ -233,7 +233,8 @@ class Backward:
     arrays. ``split``: the most query tiles a work item walks (0: no key tile split; None: from
     $ATTNBENCH_BWD_SPLIT, else ``split_length`` for this GPU). ``dq``: "atomic" (dQ's sums by
     float32 reductions in the main kernel, converted after it) or "pass" (dQ by a query-tile-major
-    pass of its own over the forward list, no accumulator); None: $ATTNBENCH_BWD_DQ, else "atomic"."""
+    pass of its own over the forward list, no accumulator); None: $ATTNBENCH_BWD_DQ, else "atomic".
+    ``wgmma``: the wgmma main loop (fast-tc on sm_90; ``choose_bwd_config``), else mma.sync's."""
 
     def __init__(self, prob: Problem, setup: dict | None = None, cfg: BwdConfig | None = None,
                  split: int | None = None, dq: str | None = None, wgmma: bool = False):

@@ -76,7 +76,7 @@ fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
         wg_wait<0>();
         wg_fence_smem();
         __syncthreads();  // dS^T staged by every warp
-        tc_bwg_dq(dq, op, wg, qt * BWG_QT + (warp & 3) * 16, T, g, t4);  // dQ += dS K
+        tc_bwg_dq(dq, op, wg, qt * BWG_QT + (BWG_NWG == 1 ? warp : warp & 3) * 16, T, g, t4);  // dQ += dS K (one warpgroup: v3's code)
     }
     tc_wait<0>();
     tc_bwd_finish(dKg, dVg, dKVacc, dk, dv, kts, w, cls, BH, T_all, scale, warp, g, t4);
