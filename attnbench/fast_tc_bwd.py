@@ -108,15 +108,16 @@ BWD_SHAPES: dict[int, tuple[BwdConfig, str]] = {
     128: (BwdConfig(NWARPS=4, STAGES=2, MINB=1), "64 x 64 tiles, Q and dO in 2 stages (112 KiB); dK and dV "
                                                  "take 128 registers a thread"),
 }
-# the wgmma main loop's (sm_90): one warpgroup a block on the mma.sync loop's 64 x 64 tiles and lists
-# (docs/PERF.md "backward v3", measured). Two warpgroups on 128-key tiles at D=128 (NWARPS=8, MINB=1;
-# "backward v4") build and are gated, not yet timed: $ATTNBENCH_BWD_SHAPE=NWARPS=8,MINB=1 takes them.
-# Registers (NVRTC 13, sm_90a): 179 (D=64), 247 (D=128), 255 for the two-warpgroup build; no spills
+# the wgmma main loop's (sm_90), measured (docs/PERF.md "backward v3", "backward v4"): at D=64 one
+# warpgroup a block on the mma.sync loop's 64 x 64 tiles and lists; at D=128 two warpgroups sharing
+# each 64-row query tile on 128-key tiles (v4: dense bwd 26.5 ms against one warpgroup's 38.9 on an
+# H200). $ATTNBENCH_BWD_SHAPE=NWARPS=4,MINB=2 takes v3's one warpgroup back at D=128.
+# Registers (NVRTC 13, sm_90a): 179 (D=64), 247 (D=128, one warpgroup), 255 (two); no spills
 BWD_SHAPES_WG: dict[int, tuple[BwdConfig, str]] = {
     64: (BwdConfig(NWARPS=4, STAGES=2, MINB=2, WG=1), "one warpgroup, 64 x 64 tiles, Q and dO in 2 stages "
                                                       "(57 KiB): 2 blocks per SM"),
-    128: (BwdConfig(NWARPS=4, STAGES=2, MINB=2, WG=1), "one warpgroup, 64 x 64 tiles, Q and dO in 2 stages "
-                                                       "(105 KiB): 2 blocks per SM, dK and dV 128 registers a thread"),
+    128: (BwdConfig(NWARPS=8, STAGES=2, MINB=1, WG=1), "two warpgroups on 128-key tiles sharing each 64-row "
+                                                       "query tile, dQ summed over 128 keys before its reductions"),
 }
 
 

@@ -207,7 +207,8 @@ def test_setup_is_recorded_and_launch_errors_surface():
     prob = Problem(mask, 1, 2, 64, "bfloat16")
     q, k, v = random_inputs(prob.shape, prob.dtype, seed=3)
     runner = IMPL.prepare(prob, q, k, v)
-    assert {"tiles_build_s", "compile_s"} <= set(runner.setup)
+    assert {"tiles_build_s", "tiles_step_s", "compile_s"} <= set(runner.setup)
+    assert runner.setup["tiles_step_s"] >= runner.setup["tiles_rebuild_s"] > 0
     runner.run()
     cupy.cuda.get_current_stream().synchronize()
     with pytest.raises(BadInput, match="shape"):

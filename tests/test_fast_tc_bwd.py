@@ -54,20 +54,22 @@ def test_backward_compiles_without_spills(arch, D, dtype, pattern, T, causal, pa
 @pytest.mark.parametrize("D", DIMS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("pattern,T,causal,params", COMPILE_CASES)
-@pytest.mark.parametrize("warpgroups", [0, 2], ids=["chosen", "two-warpgroups"])
-def test_the_wgmma_backward_compiles_for_sm_90a_without_spills(D, dtype, pattern, T, causal, params, warpgroups):
+@pytest.mark.parametrize("one_warpgroup", [False, True], ids=["chosen", "one-warpgroup"])
+def test_the_wgmma_backward_compiles_for_sm_90a_without_spills(D, dtype, pattern, T, causal, params, one_warpgroup):
     """kernels/fast_tc_bwd_wg.cu: the same three kernels, the main one on wgmma; sm_90a only; the
-    chosen shape (one warpgroup) and, at D=128, two warpgroups on 128-key tiles."""
+    chosen shape (one warpgroup at D=64, two on 128-key tiles at D=128) and, at D=128, one warpgroup
+    on 64-key tiles ($ATTNBENCH_BWD_SHAPE=NWARPS=4,MINB=2)."""
     import dataclasses
 
     from attnbench.compile import target_arch, unbuildable
 
     mask = make_mask(pattern, T, causal, **params)
     cfg = bwd_config(D, wgmma=True)
-    if warpgroups:
+    assert cfg.NWARPS == (8 if D == 128 else 4)
+    if one_warpgroup:
         if D != 128:
-            pytest.skip("two warpgroups split dQ by 64-column panels: D=128")
-        cfg = dataclasses.replace(cfg, NWARPS=8, MINB=1)
+            pytest.skip("the chosen shape at D=64 is one warpgroup")
+        cfg = dataclasses.replace(cfg, NWARPS=4, MINB=2)
     d = bwd_defines(D, dtype, mask, cfg)
     assert cfg.kernel == "fast_tc_bwd_wg" and cfg.arch == "sm_90a" and d["WG"] == 1
     assert target_arch(d, "sm_80") is None and target_arch(d, "sm_90") == "sm_90a"
@@ -87,16 +89,18 @@ def test_fast_tc_takes_the_wgmma_backward_on_sm_90_and_mma_sync_otherwise():
         assert choose_bwd_config(D, False) == BWD_SHAPES[D][0] and not BWD_SHAPES[D][0].WG
         assert choose_bwd_config(D, True, "pass") == BWD_SHAPES[D][0]
         assert choose_bwd_config(D, True).BM == 64  # every warpgroup's query tile
-        assert choose_bwd_config(D, True).BN == choose_bwd_config(D, False).BN == 64  # the same lists
+        assert choose_bwd_config(D, False).BN == 64
+        # the same lists as mma.sync's at D=64; 128-key tiles (two warpgroups) at D=128
+        assert choose_bwd_config(D, True).BN == (128 if D == 128 else 64)
     mask = make_mask("dense", 1000, True)
     with pytest.raises(BadInput, match="dq='pass'"):
         bwd_defines(64, "bfloat16", mask, bwd_config(64, True), dq="pass")
     assert "WG" not in bwd_defines(64, "bfloat16", mask)
 
 
-def test_the_wgmma_backwards_smem_fits_two_blocks_per_sm():
+def test_the_wgmma_backwards_smem_fits_its_blocks_per_sm():
     """K, V, two Q and dO stages, the staged dS^T and the (lse2, delta) rows, as the kernel lays them
-    out (BWG_SMEM_BYTES), within half of an sm_90 multiprocessor's 228 KiB."""
+    out (BWG_SMEM_BYTES), MINB times within an sm_90 multiprocessor's 228 KiB (two blocks at D=64)."""
     for D in DIMS:
         cfg = bwd_config(D, True)
         kv, q = 2 * D * cfg.BN, 2 * D * cfg.BM
@@ -367,14 +371,14 @@ def test_gradients_match_the_reference_with_split_lists(monkeypatch, pattern, ca
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", ["NWARPS=8,MINB=1", ""], ids=["two-warpgroups", "chosen"])
+@pytest.mark.parametrize("shape", ["NWARPS=4,MINB=2", ""], ids=["one-warpgroup", "chosen"])
 @pytest.mark.parametrize("pattern,causal,params,T", [
     ("dense", True, {}, 1000), ("streaming", True, dict(sink=16, window=64), 777),
     ("document", False, dict(doc_lens=(1, 300, 476)), 777), ("dilated", False, dict(window=33, dilation=3), 1000),
     ("block_diagonal", False, dict(block=16), 1008)])
 def test_both_wgmma_shapes_match_the_reference_at_D128(monkeypatch, pattern, causal, params, T, shape):
-    """fast-tc's wgmma backward at D=128 with its chosen shape (one warpgroup, 64-key tiles) and with
-    two warpgroups (128-key tiles), split lists included (L=2)."""
+    """fast-tc's wgmma backward at D=128 with its chosen shape (two warpgroups, 128-key tiles) and
+    with one warpgroup (64-key tiles), split lists included (L=2)."""
     from attnbench.fast_tc_bwd import SHAPE_ENV, SPLIT_ENV
 
     if not IMPL.uses_wgmma():
@@ -387,7 +391,7 @@ def test_both_wgmma_shapes_match_the_reference_at_D128(monkeypatch, pattern, cau
         q, k, v, do = _inputs(prob, seed=T + len(L))
         runner = IMPL.prepare(prob, q, k, v, do=do)
         assert "WG=1" in runner.setup["bwd_tile_config"]
-        assert ("NWARPS=8,BN=128" in runner.setup["bwd_tile_config"]) == bool(shape)
+        assert ("NWARPS=8,BN=128" in runner.setup["bwd_tile_config"]) == (not shape)
         runner.poison()
         runner.run()
         _check_grads(prob, runner.grads, q, k, v, do)
