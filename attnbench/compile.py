@@ -97,6 +97,16 @@ def get_module(name: str, defines: dict, arch: str | None = None):
     return mod
 
 
+def resident_blocks(kernel, threads: int, smem: int) -> int:
+    """Blocks of ``kernel`` (a RawModule's RawKernel, or the Function it wraps) that one
+    multiprocessor of the current device holds at once with ``threads`` threads and ``smem``
+    bytes of dynamic shared memory (registers and shared memory), as the driver says; at least 1."""
+    from cupy_backends.cuda.api import driver
+
+    func = getattr(kernel, "kernel", kernel)  # RawKernel.kernel: the cupy.cuda.Function with the handle
+    return max(1, int(driver.occupancyMaxActiveBlocksPerMultiprocessor(func.ptr, threads, smem)))
+
+
 def cache_dir() -> Path:
     """Where cubins built for an explicit arch are kept: $ATTNBENCH_CACHE_DIR, else
     ~/.cache/attnbench."""

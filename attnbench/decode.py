@@ -25,7 +25,7 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 
 from .arrays import bind
-from .compile import get_module
+from .compile import get_module, resident_blocks
 from .errors import BadInput
 from .fast_tc import LOG2E, parse_fields, pattern_defines
 from .impls import Impl, Problem, Runner, register, timed
@@ -160,13 +160,6 @@ def decode_list(mask: Mask, Tq: int, BN: int = BN) -> DecodeList:
         full[n] = mask.allowed(rows[:, None], cols[None, :]).reshape(Tq, n.size, BN).all(axis=(0, 2))
     ent = (kts << 1 | (~full).astype(np.int64)).astype(np.int32)
     return DecodeList(T, ent, time.perf_counter() - t0)
-
-
-def resident_blocks(kernel, threads: int, smem: int) -> int:
-    """Blocks of ``kernel`` one multiprocessor holds at once (registers, shared memory), at least 1."""
-    from cupy_backends.cuda.api import driver
-
-    return max(1, int(driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.ptr, threads, smem)))
 
 
 class DecodeRunner(Runner):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .arrays import poison
-from .compile import get_module
+from .compile import get_module, resident_blocks
 from .errors import BadInput
 from .impls import Impl, Problem, Runner, register, timed
 from .patterns import Mask
@@ -90,16 +90,6 @@ def workspace_splits_limit(bh: int, nq: int, D: int) -> int:
 
 
 # ---- runner ---------------------------------------------------------------------------------
-def _resident_blocks(kernel, smem: int) -> int:
-    """Blocks of the split kernel one SM holds at once (1 when the driver cannot say)."""
-    try:
-        from cupy_backends.cuda.api import driver
-
-        return max(1, int(driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, NT, smem)))
-    except Exception:
-        return 1
-
-
 class FastF32Runner(Runner):
     def __init__(self, prob: Problem, q, k, v, splits: int | None):
         import cupy
@@ -119,7 +109,7 @@ class FastF32Runner(Runner):
         nq = tiles.ptr.size - 1
         if splits is None:
             n_sm = cupy.cuda.Device().attributes["MultiProcessorCount"]
-            splits = plan_splits(tiles.ptr, bh, n_sm, _resident_blocks(self._split_k, self._smem),
+            splits = plan_splits(tiles.ptr, bh, n_sm, resident_blocks(self._split_k, NT, self._smem),
                                  max_splits=workspace_splits_limit(bh, nq, D))
         self.splits = int(splits)
         self.nq, self.bh, self.T, self.D = nq, bh, T, D

@@ -175,8 +175,9 @@ def choose_bwd_config(D: int, wgmma: bool, dq: str = "atomic") -> BwdConfig:
     import dataclasses
 
     cfg = dataclasses.replace(bwd_config(D, wgmma and dq == "atomic"), **forced_shape())
-    # what the kernels' static_asserts take: whole warpgroups (and on wgmma one 64-column dQ panel each)
-    ok = (4, 8) if not cfg.WG else ((4, 8) if D == 128 else (4,))
+    # what the kernels' static_asserts take: whole warpgroups, on wgmma one or two (two split dQ's
+    # 64-column panels at D=128, its 32-column halves at D=64)
+    ok = (4, 8)
     if cfg.NWARPS not in ok:
         raise BadInput(f"{SHAPE_ENV}: NWARPS={cfg.NWARPS} does not build for the {'wgmma' if cfg.WG else 'mma.sync'} "
                        f"backward at D={D} (NWARPS in {', '.join(map(str, ok))})")

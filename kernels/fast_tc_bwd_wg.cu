@@ -3,8 +3,9 @@
 // into work items, key-tile-major, dK and dV in registers, dQ's sums by float32 reductions), its
 // main kernel's products on wgmma (tc/bwd_wgmma.cuh) instead of mma.sync. NWARPS / 4 warpgroups a
 // block, 64 keys each, against 64-query tiles they share (one warpgroup: the tile lists and work
-// items of the mma.sync backward; two, at D = 128: 128-key tiles, dQ summed over them before its
-// reductions).
+// items of the mma.sync backward; two: 128-key tiles, dQ summed over them before its reductions,
+// a 64-column panel a warpgroup at D = 128, at D = 64 the panel computed by both and half its
+// columns reduced by each).
 //
 // Per query tile of the item: S^T = K Q^T and dP^T = V dO^T issued together; partial tiles (and a
 // key tile reaching past T) masked; P^T = exp2(S^T scale log2 e - lse2), packed as the A operand

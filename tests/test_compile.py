@@ -85,3 +85,26 @@ def test_wgmma_header_is_generated():
     script = Path(__file__).resolve().parent.parent / "scripts" / "gen_wgmma.py"
     r = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_resident_blocks_asks_the_driver_with_the_functions_handle(monkeypatch):
+    """A RawModule's RawKernel carries its driver handle on ``.kernel`` (a cupy.cuda.Function, which
+    has ``.ptr``): both are taken, the count asked of the driver with the threads and shared memory,
+    and at least 1 returned."""
+    import types
+
+    pytest.importorskip("cupy_backends")
+    from cupy_backends.cuda.api import driver
+
+    from attnbench.compile import resident_blocks
+
+    asked = []
+    monkeypatch.setattr(driver, "occupancyMaxActiveBlocksPerMultiprocessor",
+                        lambda ptr, threads, smem: asked.append((ptr, threads, smem)) or (3 if ptr == 7 else 0))
+    func = types.SimpleNamespace(ptr=7)
+    assert resident_blocks(types.SimpleNamespace(kernel=func), 128, 4096) == 3
+    assert resident_blocks(func, 256, 0) == 3
+    assert resident_blocks(types.SimpleNamespace(ptr=9), 128, 0) == 1  # never 0 blocks
+    assert asked == [(7, 128, 4096), (7, 256, 0), (9, 128, 0)]
+    with pytest.raises(AttributeError):
+        resident_blocks(types.SimpleNamespace(), 128, 0)  # no handle: an error, not a silent 1

@@ -54,11 +54,11 @@ def test_backward_compiles_without_spills(arch, D, dtype, pattern, T, causal, pa
 @pytest.mark.parametrize("D", DIMS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("pattern,T,causal,params", COMPILE_CASES)
-@pytest.mark.parametrize("one_warpgroup", [False, True], ids=["chosen", "one-warpgroup"])
-def test_the_wgmma_backward_compiles_for_sm_90a_without_spills(D, dtype, pattern, T, causal, params, one_warpgroup):
+@pytest.mark.parametrize("other", [False, True], ids=["chosen", "other-warpgroups"])
+def test_the_wgmma_backward_compiles_for_sm_90a_without_spills(D, dtype, pattern, T, causal, params, other):
     """kernels/fast_tc_bwd_wg.cu: the same three kernels, the main one on wgmma; sm_90a only; the
-    chosen shape (one warpgroup at D=64, two on 128-key tiles at D=128) and, at D=128, one warpgroup
-    on 64-key tiles ($ATTNBENCH_BWD_SHAPE=NWARPS=4,MINB=2)."""
+    chosen shape (one warpgroup at D=64, two on 128-key tiles at D=128) and the other one
+    ($ATTNBENCH_BWD_SHAPE: two warpgroups at D=64, NWARPS=8,MINB=1; one at D=128, NWARPS=4,MINB=2)."""
     import dataclasses
 
     from attnbench.compile import target_arch, unbuildable
@@ -66,10 +66,8 @@ def test_the_wgmma_backward_compiles_for_sm_90a_without_spills(D, dtype, pattern
     mask = make_mask(pattern, T, causal, **params)
     cfg = bwd_config(D, wgmma=True)
     assert cfg.NWARPS == (8 if D == 128 else 4)
-    if one_warpgroup:
-        if D != 128:
-            pytest.skip("the chosen shape at D=64 is one warpgroup")
-        cfg = dataclasses.replace(cfg, NWARPS=4, MINB=2)
+    if other:
+        cfg = dataclasses.replace(cfg, NWARPS=12 - cfg.NWARPS, MINB=2 if cfg.NWARPS == 8 else 1)
     d = bwd_defines(D, dtype, mask, cfg)
     assert cfg.kernel == "fast_tc_bwd_wg" and cfg.arch == "sm_90a" and d["WG"] == 1
     assert target_arch(d, "sm_80") is None and target_arch(d, "sm_90") == "sm_90a"
@@ -117,10 +115,12 @@ def test_the_backwards_shape_fields_come_from_the_environment(monkeypatch):
     cfg = choose_bwd_config(128, True)
     assert (cfg.NWARPS, cfg.MINB, cfg.BN, cfg.BM, cfg.WG, cfg.STAGES) == (8, 1, 128, 64, 1, BWD_SHAPES_WG[128][0].STAGES)
     assert cfg.threads == 256 and cfg.spec == "NWARPS=8,BN=128,STAGES=2,MINB=1,WG=1"
-    for bad in ("NWARPS=0", "BN=64", "NWARPS", "MINB=two", "NWARPS=8", "NWARPS=6"):
+    monkeypatch.setenv(SHAPE_ENV, "NWARPS=8,MINB=1")  # two warpgroups at D=64: dQ's halves
+    assert choose_bwd_config(64, True).spec == "NWARPS=8,BN=128,STAGES=2,MINB=1,WG=1"
+    for bad in ("NWARPS=0", "BN=64", "NWARPS", "MINB=two", "NWARPS=12", "NWARPS=6"):
         monkeypatch.setenv(SHAPE_ENV, bad)
         with pytest.raises(BadInput, match=SHAPE_ENV):
-            choose_bwd_config(64, True)  # (two warpgroups split dQ's panels: D=128 only)
+            choose_bwd_config(64, True)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -371,14 +371,16 @@ def test_gradients_match_the_reference_with_split_lists(monkeypatch, pattern, ca
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", ["NWARPS=4,MINB=2", ""], ids=["one-warpgroup", "chosen"])
+@pytest.mark.parametrize("D,shape", [(128, "NWARPS=4,MINB=2"), (128, ""), (64, "NWARPS=8,MINB=1"), (64, "")],
+                         ids=["D128-one-warpgroup", "D128-chosen", "D64-two-warpgroups", "D64-chosen"])
 @pytest.mark.parametrize("pattern,causal,params,T", [
     ("dense", True, {}, 1000), ("streaming", True, dict(sink=16, window=64), 777),
     ("document", False, dict(doc_lens=(1, 300, 476)), 777), ("dilated", False, dict(window=33, dilation=3), 1000),
     ("block_diagonal", False, dict(block=16), 1008)])
-def test_both_wgmma_shapes_match_the_reference_at_D128(monkeypatch, pattern, causal, params, T, shape):
-    """fast-tc's wgmma backward at D=128 with its chosen shape (two warpgroups, 128-key tiles) and
-    with one warpgroup (64-key tiles), split lists included (L=2)."""
+def test_both_wgmma_shapes_match_the_reference(monkeypatch, pattern, causal, params, T, D, shape):
+    """fast-tc's wgmma backward with its chosen shape (two warpgroups on 128-key tiles at D=128, one
+    on 64-key tiles at D=64) and with the other (one at D=128; two at D=64, dQ's column halves),
+    split lists included (L=2)."""
     from attnbench.fast_tc_bwd import SHAPE_ENV, SPLIT_ENV
 
     if not IMPL.uses_wgmma():
@@ -387,11 +389,11 @@ def test_both_wgmma_shapes_match_the_reference_at_D128(monkeypatch, pattern, cau
     mask = make_mask(pattern, T, causal, **params)
     for L in ("2", ""):
         monkeypatch.setenv(SPLIT_ENV, L)
-        prob = Problem(mask, 2, 3, 128, "bfloat16", pass_name="bwd")
+        prob = Problem(mask, 2, 3, D, "bfloat16" if D == 128 else "float16", pass_name="bwd")
         q, k, v, do = _inputs(prob, seed=T + len(L))
         runner = IMPL.prepare(prob, q, k, v, do=do)
         assert "WG=1" in runner.setup["bwd_tile_config"]
-        assert ("NWARPS=8,BN=128" in runner.setup["bwd_tile_config"]) == (not shape)
+        assert ("NWARPS=8,BN=128" in runner.setup["bwd_tile_config"]) == ((D == 128) != bool(shape))
         runner.poison()
         runner.run()
         _check_grads(prob, runner.grads, q, k, v, do)

@@ -28,18 +28,21 @@ def test_kernels_are_sanitizer_clean(impl, tool):
 # fast-tc's backward (fwd+bwd: the forward with the log-sum-exp, prep, main, dQ conversion) on small
 # cases: odd T, a partial last tile, non-causal keys past T, a strided pattern, both head dims; and
 # once more with the lists cut into items of one query tile (split key tiles: their float32 dK and
-# dV rows zeroed by prep, summed by the main kernel, converted after dQ), and so with dQ's own pass
+# dV rows zeroed by prep, summed by the main kernel, converted after dQ), so with dQ's own pass, and
+# with two warpgroups on 128-key tiles at both head dims
 BACKWARD_RUNS = """
 import os
 import cupy
 from attnbench.arrays import random_inputs
-from attnbench.fast_tc_bwd import DQ_ENV, SPLIT_ENV
+from attnbench.fast_tc_bwd import DQ_ENV, SHAPE_ENV, SPLIT_ENV
 from attnbench.impls import Problem, get_impl
 from attnbench.patterns import make_mask
 n = 0
-for impl, split, dq in (("fast-tc", "", ""), ("fast-tc-sync", "", ""), ("fast-tc", "1", ""), ("fast-tc", "1", "pass")):
+for impl, split, dq, shape in (("fast-tc", "", "", ""), ("fast-tc-sync", "", "", ""), ("fast-tc", "1", "", ""),
+                               ("fast-tc", "1", "pass", ""), ("fast-tc", "", "", "NWARPS=8,MINB=1")):
     os.environ[SPLIT_ENV] = split  # 1: every key tile visited twice or more split, its dK and dV summed
     os.environ[DQ_ENV] = dq  # pass: dQ by its own pass over the forward list
+    os.environ[SHAPE_ENV] = shape  # two warpgroups on 128-key tiles (D=128's own shape; at D=64 dQ's halves)
     for pattern, T, causal, params in (("dense", 100, True, {}), ("streaming", 77, True, dict(sink=4, window=16)),
                                        ("window", 64, False, dict(window=8)),
                                        ("dilated", 77, False, dict(window=8, dilation=3)),
@@ -63,4 +66,4 @@ def test_backward_kernels_are_sanitizer_clean(tool):
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     assert "ERROR SUMMARY: 0 errors" in out or "RACECHECK SUMMARY: 0 hazards" in out, out[-2000:]
-    assert "backward runs 40" in out, out[-2000:]
+    assert "backward runs 50" in out, out[-2000:]

@@ -11,10 +11,11 @@
 //   dQ = dS K                    m64n64k16 per 64 columns of dQ over the tile's BN keys, A = dS
 //                                read M-major from dS^T staged in shared memory ([key][query],
 //                                128-byte rows, the 128-byte swizzle), B = K read N-major; with
-//                                NWG > 1 warpgroup w takes columns 64 w .. (HEAD_D = 64 NWG), so
-//                                dQ is summed over all BN keys before its float32 reductions
-//                                (tc_bwd_dq_add): the reductions and the Q / dO loads per key
-//                                fall as 1 / NWG.
+//                                NWG > 1 warpgroup w takes columns 64 w .. (HEAD_D = 64 NWG), or
+//                                at HEAD_D = 64 with two warpgroups both compute the one panel
+//                                and each reduces half its columns (32 w ..): dQ is summed over
+//                                all BN keys before its float32 reductions (tc_bwd_dq_add), so the
+//                                reductions and the Q / dO loads per key fall as 1 / NWG.
 //
 // Tiles are 64-column panels (TcPanelLayout), streamed by cp.async (tc_load_tile): the Q and dO
 // tiles and the tile's rows of (lse2, delta) (8 bytes a row) through STAGES buffers, one commit
@@ -46,8 +47,13 @@
 
 #define BWG_NWG (NWARPS / 4)  // warpgroups
 #define BWG_QT 64             // query rows a tile
-static_assert(WG && !TMA && NWARPS % 4 == 0 && BN == 64 * BWG_NWG && (BWG_NWG == 1 || HEAD_D == 64 * BWG_NWG),
-              "wgmma backward: BN = 64 keys a warpgroup, cp.async loads; several warpgroups split dQ by 64-column panels");
+// dQ's panels: one warpgroup takes all; several split them, one 64-column panel each; two at
+// HEAD_D = 64 share the one panel, each computing it and reducing half its columns
+#define BWG_DQ_HALVES (BWG_NWG == 2 && HEAD_D == 64)
+static_assert(WG && !TMA && NWARPS % 4 == 0 && BN == 64 * BWG_NWG &&
+              (BWG_NWG == 1 || HEAD_D == 64 * BWG_NWG || BWG_DQ_HALVES),
+              "wgmma backward: BN = 64 keys a warpgroup, cp.async loads; several warpgroups split dQ by 64-column "
+              "panels (two at HEAD_D = 64 by 32-column halves)");
 
 #define BWG_QBYTES (BWG_QT * HEAD_D * 2)  // a Q or dO tile
 #define BWG_LDB (BWG_QT * 8)              // a stage's (lse2, delta) rows
@@ -256,11 +262,13 @@ __device__ __forceinline__ void tc_bwg_stage(u32 s, const TcBwgFrag& a, int warp
 
 // dQ rows row0 + g, + 8 (this warp's query rows of the tile) += dS K over the tile's BN keys, 64
 // columns at a time: A = dS from the staged dS^T (M-major, k-step kk at its rows 16 kk ..), B = K's
-// panel p (N-major); one warpgroup takes every panel, several take one each (panel wg)
+// panel p (N-major); one warpgroup takes every panel, several take one each (panel wg), two at
+// HEAD_D = 64 the one panel, warpgroup wg reducing its columns 32 wg .. 32 wg + 31
 __device__ __forceinline__ void tc_bwg_dq(float* __restrict__ dq, const TcBwgOps& op, int wg, int row0, int T, int g,
                                           int t4) {
 #pragma unroll 1
-    for (int p = BWG_NWG == 1 ? 0 : wg; p < (BWG_NWG == 1 ? HEAD_D / 64 : wg + 1); ++p) {
+    for (int p = (BWG_NWG == 1 || BWG_DQ_HALVES) ? 0 : wg; p < (BWG_NWG == 1 ? HEAD_D / 64 : BWG_DQ_HALVES ? 1 : wg + 1);
+         ++p) {
         float c[8][4];
         wg_fence();
 #pragma unroll
@@ -269,6 +277,12 @@ __device__ __forceinline__ void tc_bwg_dq(float* __restrict__ dq, const TcBwgOps
                     wg_desc_of(op.kn + ((p * BN * 128 + kk * 16 * 128) >> 4)), kk);
         wg_commit();
         wg_wait<0>();
-        tc_bwd_dq_add<64>(dq, c, p * 64, row0, T, g, t4);
+        if (!BWG_DQ_HALVES) {
+            tc_bwd_dq_add<64>(dq, c, p * 64, row0, T, g, t4);
+        } else if (wg == 0) {  // constant indices: c stays in registers
+            tc_bwd_dq_add<32>(dq, reinterpret_cast<const float(&)[4][4]>(c[0]), 0, row0, T, g, t4);
+        } else {
+            tc_bwd_dq_add<32>(dq, reinterpret_cast<const float(&)[4][4]>(c[4]), 32, row0, T, g, t4);
+        }
     }
 }
