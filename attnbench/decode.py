@@ -52,8 +52,8 @@ class DecodeConfig:
     STAGES: int = 3
     MINB: int = 1
     SPLITS: int = 0
-    BLOCKS_PER_SM: int = 4
-    MIN_PER_SPLIT: int = 4
+    BLOCKS_PER_SM: int = 0  # one wave (H200: within 1% of the best split count tried, dense and streaming,
+    MIN_PER_SPLIT: int = 4  # B 1 to 64; 4 blocks per SM was 3-17% slower on dense: docs/PERF.md "decode shapes")
 
     @property
     def rows(self) -> int:

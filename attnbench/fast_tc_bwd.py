@@ -108,22 +108,37 @@ BWD_SHAPES: dict[int, tuple[BwdConfig, str]] = {
     128: (BwdConfig(NWARPS=4, STAGES=2, MINB=1), "64 x 64 tiles, Q and dO in 2 stages (112 KiB); dK and dV "
                                                  "take 128 registers a thread"),
 }
-# the wgmma main loop's (sm_90), measured (docs/PERF.md "backward v3", "backward v4"): at D=64 one
-# warpgroup a block on the mma.sync loop's 64 x 64 tiles and lists; at D=128 two warpgroups sharing
-# each 64-row query tile on 128-key tiles (v4: dense bwd 26.5 ms against one warpgroup's 38.9 on an
-# H200). $ATTNBENCH_BWD_SHAPE=NWARPS=4,MINB=2 takes v3's one warpgroup back at D=128.
-# Registers (NVRTC 13, sm_90a): 179 (D=64), 247 (D=128, one warpgroup), 255 (two); no spills
+# the wgmma main loop's (sm_90), measured (docs/PERF.md "backward v3" to "backward v5"): one warpgroup
+# a block on the mma.sync loop's 64 x 64 tiles and lists, or two sharing each 64-row query tile on
+# 128-key tiles (dQ summed over 128 keys before its reductions: a 64-column panel each at D=128, the
+# panel's 32-column halves at D=64). Two halve the Q / dO loads and dQ reductions per key but fill
+# a 128-key tile where one fills 64; they win where each query reads many keys on average:
+# TWO_WG_MIN_KEYS. H200, T=32768, two / one: D=128 dense 0.68, window 4096 0.75, document 0.59,
+# window 256 0.95, streaming 16+64 1.05; D=64 dense 0.92, document 0.77, window 4096 0.93,
+# streaming 4+1024 1.01, window 256 1.12, streaming 16+64 1.24.
+# Registers (NVRTC 13, sm_90a): one warpgroup 179 (D=64), 247 (D=128); two 197 (D=64), 255 (D=128)
 BWD_SHAPES_WG: dict[int, tuple[BwdConfig, str]] = {
     64: (BwdConfig(NWARPS=4, STAGES=2, MINB=2, WG=1), "one warpgroup, 64 x 64 tiles, Q and dO in 2 stages "
                                                       "(57 KiB): 2 blocks per SM"),
-    128: (BwdConfig(NWARPS=8, STAGES=2, MINB=1, WG=1), "two warpgroups on 128-key tiles sharing each 64-row "
-                                                       "query tile, dQ summed over 128 keys before its reductions"),
+    128: (BwdConfig(NWARPS=4, STAGES=2, MINB=2, WG=1), "one warpgroup, 64 x 64 tiles, Q and dO in 2 stages "
+                                                       "(105 KiB): 2 blocks per SM, dK and dV 128 registers a thread"),
 }
+BWD_SHAPES_WG2: dict[int, tuple[BwdConfig, str]] = {
+    64: (BwdConfig(NWARPS=8, STAGES=2, MINB=1, WG=1), "two warpgroups on 128-key tiles, both computing dQ's "
+                                                      "panel, each reducing half its columns (81 KiB)"),
+    128: (BwdConfig(NWARPS=8, STAGES=2, MINB=1, WG=1), "two warpgroups on 128-key tiles, a 64-column panel "
+                                                       "of dQ each (145 KiB)"),
+}
+TWO_WG_MIN_KEYS = {64: 512, 128: 128}  # keys a query reads on average (pairs / T) from which two warpgroups win
 
 
-def bwd_config(D: int, wgmma: bool = False) -> BwdConfig:
-    """The backward's shape at head dimension D: the wgmma main loop's (sm_90) or mma.sync's."""
-    return (BWD_SHAPES_WG if wgmma else BWD_SHAPES)[D][0]
+def bwd_config(D: int, wgmma: bool = False, keys_per_query: float | None = None) -> BwdConfig:
+    """The backward's shape at head dimension D: mma.sync's, or the wgmma main loop's (sm_90) for a
+    pattern whose queries read ``keys_per_query`` keys on average (None: as many as dense's)."""
+    if not wgmma:
+        return BWD_SHAPES[D][0]
+    two = keys_per_query is None or keys_per_query >= TWO_WG_MIN_KEYS[D]
+    return (BWD_SHAPES_WG2 if two else BWD_SHAPES_WG)[D][0]
 
 
 # ---- work items: the transposed lists cut so that every block's walk is short --------------------
@@ -168,13 +183,14 @@ def forced_shape() -> dict:
     return out
 
 
-def choose_bwd_config(D: int, wgmma: bool, dq: str = "atomic") -> BwdConfig:
+def choose_bwd_config(D: int, wgmma: bool, dq: str = "atomic", keys_per_query: float | None = None) -> BwdConfig:
     """The backward's shape: the wgmma main loop's when ``wgmma`` (fast-tc on sm_90) and dQ's sums
-    are reductions; mma.sync's otherwise (dQ by a pass of its own exists beside mma.sync only); the
-    fields $ATTNBENCH_BWD_SHAPE names replaced."""
+    are reductions, one or two warpgroups by ``keys_per_query`` (``bwd_config``); mma.sync's
+    otherwise (dQ by a pass of its own exists beside mma.sync only); the fields
+    $ATTNBENCH_BWD_SHAPE names replaced."""
     import dataclasses
 
-    cfg = dataclasses.replace(bwd_config(D, wgmma and dq == "atomic"), **forced_shape())
+    cfg = dataclasses.replace(bwd_config(D, wgmma and dq == "atomic", keys_per_query), **forced_shape())
     # what the kernels' static_asserts take: whole warpgroups, on wgmma one or two (two split dQ's
     # 64-column panels at D=128, its 32-column halves at D=64)
     ok = (4, 8)
@@ -248,7 +264,7 @@ class Backward:
         self.dq_way = dq = forced_dq() if dq is None else dq
         if dq not in DQ_WAYS:
             raise BadInput(f"dq={dq!r}: expected one of {', '.join(DQ_WAYS)}")
-        self.cfg = cfg = cfg or choose_bwd_config(prob.D, wgmma, dq)
+        self.cfg = cfg = cfg or choose_bwd_config(prob.D, wgmma, dq, prob.mask.pairs / prob.mask.T)
         self.setup = setup = {} if setup is None else setup
         stride, inner = prob.mask.strided()
         self.stride, self.inner = stride, inner
@@ -465,7 +481,8 @@ def _builds_of(mask: Mask, D: int, dtype: str) -> list[tuple[str, dict]]:
     it runs after (mma.sync and wgmma shapes)."""
     from .fast_tc import KERNEL as FWD, choose_config, kernel_defines, lse_shape
 
-    return [(KERNEL, bwd_defines(D, dtype, mask)), (KERNEL_WG, bwd_defines(D, dtype, mask, bwd_config(D, True)))] + [
+    wg = bwd_config(D, True, mask.pairs / mask.T)  # the shape Backward chooses for it
+    return [(KERNEL, bwd_defines(D, dtype, mask)), (KERNEL_WG, bwd_defines(D, dtype, mask, wg))] + [
         (FWD, {**kernel_defines(D, dtype, mask, lse_shape(choose_config(mask, D, wgmma))), "FWD_LSE": 1})
         for wgmma in (False, True)]
 
@@ -494,5 +511,5 @@ def gate_builds(masks) -> list[tuple[str, dict]]:
                    for b in _builds_of(mask, D, dtype))
 
 
-__all__ = ["BWD_SHAPES", "BWD_SHAPES_WG", "BwdConfig", "Backward", "choose_bwd_config", "FastTCBwdRunner", "backward", "build_backward", "bwd_defines",
+__all__ = ["BWD_SHAPES", "BWD_SHAPES_WG", "BWD_SHAPES_WG2", "TWO_WG_MIN_KEYS", "BwdConfig", "Backward", "choose_bwd_config", "FastTCBwdRunner", "backward", "build_backward", "bwd_defines",
            "forward_lse", "gate_builds", "standard_builds"]

@@ -139,7 +139,7 @@ for s in $steps; do
     decode) # the serving configuration (DECODE_ARGS narrows it), rows in OUT_DIR/decode.csv as they come
            step decode attnbench sweep --config decode ${DECODE_ARGS:-} --resume --out "$out/decode.csv" ;;
     decodeshapes) dc=()
-           for s in ${DECODE_SHAPES:-SPLITS=4 SPLITS=8 SPLITS=16 BLOCKS_PER_SM=0 BLOCKS_PER_SM=2 STAGES=2 STAGES=4 BN=32,STAGES=3 BN=32,STAGES=4,BLOCKS_PER_SM=0 BN=128,STAGES=2,BLOCKS_PER_SM=0}; do
+           for s in ${DECODE_SHAPES:-SPLITS=4 SPLITS=8 SPLITS=16 BLOCKS_PER_SM=4 BLOCKS_PER_SM=2 STAGES=2 STAGES=4 BN=32,STAGES=3 BN=32,STAGES=4,BLOCKS_PER_SM=0 BN=128,STAGES=2,BLOCKS_PER_SM=0}; do
                dc+=(--decode-config "$s")
            done
            step decodeshapes attnbench sweep --config decode --impl fast-decode "${dc[@]}" --impl sdpa-cudnn \

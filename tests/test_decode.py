@@ -115,7 +115,7 @@ def test_list_says_which_shapes_each_implementation_takes():
 from attnbench.decode import DEFAULT, ENV, DecodeConfig, parse_decode_config, split_count  # noqa: E402
 
 # the choices of scripts/gpu_check.sh's decodeshapes step (DECODE_SHAPES' default)
-GPU_CHECK_SHAPES = ("SPLITS=4", "SPLITS=8", "SPLITS=16", "BLOCKS_PER_SM=0", "BLOCKS_PER_SM=2", "STAGES=2", "STAGES=4",
+GPU_CHECK_SHAPES = ("SPLITS=4", "SPLITS=8", "SPLITS=16", "BLOCKS_PER_SM=4", "BLOCKS_PER_SM=2", "STAGES=2", "STAGES=4",
                     "BN=32,STAGES=3", "BN=32,STAGES=4,BLOCKS_PER_SM=0", "BN=128,STAGES=2,BLOCKS_PER_SM=0")
 
 
@@ -130,7 +130,7 @@ def test_the_gpu_check_step_sweeps_these_shapes():
     ("SPLITS=8", (("SPLITS", 8),)),
     ("stages=4, bn=32", (("BN", 32), ("STAGES", 4))),
     ("BLOCKS_PER_SM=0,MIN_PER_SPLIT=2", (("BLOCKS_PER_SM", 0), ("MIN_PER_SPLIT", 2))),
-    ("8,32,4", (("NWARPS", 8), ("BN", 32), ("STAGES", 4), ("MINB", 1), ("SPLITS", 0), ("BLOCKS_PER_SM", 4),
+    ("8,32,4", (("NWARPS", 8), ("BN", 32), ("STAGES", 4), ("MINB", 1), ("SPLITS", 0), ("BLOCKS_PER_SM", 0),
                 ("MIN_PER_SPLIT", 4))),
 ])
 def test_a_decode_shape_parses_named_and_positional_forms(text, given):
@@ -153,18 +153,20 @@ def test_bad_decode_shapes_name_the_option_and_the_limit(text, words):
 
 
 def test_the_splits_come_from_the_shape():
-    # the default: about 4 blocks per SM, at least 4 tiles a split (B=8 x H_kv=8 lists of 512 tiles on 132 SMs)
-    assert split_count(512, 64, 132) == (63, 9)
+    # about 4 blocks per SM, at least 4 tiles a split (B=8 x H_kv=8 lists of 512 tiles on 132 SMs)
+    four = parse_decode_config("BLOCKS_PER_SM=4").apply()
+    assert split_count(512, 64, 132, four) == (63, 9)
     assert split_count(512, 64, 132, parse_decode_config("SPLITS=4").apply()) == (128, 4)
     assert split_count(512, 64, 132, parse_decode_config("BLOCKS_PER_SM=2").apply()) == (125, 5)
     assert split_count(16, 1, 132, parse_decode_config("SPLITS=64").apply()) == (1, 16)  # no empty splits
-    assert split_count(512, 1, 132) == (4, 128)  # B = H_kv = 1: MIN_PER_SPLIT tiles a split
+    assert split_count(512, 1, 132, four) == (4, 128)  # B = H_kv = 1: MIN_PER_SPLIT tiles a split
     # BLOCKS_PER_SM=0: one wave of what an SM holds (2 blocks of 112 KiB): 4 splits x 64 lists = 256 <= 264
     one_wave = parse_decode_config("BLOCKS_PER_SM=0").apply()
     assert split_count(512, 64, 132, one_wave, resident=2) == (128, 4)
     assert split_count(2048, 8, 132, one_wave, resident=2) == (63, 33)  # B=1 at Tk=131072: 264 blocks
     assert split_count(64, 512, 132, one_wave, resident=2) == (64, 1)  # more lists than a wave holds
     assert split_count(8, 1, 132, one_wave, resident=2) == (4, 2)  # MIN_PER_SPLIT tiles a split at least
+    assert split_count(2048, 8, 132, resident=2) == (63, 33)  # the default shape: one wave
 
 
 def test_a_shape_the_kernel_cannot_take_is_refused_by_name(monkeypatch):

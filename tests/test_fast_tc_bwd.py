@@ -11,13 +11,15 @@ reductions and by its own pass over the forward list ($ATTNBENCH_BWD_DQ=pass), a
 
 GPU: python3 -m pytest -q -m gpu tests/test_fast_tc_bwd.py (about 2 minutes on an H100, most of it
 compiling)."""
+import itertools
+
 import numpy as np
 import pytest
 
 from attnbench.compile import compile_only, source
 from attnbench.configs import LLM
 from attnbench.fast_tc import IMPL, SYNC_IMPL, choose_config, kernel_defines
-from attnbench.fast_tc_bwd import (BWD_SHAPES, BWD_SHAPES_WG, bwd_config, bwd_defines, choose_bwd_config,
+from attnbench.fast_tc_bwd import (BWD_SHAPES, BWD_SHAPES_WG, BWD_SHAPES_WG2, bwd_config, bwd_defines, choose_bwd_config,
                                   standard_builds)
 from attnbench.impls import Problem, get_impl
 from attnbench.patterns import PATTERNS, BadInput, make_mask
@@ -57,17 +59,17 @@ def test_backward_compiles_without_spills(arch, D, dtype, pattern, T, causal, pa
 @pytest.mark.parametrize("other", [False, True], ids=["chosen", "other-warpgroups"])
 def test_the_wgmma_backward_compiles_for_sm_90a_without_spills(D, dtype, pattern, T, causal, params, other):
     """kernels/fast_tc_bwd_wg.cu: the same three kernels, the main one on wgmma; sm_90a only; the
-    chosen shape (one warpgroup at D=64, two on 128-key tiles at D=128) and the other one
-    ($ATTNBENCH_BWD_SHAPE: two warpgroups at D=64, NWARPS=8,MINB=1; one at D=128, NWARPS=4,MINB=2)."""
+    shape for dense (two warpgroups on 128-key tiles) and one warpgroup (a pattern with few keys a
+    query; $ATTNBENCH_BWD_SHAPE=NWARPS=4,MINB=2)."""
     import dataclasses
 
     from attnbench.compile import target_arch, unbuildable
 
     mask = make_mask(pattern, T, causal, **params)
     cfg = bwd_config(D, wgmma=True)
-    assert cfg.NWARPS == (8 if D == 128 else 4)
+    assert (cfg.NWARPS, cfg.MINB) == (8, 1)
     if other:
-        cfg = dataclasses.replace(cfg, NWARPS=12 - cfg.NWARPS, MINB=2 if cfg.NWARPS == 8 else 1)
+        cfg = dataclasses.replace(cfg, NWARPS=4, MINB=2)
     d = bwd_defines(D, dtype, mask, cfg)
     assert cfg.kernel == "fast_tc_bwd_wg" and cfg.arch == "sm_90a" and d["WG"] == 1
     assert target_arch(d, "sm_80") is None and target_arch(d, "sm_90") == "sm_90a"
@@ -83,13 +85,14 @@ def test_fast_tc_takes_the_wgmma_backward_on_sm_90_and_mma_sync_otherwise():
     """The shape follows the products (wgmma: fast-tc on sm_90) and the dQ way: dQ by its own pass
     exists beside mma.sync only, so dq='pass' takes mma.sync's shape, and a wgmma shape refuses it."""
     for D in DIMS:
-        assert choose_bwd_config(D, True).WG == 1 and choose_bwd_config(D, True) == BWD_SHAPES_WG[D][0]
+        assert choose_bwd_config(D, True).WG == 1 and choose_bwd_config(D, True) == BWD_SHAPES_WG2[D][0]
         assert choose_bwd_config(D, False) == BWD_SHAPES[D][0] and not BWD_SHAPES[D][0].WG
         assert choose_bwd_config(D, True, "pass") == BWD_SHAPES[D][0]
         assert choose_bwd_config(D, True).BM == 64  # every warpgroup's query tile
         assert choose_bwd_config(D, False).BN == 64
-        # the same lists as mma.sync's at D=64; 128-key tiles (two warpgroups) at D=128
-        assert choose_bwd_config(D, True).BN == (128 if D == 128 else 64)
+        assert choose_bwd_config(D, True).BN == 128  # two warpgroups, 64 keys each
+        assert choose_bwd_config(D, True, keys_per_query=80) == BWD_SHAPES_WG[D][0]  # one: mma.sync's 64 x 64 lists
+        assert choose_bwd_config(D, True, keys_per_query=80).BN == 64
     mask = make_mask("dense", 1000, True)
     with pytest.raises(BadInput, match="dq='pass'"):
         bwd_defines(64, "bfloat16", mask, bwd_config(64, True), dq="pass")
@@ -98,9 +101,9 @@ def test_fast_tc_takes_the_wgmma_backward_on_sm_90_and_mma_sync_otherwise():
 
 def test_the_wgmma_backwards_smem_fits_its_blocks_per_sm():
     """K, V, two Q and dO stages, the staged dS^T and the (lse2, delta) rows, as the kernel lays them
-    out (BWG_SMEM_BYTES), MINB times within an sm_90 multiprocessor's 228 KiB (two blocks at D=64)."""
-    for D in DIMS:
-        cfg = bwd_config(D, True)
+    out (BWG_SMEM_BYTES), MINB times within an sm_90 multiprocessor's 228 KiB (two blocks of one warpgroup)."""
+    for D, kpq in itertools.product(DIMS, (None, 1)):
+        cfg = bwd_config(D, True, kpq)
         kv, q = 2 * D * cfg.BN, 2 * D * cfg.BM
         assert cfg.smem_bytes(D) == 2 * kv + 2 * cfg.STAGES * q + 2 * cfg.BM * cfg.BN + cfg.STAGES * cfg.BM * 8
         assert cfg.MINB * (cfg.smem_bytes(D) + 1024) <= 228 * 1024
@@ -112,11 +115,10 @@ def test_the_backwards_shape_fields_come_from_the_environment(monkeypatch):
     from attnbench.fast_tc_bwd import SHAPE_ENV
 
     monkeypatch.setenv(SHAPE_ENV, "NWARPS=8,MINB=1")
-    cfg = choose_bwd_config(128, True)
+    cfg = choose_bwd_config(128, True, keys_per_query=1)
     assert (cfg.NWARPS, cfg.MINB, cfg.BN, cfg.BM, cfg.WG, cfg.STAGES) == (8, 1, 128, 64, 1, BWD_SHAPES_WG[128][0].STAGES)
     assert cfg.threads == 256 and cfg.spec == "NWARPS=8,BN=128,STAGES=2,MINB=1,WG=1"
-    monkeypatch.setenv(SHAPE_ENV, "NWARPS=8,MINB=1")  # two warpgroups at D=64: dQ's halves
-    assert choose_bwd_config(64, True).spec == "NWARPS=8,BN=128,STAGES=2,MINB=1,WG=1"
+    assert choose_bwd_config(64, True, keys_per_query=1).spec == "NWARPS=8,BN=128,STAGES=2,MINB=1,WG=1"
     for bad in ("NWARPS=0", "BN=64", "NWARPS", "MINB=two", "NWARPS=12", "NWARPS=6"):
         monkeypatch.setenv(SHAPE_ENV, bad)
         with pytest.raises(BadInput, match=SHAPE_ENV):
@@ -371,16 +373,16 @@ def test_gradients_match_the_reference_with_split_lists(monkeypatch, pattern, ca
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("D,shape", [(128, "NWARPS=4,MINB=2"), (128, ""), (64, "NWARPS=8,MINB=1"), (64, "")],
-                         ids=["D128-one-warpgroup", "D128-chosen", "D64-two-warpgroups", "D64-chosen"])
+@pytest.mark.parametrize("D,shape", [(128, "NWARPS=4,MINB=2"), (128, "NWARPS=8,MINB=1"), (64, "NWARPS=8,MINB=1"),
+                                     (64, "NWARPS=4,MINB=2")],
+                         ids=["D128-one-warpgroup", "D128-two-warpgroups", "D64-two-warpgroups", "D64-one-warpgroup"])
 @pytest.mark.parametrize("pattern,causal,params,T", [
     ("dense", True, {}, 1000), ("streaming", True, dict(sink=16, window=64), 777),
     ("document", False, dict(doc_lens=(1, 300, 476)), 777), ("dilated", False, dict(window=33, dilation=3), 1000),
     ("block_diagonal", False, dict(block=16), 1008)])
 def test_both_wgmma_shapes_match_the_reference(monkeypatch, pattern, causal, params, T, D, shape):
-    """fast-tc's wgmma backward with its chosen shape (two warpgroups on 128-key tiles at D=128, one
-    on 64-key tiles at D=64) and with the other (one at D=128; two at D=64, dQ's column halves),
-    split lists included (L=2)."""
+    """fast-tc's wgmma backward with one warpgroup on 64-key tiles and with two on 128-key tiles (a
+    64-column panel of dQ each at D=128, dQ's column halves at D=64), split lists included (L=2)."""
     from attnbench.fast_tc_bwd import SHAPE_ENV, SPLIT_ENV
 
     if not IMPL.uses_wgmma():
@@ -393,7 +395,7 @@ def test_both_wgmma_shapes_match_the_reference(monkeypatch, pattern, causal, par
         q, k, v, do = _inputs(prob, seed=T + len(L))
         runner = IMPL.prepare(prob, q, k, v, do=do)
         assert "WG=1" in runner.setup["bwd_tile_config"]
-        assert ("NWARPS=8,BN=128" in runner.setup["bwd_tile_config"]) == ((D == 128) != bool(shape))
+        assert ("NWARPS=8,BN=128" in runner.setup["bwd_tile_config"]) == shape.startswith("NWARPS=8")
         runner.poison()
         runner.run()
         _check_grads(prob, runner.grads, q, k, v, do)
