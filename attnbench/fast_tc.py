@@ -421,8 +421,9 @@ def forward_launch(prob: Problem, cfg: TileConfig, arrays, out, lse=None, setup:
             maps = head_maps(list(arrays) + [out], (cfg.BM, cfg.BN, cfg.BN, cfg.BM))
     else:
         maps = [TensorMap()] * 4  # zeros, not read
+    table = dev.table if dev.table is not None else table_array(inner)  # a device build wrote its own
     args = (arrays[0], arrays[1], arrays[2], out, dev.heads, dev.entries, np.int32(prob.T), scale_log2,
-            table_array(inner), *(m.arg for m in maps)) + ((lse,) if lse is not None else ())
+            table, *(m.arg for m in maps)) + ((lse,) if lse is not None else ())
     grid = (nq, prob.B * prob.H, min(stride, prob.T))  # one layer per non-empty residue class
     return Launch(kernel, grid, (cfg.threads,), smem, args, maps)
 

@@ -43,6 +43,8 @@ class Tiles:
     build_s: float = 0.0
     rebuild_s: float = 0.0  # a second build of the same list, warm (what a training step that
                             # rebuilds its mask pays; Flex's block_mask_build_s is measured so too)
+    on_device: object = field(default=None, repr=False)  # a pattern's own device build of the list
+                                                         # (``Pattern.device_tiles``), or None
     _device: dict = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -71,8 +73,13 @@ class Tiles:
         return (base + np.arange(0, 2 * n, 2, dtype=np.int64)).astype(np.int32)
 
     def device(self) -> "DeviceTiles":
-        """The list on the current CUDA device, expanded there; built once per device."""
-        return _per_device(self._device, lambda: DeviceTiles.expand(self))
+        """The list on the current CUDA device, built once per device: by the pattern's own device
+        build where it has one, else expanded there from the runs."""
+        return _per_device(self._device, self.device_build)
+
+    def device_build(self) -> "DeviceTiles":
+        """A new device copy of the list, uncached (its ``build_s``: what this build took)."""
+        return self.on_device() if self.on_device is not None else DeviceTiles.expand(self)
 
 
 def _per_device(store: dict, make):
@@ -88,13 +95,16 @@ def _per_device(store: dict, make):
 
 @dataclass(frozen=True)
 class DeviceTiles:
-    """A tile list on a device (int32): ``ptr``, ``entries`` (one 0 when the list is empty),
-    ``heads`` [n_qtiles, 4] (``heads`` below), and ``build_s``, the seconds from the upload of
-    the runs to the end of their expansion (kernels/tiles.cu, one launch)."""
+    """A tile list on a device (int32): ``ptr``, ``entries`` (one 0 when the list is empty; room
+    for more after the list's own where a build could not know its size), ``heads`` [n_qtiles, 4]
+    (``heads`` below), and ``build_s``, the seconds from the upload of the runs to the end of their
+    expansion (kernels/tiles.cu, one launch). ``table``: the pattern's table where the build wrote
+    it too (``Pattern.device_tiles``), else None."""
     ptr: object
     entries: object
     heads: object
     build_s: float
+    table: object = None
 
     @classmethod
     def expand(cls, tiles: Tiles) -> "DeviceTiles":
@@ -202,8 +212,11 @@ def build(mask, BM: int, BN: int, fresh: bool = False) -> Tiles:
     if mask.T >= 2 ** 29:
         raise ValueError(f"T={mask.T} is too long for the tile-list build (int32 keys): T < 2^29")
     bounds = mask.pattern.tile_bounds(mask, BM, BN)
-    if bounds is not None:  # one family in closed form (document)
-        return _three_runs(BM, BN, bounds, t0)
+    if bounds is not None:  # one family in closed form (document), maybe a device build of its own
+        tiles = _three_runs(BM, BN, bounds, t0)
+        if mask.pattern.builds_on_device:
+            tiles = dataclasses.replace(tiles, on_device=functools.partial(mask.pattern.device_tiles, mask, BM, BN))
+        return tiles
     ks, ke, fs, fe = _tile_ranges(mask, BM, BN)
     F, nq = ks.shape
     if F == 1:
@@ -714,11 +727,16 @@ def tile_items_t(mask, BM: int, BN: int, L: int) -> WorkItems:
 def setup_times(tiles: Tiles) -> dict:
     """What a runner reports of its list: host build (the first, and a second one warm), device
     expansion seconds (each the list's own build, also when it came from the cache), and
-    ``tiles_step_s``, what a step that rebuilds its list pays: the warm host build plus a second
-    expansion on the device (discarded), the counterpart of Flex's ``block_mask_build_s``."""
+    ``tiles_step_s``, what a step that rebuilds its list pays, the counterpart of Flex's
+    ``block_mask_build_s``: a second device build (discarded) where the pattern builds its list on
+    the device from its parameters (``Pattern.device_tiles``: the host build is then not needed),
+    else the warm host build plus a second expansion on the device."""
     first = tiles.device().build_s
+    step = tiles.device_build().build_s
+    if tiles.on_device is None:
+        step += tiles.rebuild_s
     return {"tiles_build_s": tiles.build_s, "tiles_rebuild_s": tiles.rebuild_s, "tiles_device_s": first,
-            "tiles_step_s": tiles.rebuild_s + DeviceTiles.expand(tiles).build_s}
+            "tiles_step_s": step}
 
 
 __all__ = ["Tiles", "TransposedTiles", "DeviceTiles", "WorkItems", "DeviceItems", "build", "heads", "tile_list",

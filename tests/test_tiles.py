@@ -272,3 +272,60 @@ def test_only_document_gives_closed_form_bounds():
         for p in pat.examples(256):
             mask = make_mask(pat.name, 256, True, **p)
             assert (pat.tile_bounds(mask, 64, 64) is not None) == (pat.name == "document"), pat.name
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_DOC_LENGTH, min_size=1, max_size=12), st.booleans(), st.sampled_from([0, 1, 2, 5, 64, 100]),
+       st.sampled_from(DOC_SHAPES))
+def test_document_device_capacity_bounds_the_list(lens, causal, window, tile):
+    """The room the device build leaves for entries (a bound from the longest document) holds the
+    host's list, whatever the lengths."""
+    from attnbench.document_tiles import capacity
+
+    mask = make_mask("document", sum(lens), causal, doc_lens=tuple(lens), window=window)
+    BM, BN = tile
+    assert build(mask, BM, BN).n_visited <= capacity(mask.T, BM, BN, max(lens))
+
+
+def test_document_lists_name_their_device_build_and_others_do_not():
+    doc = build(make_mask("document", 300, True, doc_lens=(100, 200)), 64, 64)
+    assert doc.on_device is not None
+    assert build(make_mask("window", 300, True, window=7), 64, 64).on_device is None
+
+
+def _device_doc_matches_host(mask, BM, BN):
+    import cupy
+
+    host = build(mask, BM, BN)
+    d = host.device()
+    assert host.device() is d and d.build_s > 0
+    n = host.n_visited
+    assert (cupy.asnumpy(d.ptr) == host.ptr).all(), (mask.label(), mask.causal, BM, BN)
+    assert (cupy.asnumpy(d.entries[:n]) == host.entries).all(), (mask.label(), mask.causal, BM, BN)
+    assert (cupy.asnumpy(d.heads) == heads(host.ptr, host.entries)).all(), (mask.label(), mask.causal, BM, BN)
+    assert (cupy.asnumpy(d.table) == mask.table).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lens", [(1,), (1,) * 37, (64,) * 8, (63, 1, 64, 65, 1, 1, 128), (1000,),
+                                  (1, 127, 129, 1, 255), (200, 1, 1, 1, 300, 7)])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("window", [0, 1, 64, 129])
+def test_document_device_build_equals_the_host(lens, causal, window):
+    """kernels/document_tiles.cu writes the host's closed-form list (ptr, entries, heads) and the
+    position table, from the boundaries alone: lengths of 1, odd T, every tile shape."""
+    mask = make_mask("document", sum(lens), causal, doc_lens=lens, window=window)
+    for BM, BN in DOC_SHAPES:
+        _device_doc_matches_host(mask, BM, BN)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [32768, 131072, 100003])
+@pytest.mark.parametrize("causal", [True, False])
+def test_document_device_build_on_long_sequences(T, causal):
+    """Many blocks (every query tile chunk), a drawn length distribution, a window or not."""
+    for window in (0, 4096):
+        mask = make_mask("document", T, causal, doc_mean=2048, doc_seed=0, window=window)
+        for BM, BN in ((64, 64), (128, 64), (64, 128)):
+            _device_doc_matches_host(mask, BM, BN)
+    _device_doc_matches_host(make_mask("document", T, causal, doc_lens=(T,)), 64, 64)  # one document

@@ -161,6 +161,7 @@ class Pattern:
     short_key: str = ""     # what ``short`` spells, e.g. "sink+window"
     default_causal: bool = True  # what a sweep takes when the causal flag is not forced
     uses_table: bool = False     # the device struct's last field is the table (make_table)
+    builds_on_device: bool = False  # device_tiles builds the forward list (and table) on the device
 
     # -- per-pattern definition -------------------------------------------------
     def validate(self, T: int, p: dict) -> None:
@@ -203,6 +204,12 @@ class Pattern:
         interval build: int64 [n_qtiles, 4], per query tile ks <= fs <= fe <= ke, its key tiles
         [ks, fs) partial, [fs, fe) full and [fe, ke) partial (``attnbench.tiles`` cuts the runs)."""
         return None
+
+    def device_tiles(self, mask, BM: int, BN: int):
+        """Where ``builds_on_device``: the list ``tile_bounds`` gives, and the table, built on the
+        current device from the parameters alone (``attnbench.tiles.DeviceTiles``, its ``table``
+        set), which the forward kernels then read."""
+        raise NotImplementedError
 
     def extra_defines(self, T: int, p: dict) -> dict:
         """-D constants the device struct needs beyond its fields (custom: its expression)."""

@@ -19,6 +19,7 @@ class Document(Pattern):
               Param("window", 0, 0, "keys per side within distance < W inside a document (0: the whole document)"))
     summary = "packed documents: i and j in one document (and |i - j| < W when W > 0)"
     uses_table = True
+    builds_on_device = True
 
     def lengths(self, T: int, p: dict) -> np.ndarray:
         """The document lengths: the given list, or log-normal draws (sigma 1, the given mean) cut at T."""
@@ -132,6 +133,12 @@ class Document(Pattern):
             flat >>= BN.bit_length() - 1
         np.maximum(hi0, lo1, out=hi0)  # no full tiles: fe = fs
         return b
+
+    def device_tiles(self, mask, BM, BN):
+        """One launch from the document boundaries (attnbench/document_tiles.py)."""
+        from ..document_tiles import build
+
+        return build(mask, BM, BN)
 
     def examples(self, T):
         ones = min(T, 2)  # documents of length 1 too

@@ -1,0 +1,67 @@
+"""A document mask's forward tile list and position table built on the device in one launch
+(kernels/document_tiles.cu) from the document boundaries: what a training step over freshly packed
+documents pays before its attention, the counterpart of FlexAttention's ``create_block_mask``. The
+list is the host's closed form (``Document.tile_bounds``) entry for entry (a GPU test compares
+them), and fast-tc's forward reads this one where a device is.
+
+Its size is not known before the launch: the entries go into room for ``capacity`` of them, a bound
+from the longest document (a query tile's keys span at most BM - 1 + 2 x that length)."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+THREADS = 512  # kernels/document_tiles.cu's DT_THREADS
+CHUNK = 128    # and DT_CHUNK: query tiles per block
+
+
+def starts(lens) -> np.ndarray:
+    """int32 [ndocs + 1]: each document's first position, then T."""
+    out = np.zeros(len(lens) + 1, np.int64)
+    np.cumsum(lens, out=out[1:])
+    return out.astype(np.int32)
+
+
+def capacity(T: int, BM: int, BN: int, longest: int) -> int:
+    """Entries the list of T rows cannot exceed when no document is longer than ``longest``."""
+    nq, nk = -(-T // BM), -(-T // BN)
+    return nq * min(nk, -(-(BM - 1 + 2 * longest) // BN) + 1)
+
+
+def build(mask, BM: int, BN: int):
+    """``DeviceTiles`` of ``mask`` (a document mask) on the current device, its ``table`` the
+    position table, its ``build_s`` the seconds from the boundaries on the host to both written
+    (their upload, one allocation, the launch, the wait). The kernel's compilation comes before the
+    clock starts."""
+    import cupy
+
+    from .compile import get_module
+    from .tiles import DeviceTiles
+
+    T, p = mask.T, mask.params
+    lens = mask.pattern.lengths(T, p)
+    kernel = get_module("document_tiles", {}).get_function("document_list")
+    nq = -(-T // BM)
+    cap = capacity(T, BM, BN, int(lens.max()))
+    stream = cupy.cuda.get_current_stream()
+    stream.synchronize()
+    t0 = time.perf_counter()
+    bounds = cupy.asarray(starts(lens))
+    # one allocation: heads (16-byte aligned), table, ptr, entries
+    out = cupy.empty(4 * nq + 2 * T + nq + 1 + cap, cupy.int32)
+    heads = out[:4 * nq].reshape(nq, 4)
+    table = out[4 * nq:4 * nq + 2 * T].reshape(T, 2)
+    ptr = out[4 * nq + 2 * T:4 * nq + 2 * T + nq + 1]
+    entries = out[4 * nq + 2 * T + nq + 1:]
+    blocks = max(-(-nq // CHUNK), min(-(-T // THREADS), 1024))
+    kernel((blocks,), (THREADS,), (bounds, np.int32(lens.size), np.int32(T), np.int32(BM), np.int32(BN),
+                                   np.int32(p["window"]), np.int32(mask.causal), np.int32(nq), np.int32(cap),
+                                   table, ptr, entries, heads))
+    stream.synchronize()
+    return DeviceTiles(ptr, entries, heads, time.perf_counter() - t0, table)
+
+
+def standard_builds() -> list[tuple[str, dict]]:
+    """No compile-time constants: one build."""
+    return [("document_tiles", {})]
