@@ -31,9 +31,10 @@ def capacity(T: int, BM: int, BN: int, longest: int) -> int:
 
 def build(mask, BM: int, BN: int):
     """``DeviceTiles`` of ``mask`` (a document mask) on the current device, its ``table`` the
-    position table, its ``build_s`` the seconds from the boundaries on the host to both written
-    (their upload, one allocation, the launch, the wait). The kernel's compilation comes before the
-    clock starts."""
+    position table. Its ``build_s``: the seconds from the document boundaries on the device to the
+    list and the table written (one allocation, the launch, the wait), as Flex's
+    ``block_mask_build_s`` counts from its mask_mod's table on the device to its block mask; the
+    boundaries' upload (``ndocs + 1`` integers) and the kernel's compilation come before."""
     import cupy
 
     from .compile import get_module
@@ -44,22 +45,21 @@ def build(mask, BM: int, BN: int):
     kernel = get_module("document_tiles", {}).get_function("document_list")
     nq = -(-T // BM)
     cap = capacity(T, BM, BN, int(lens.max()))
+    blocks = max(-(-nq // CHUNK), min(-(-T // THREADS), 1024))
+    bounds = cupy.asarray(starts(lens))
+    args = [bounds, np.int32(lens.size), np.int32(T), np.int32(BM), np.int32(BN), np.int32(p["window"]),
+            np.int32(mask.causal), np.int32(nq), np.int32(cap)]
     stream = cupy.cuda.get_current_stream()
     stream.synchronize()
     t0 = time.perf_counter()
-    bounds = cupy.asarray(starts(lens))
-    # one allocation: heads (16-byte aligned), table, ptr, entries
     out = cupy.empty(4 * nq + 2 * T + nq + 1 + cap, cupy.int32)
-    heads = out[:4 * nq].reshape(nq, 4)
-    table = out[4 * nq:4 * nq + 2 * T].reshape(T, 2)
-    ptr = out[4 * nq + 2 * T:4 * nq + 2 * T + nq + 1]
-    entries = out[4 * nq + 2 * T + nq + 1:]
-    blocks = max(-(-nq // CHUNK), min(-(-T // THREADS), 1024))
-    kernel((blocks,), (THREADS,), (bounds, np.int32(lens.size), np.int32(T), np.int32(BM), np.int32(BN),
-                                   np.int32(p["window"]), np.int32(mask.causal), np.int32(nq), np.int32(cap),
-                                   table, ptr, entries, heads))
+    kernel((blocks,), (THREADS,), (*args, out))
     stream.synchronize()
-    return DeviceTiles(ptr, entries, heads, time.perf_counter() - t0, table)
+    seconds = time.perf_counter() - t0
+    # the parts of ``out``, as the kernel lays them out
+    heads, rest = out[:4 * nq].reshape(nq, 4), out[4 * nq:]
+    table, rest = rest[:2 * T].reshape(T, 2), rest[2 * T:]
+    return DeviceTiles(rest[:nq + 1], rest[nq + 1:], heads, seconds, table)
 
 
 def standard_builds() -> list[tuple[str, dict]]:

@@ -65,11 +65,15 @@ __device__ __forceinline__ int dt_block_sum(int v, int* scratch)
     return s;
 }
 
+// out (one allocation, int32): heads [nq][4] | table [T][2] | ptr [nq + 1] | entries [cap]
 extern "C" __global__ void __launch_bounds__(DT_THREADS)
 document_list(const int* __restrict__ bounds, int ndocs, int T, int BM, int BN, int window, int causal, int nq,
-              int cap, int2* __restrict__ table, int* __restrict__ ptr, int* __restrict__ entries,
-              int4* __restrict__ heads)
+              int cap, int* __restrict__ out)
 {
+    int4* __restrict__ heads = reinterpret_cast<int4*>(out);
+    int2* __restrict__ table = reinterpret_cast<int2*>(out + 4 * nq);
+    int* __restrict__ ptr = out + 4 * nq + 2 * T;
+    int* __restrict__ entries = ptr + nq + 1;
     const ab_doc_band band{bounds, ndocs, T, BM, BN, window, causal};
     for (int i = blockIdx.x * DT_THREADS + threadIdx.x; i < T; i += gridDim.x * DT_THREADS) {
         const int d = band.doc(i);
