@@ -133,8 +133,9 @@ for s in $steps; do
                --impl sdpa-cudnn --samples 25 ${DEV_ARGS:-} --out "$work/dev.csv" ;;
     tilebuild) step tilebuild attnbench tiles --out "$work/tile_build.csv" ;;
     gqa)   for hkv in 16 4; do
-               step gqa_$hkv attnbench sweep --config llm --H-kv $hkv --impl fast-tc --impl fast-tc-sync \
-                   --impl sdpa-cudnn --impl flex --samples 25 ${GQA_ARGS:---T 32768} --resume --out "$out/gqa.csv"
+               step gqa_$hkv attnbench sweep --config llm --H-kv $hkv \
+                   ${GQA_IMPLS:---impl fast-tc --impl fast-tc-sync --impl sdpa-cudnn --impl flex} \
+                   --samples 25 ${GQA_ARGS:---T 32768} --resume --out "$out/gqa.csv"
            done ;;
     decode) # the serving configuration (DECODE_ARGS narrows it), rows in OUT_DIR/decode.csv as they come
            step decode attnbench sweep --config decode ${DECODE_ARGS:-} --resume --out "$out/decode.csv" ;;
