@@ -21,7 +21,8 @@
 #        adds options, e.g. --pattern dense), rows in dev.csv
 #   tilebuild: tile-list build times at T=131072, host and device (`attnbench tiles`), tile_build.csv
 #   gqa: fast-tc and fast-tc-sync with grouped-query heads against H_kv = H, the llm configuration at
-#        T=32768 (GQA_ARGS replaces that), sdpa-cudnn and flex beside them, 25 samples: `--H-kv 16` (H)
+#        T=32768 (GQA_ARGS replaces that), sdpa-cudnn and flex beside them (GQA_IMPLS replaces the
+#        four --impl options), 25 samples: `--H-kv 16` (H)
 #        then `--H-kv 4`, rows of both in OUT_DIR/gqa.csv as they come (resumable; the issue's target: as
 #        many useful TFLOP/s at H_kv=4)
 #   decode: `attnbench sweep --config decode` (DECODE_ARGS adds options, e.g. --impl fast-decode --B 1),
