@@ -142,6 +142,11 @@ def tile_build_times(config: str = "llm", T: int = 131072, Ds=(), repeat: int = 
                     host[0].on_device()  # the first compiles its kernel
                     os_ = [host[0].on_device().build_s * 1e3 for _ in host]
                     row.update(own_device_median_ms=statistics.median(os_), own_device_min_ms=min(os_))
+                    pieces = [{} for _ in host]  # where its time goes: each piece's median
+                    for p in pieces:
+                        inner.pattern.device_tiles(inner, cfg.BM, cfg.BN, parts=p)
+                    row.update({f"own_{k[:-2]}_ms": statistics.median(p[k] for p in pieces) * 1e3
+                                for k in pieces[0]})
             rows.append(row)
             if report:
                 report(row)

@@ -29,12 +29,15 @@ def capacity(T: int, BM: int, BN: int, longest: int) -> int:
     return nq * min(nk, -(-(BM - 1 + 2 * longest) // BN) + 1)
 
 
-def build(mask, BM: int, BN: int):
+def build(mask, BM: int, BN: int, parts: dict | None = None):
     """``DeviceTiles`` of ``mask`` (a document mask) on the current device, its ``table`` the
     position table. Its ``build_s``: the seconds from the document boundaries on the device to the
     list and the table written (one allocation, the launch, the wait), as Flex's
     ``block_mask_build_s`` counts from its mask_mod's table on the device to its block mask; the
-    boundaries' upload (``ndocs + 1`` integers) and the kernel's compilation come before."""
+    boundaries' upload (``ndocs + 1`` integers) and the kernel's compilation come before. With
+    ``parts`` (a dict) the seconds of each piece go there instead: ``alloc_s``, ``launch_s`` (the
+    call's return), ``wait_s``, and ``kernel_s``, the launch's own time between two CUDA events
+    (recorded around it, outside the other pieces)."""
     import cupy
 
     from .compile import get_module
@@ -53,8 +56,20 @@ def build(mask, BM: int, BN: int):
     stream.synchronize()
     t0 = time.perf_counter()
     out = cupy.empty(4 * nq + 2 * T + nq + 1 + cap, cupy.int32)
-    kernel((blocks,), (THREADS,), (*args, out))
-    stream.synchronize()
+    if parts is None:
+        kernel((blocks,), (THREADS,), (*args, out))
+        stream.synchronize()
+    else:
+        t1 = time.perf_counter()
+        ev = cupy.cuda.Event(), cupy.cuda.Event()
+        ev[0].record(stream)
+        t2 = time.perf_counter()
+        kernel((blocks,), (THREADS,), (*args, out))
+        t3 = time.perf_counter()
+        ev[1].record(stream)
+        stream.synchronize()
+        parts.update(alloc_s=t1 - t0, launch_s=t3 - t2, wait_s=time.perf_counter() - t3,
+                     kernel_s=cupy.cuda.get_elapsed_time(*ev) / 1e3)
     seconds = time.perf_counter() - t0
     # the parts of ``out``, as the kernel lays them out
     heads, rest = out[:4 * nq].reshape(nq, 4), out[4 * nq:]

@@ -724,15 +724,18 @@ def tile_items_t(mask, BM: int, BN: int, L: int) -> WorkItems:
     return lru(_CACHE_ITEMS, (mask_key(mask), BM, BN, int(L)), lambda: work_items(tile_list_t(mask, BM, BN), L))
 
 
+STEP_BUILDS = 5  # device builds whose median is a row's tiles_step_s
+
+
 def setup_times(tiles: Tiles) -> dict:
     """What a runner reports of its list: host build (the first, and a second one warm), device
     expansion seconds (each the list's own build, also when it came from the cache), and
     ``tiles_step_s``, what a step that rebuilds its list pays, the counterpart of Flex's
-    ``block_mask_build_s``: a second device build (discarded) where the pattern builds its list on
-    the device from its parameters (``Pattern.device_tiles``: the host build is then not needed),
-    else the warm host build plus a second expansion on the device."""
+    ``block_mask_build_s``: the median of STEP_BUILDS more device builds (discarded) where the
+    pattern builds its list on the device from its parameters (``Pattern.device_tiles``: the host
+    build is then not needed), else the warm host build plus that median of expansions."""
     first = tiles.device().build_s
-    step = tiles.device_build().build_s
+    step = float(np.median([tiles.device_build().build_s for _ in range(STEP_BUILDS)]))
     if tiles.on_device is None:
         step += tiles.rebuild_s
     return {"tiles_build_s": tiles.build_s, "tiles_rebuild_s": tiles.rebuild_s, "tiles_device_s": first,

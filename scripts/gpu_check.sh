@@ -19,7 +19,8 @@
 #   dev: fast-tc against Flex and SDPA at T=32768, interleaved, 25 samples (`attnbench sweep --config llm
 #        --T 32768 --impl fast-tc --impl flex --impl sdpa-flash --impl sdpa-cudnn --samples 25`; DEV_ARGS
 #        adds options, e.g. --pattern dense), rows in dev.csv
-#   tilebuild: tile-list build times at T=131072, host and device (`attnbench tiles`), tile_build.csv
+#   tilebuild: tile-list build times at T=131072, host and device (`attnbench tiles`; TILES_ARGS adds
+#        options, e.g. --T 32768), tile_build.csv
 #   gqa: fast-tc and fast-tc-sync with grouped-query heads against H_kv = H, the llm configuration at
 #        T=32768 (GQA_ARGS replaces that), sdpa-cudnn and flex beside them (GQA_IMPLS replaces the
 #        four --impl options), 25 samples: `--H-kv 16` (H)
@@ -132,7 +133,7 @@ for s in $steps; do
                ${SHAPES_ARGS:---T 32768} --out "$work/shapes.csv" ;;
     dev) step dev attnbench sweep --config llm --T 32768 --impl fast-tc --impl flex --impl sdpa-flash \
                --impl sdpa-cudnn --samples 25 ${DEV_ARGS:-} --out "$work/dev.csv" ;;
-    tilebuild) step tilebuild attnbench tiles --out "$work/tile_build.csv" ;;
+    tilebuild) step tilebuild attnbench tiles ${TILES_ARGS:-} --out "$work/tile_build.csv" ;;
     gqa)   for hkv in 16 4; do
                step gqa_$hkv attnbench sweep --config llm --H-kv $hkv \
                    ${GQA_IMPLS:---impl fast-tc --impl fast-tc-sync --impl sdpa-cudnn --impl flex} \

@@ -205,10 +205,11 @@ class Pattern:
         [ks, fs) partial, [fs, fe) full and [fe, ke) partial (``attnbench.tiles`` cuts the runs)."""
         return None
 
-    def device_tiles(self, mask, BM: int, BN: int):
+    def device_tiles(self, mask, BM: int, BN: int, parts: dict | None = None):
         """Where ``builds_on_device``: the list ``tile_bounds`` gives, and the table, built on the
         current device from the parameters alone (``attnbench.tiles.DeviceTiles``, its ``table``
-        set), which the forward kernels then read."""
+        set), which the forward kernels then read; ``parts``: a dict to receive the seconds of
+        each piece of the build (``attnbench tiles`` reports them)."""
         raise NotImplementedError
 
     def extra_defines(self, T: int, p: dict) -> dict:

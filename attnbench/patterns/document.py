@@ -134,11 +134,11 @@ class Document(Pattern):
         np.maximum(hi0, lo1, out=hi0)  # no full tiles: fe = fs
         return b
 
-    def device_tiles(self, mask, BM, BN):
+    def device_tiles(self, mask, BM, BN, parts=None):
         """One launch from the document boundaries (attnbench/document_tiles.py)."""
         from ..document_tiles import build
 
-        return build(mask, BM, BN)
+        return build(mask, BM, BN, parts)
 
     def examples(self, T):
         ones = min(T, 2)  # documents of length 1 too
