@@ -99,7 +99,9 @@ def tile_build_times(config: str = "llm", T: int = 131072, Ds=(), repeat: int = 
     the device says, mma.sync without one), the list's size, and its host build (``tiles.build``,
     afresh ``repeat`` times: first, median, min, ms); with ``device`` its expansion on the GPU
     (median, min, ms); and the transposed list of each host build (the backward's: ``tiles.transpose``;
-    median and max, ms). ``report(row)`` as each row is done; ``skip(label, reason)`` for an instance
+    median and max, ms); with a pattern's own device build (``Pattern.device_tiles``) its time and
+    pieces, and ``launch_floor_ms``, the least one launch and its wait cost from Python here
+    (``timing.launch_floor_s``). ``report(row)`` as each row is done; ``skip(label, reason)`` for an instance
     that does not fit at T (a block that does not divide it)."""
     from .fast_tc import IMPL, choose_config
     from .tiles import DeviceTiles, build, transpose
@@ -111,8 +113,10 @@ def tile_build_times(config: str = "llm", T: int = 131072, Ds=(), repeat: int = 
     if device:
         from .results import provenance
 
+        from .timing import launch_floor_s
+
         prov = provenance()
-        extra = dict(gpu=prov["gpu"], git_commit=prov["git_commit"])
+        extra = dict(gpu=prov["gpu"], git_commit=prov["git_commit"], launch_floor_ms=launch_floor_s() * 1e3)
     rows = []
     for inst in get_config(config).instances:
         try:

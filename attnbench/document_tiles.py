@@ -32,7 +32,7 @@ def capacity(T: int, BM: int, BN: int, longest: int) -> int:
 def build(mask, BM: int, BN: int, parts: dict | None = None):
     """``DeviceTiles`` of ``mask`` (a document mask) on the current device, its ``table`` the
     position table. Its ``build_s``: the seconds from the document boundaries on the device to the
-    list and the table written (one allocation, the launch, the wait), as Flex's
+    list and the table written (one allocation, one launch of two arguments, the wait), as Flex's
     ``block_mask_build_s`` counts from its mask_mod's table on the device to its block mask; the
     boundaries' upload (``ndocs + 1`` integers) and the kernel's compilation come before. With
     ``parts`` (a dict) the seconds of each piece go there instead: ``alloc_s``, ``launch_s`` (the
@@ -49,22 +49,22 @@ def build(mask, BM: int, BN: int, parts: dict | None = None):
     nq = -(-T // BM)
     cap = capacity(T, BM, BN, int(lens.max()))
     blocks = max(-(-nq // CHUNK), min(-(-T // THREADS), 1024))
-    bounds = cupy.asarray(starts(lens))
-    args = [bounds, np.int32(lens.size), np.int32(T), np.int32(BM), np.int32(BN), np.int32(p["window"]),
-            np.int32(mask.causal), np.int32(nq), np.int32(cap)]
+    meta = cupy.asarray(np.concatenate([[lens.size, T, BM, BN, p["window"], int(mask.causal), nq, cap],
+                                        starts(lens)]).astype(np.int32))
+    size = 4 * nq + 2 * T + nq + 1 + cap
     stream = cupy.cuda.get_current_stream()
     stream.synchronize()
     t0 = time.perf_counter()
-    out = cupy.empty(4 * nq + 2 * T + nq + 1 + cap, cupy.int32)
+    mem = cupy.cuda.alloc(4 * size)  # the pool's memory, no array around it yet
     if parts is None:
-        kernel((blocks,), (THREADS,), (*args, out))
+        kernel((blocks,), (THREADS,), (meta, np.uint64(mem.ptr)))
         stream.synchronize()
     else:
         t1 = time.perf_counter()
         ev = cupy.cuda.Event(), cupy.cuda.Event()
         ev[0].record(stream)
         t2 = time.perf_counter()
-        kernel((blocks,), (THREADS,), (*args, out))
+        kernel((blocks,), (THREADS,), (meta, np.uint64(mem.ptr)))
         t3 = time.perf_counter()
         ev[1].record(stream)
         stream.synchronize()
@@ -72,6 +72,7 @@ def build(mask, BM: int, BN: int, parts: dict | None = None):
                      kernel_s=cupy.cuda.get_elapsed_time(*ev) / 1e3)
     seconds = time.perf_counter() - t0
     # the parts of ``out``, as the kernel lays them out
+    out = cupy.ndarray((size,), cupy.int32, memptr=mem)
     heads, rest = out[:4 * nq].reshape(nq, 4), out[4 * nq:]
     table, rest = rest[:2 * T].reshape(T, 2), rest[2 * T:]
     return DeviceTiles(rest[:nq + 1], rest[nq + 1:], heads, seconds, table)

@@ -182,6 +182,25 @@ class Peaks:
         return max(self.copy_tbps, self.read_tbps)
 
 
+def launch_floor_s(repeat: int = 51) -> float:
+    """The median wall seconds of the least a one-launch GPU step costs from Python here: a kernel
+    that returns at once (one argument) launched through CuPy, then the wait for it. What a list
+    built in one launch (``attnbench tiles``' own device build) cannot go below."""
+    import cupy
+
+    kernel = cupy.RawKernel(_HOLD, "attnbench_hold")
+    zero, stream = np.uint64(0), cupy.cuda.get_current_stream()
+    kernel((1,), (1,), (zero,))  # loaded before the clock
+    stream.synchronize()
+    out = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        kernel((1,), (1,), (zero,))
+        stream.synchronize()
+        out.append(time.perf_counter() - t0)
+    return float(np.median(out))
+
+
 def floor_ms(flops: float, bytes_floor: float, peak_tflops: float, peak_tbps: float) -> float:
     """max(useful FLOPs / matrix peak, bytes floor / bandwidth), in ms (SPEC section 3)."""
     return max(flops / (peak_tflops * 1e12), bytes_floor / (peak_tbps * 1e12)) * 1e3

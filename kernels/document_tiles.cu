@@ -65,11 +65,15 @@ __device__ __forceinline__ int dt_block_sum(int v, int* scratch)
     return s;
 }
 
+// meta (int32, uploaded with the boundaries: two launch arguments in all, as each one costs the
+// host's launch path time): ndocs, T, BM, BN, window, causal, nq, cap, then bounds [ndocs + 1].
 // out (one allocation, int32): heads [nq][4] | table [T][2] | ptr [nq + 1] | entries [cap]
 extern "C" __global__ void __launch_bounds__(DT_THREADS)
-document_list(const int* __restrict__ bounds, int ndocs, int T, int BM, int BN, int window, int causal, int nq,
-              int cap, int* __restrict__ out)
+document_list(const int* __restrict__ meta, int* __restrict__ out)
 {
+    const int ndocs = meta[0], T = meta[1], BM = meta[2], BN = meta[3], window = meta[4], causal = meta[5],
+              nq = meta[6], cap = meta[7];
+    const int* __restrict__ bounds = meta + 8;
     int4* __restrict__ heads = reinterpret_cast<int4*>(out);
     int2* __restrict__ table = reinterpret_cast<int2*>(out + 4 * nq);
     int* __restrict__ ptr = out + 4 * nq + 2 * T;
