@@ -51,20 +51,22 @@ def build(mask, BM: int, BN: int, parts: dict | None = None):
     blocks = max(-(-nq // CHUNK), min(-(-T // THREADS), 1024))
     meta = cupy.asarray(np.concatenate([[lens.size, T, BM, BN, p["window"], int(mask.causal), nq, cap],
                                         starts(lens)]).astype(np.int32))
+    meta_ptr = np.uint64(meta.data.ptr)
     size = 4 * nq + 2 * T + nq + 1 + cap
     stream = cupy.cuda.get_current_stream()
     stream.synchronize()
     t0 = time.perf_counter()
     mem = cupy.cuda.alloc(4 * size)  # the pool's memory, no array around it yet
+    args = (meta_ptr, np.uint64(mem.ptr))  # addresses as plain integers: the launch checks no array
     if parts is None:
-        kernel((blocks,), (THREADS,), (meta, np.uint64(mem.ptr)))
+        kernel((blocks,), (THREADS,), args)
         stream.synchronize()
     else:
         t1 = time.perf_counter()
         ev = cupy.cuda.Event(), cupy.cuda.Event()
         ev[0].record(stream)
         t2 = time.perf_counter()
-        kernel((blocks,), (THREADS,), (meta, np.uint64(mem.ptr)))
+        kernel((blocks,), (THREADS,), args)
         t3 = time.perf_counter()
         ev[1].record(stream)
         stream.synchronize()
