@@ -46,9 +46,50 @@ def with_pass_tag(df):
     return df.assign(**{PASS_TAG: df["pass"].map(lambda p: str(p).replace("+", "-"))})
 
 
+# a CSV with serving shapes (queries fewer than keys, grouped-query heads, a ragged batch) groups by
+# shape too (``..._H32_Tq1-Hkv8_runtime.png``): no line or table mixes Tq=1 with Tq=16, a ragged batch
+# with uniform ones, or H_kv=4 with H_kv=H; a CSV of prefill rows alone as before
+SHAPE_TAG = "shape_tag"
+
+
+def _ragged(df):
+    return df["cache_lens"].fillna("").astype(str).str.len() > 0 if "cache_lens" in df else False
+
+
+def with_shape_tag(df):
+    """``df`` with a SHAPE_TAG column (``Tq1-Hkv8``, ``Tq1-Hkv8-ragged``, ``Hkv4``; ``prefill`` for
+    the plain rows) when some row has a serving shape (``Tq`` < ``T``, ``H_kv`` < ``H`` or per
+    sequence cache lengths)."""
+    if "Tq" not in df or "H_kv" not in df or not len(df):
+        return df
+    decode, grouped, ragged = df["Tq"] < df["T"], df["H_kv"] < df["H"], _ragged(df)
+    if not (decode | grouped | ragged).any():
+        return df
+    tags = []
+    for d, g, r, tq, hkv in zip(decode, grouped, ragged, df["Tq"], df["H_kv"]):
+        parts = ([f"Tq{_whole(tq)}"] if d else []) + ([f"Hkv{_whole(hkv)}"] if g else []) + (["ragged"] if r else [])
+        tags.append("-".join(parts) or "prefill")
+    return df.assign(**{SHAPE_TAG: tags})
+
+
+def with_tags(df):
+    """``with_pass_tag`` and ``with_shape_tag``: the columns figures and tables group by."""
+    return with_shape_tag(with_pass_tag(df))
+
+
+def shape_words(g) -> str:
+    """The serving shape of a group's rows in words (``Tq=1 H_kv=8, ragged``); empty for prefill."""
+    if SHAPE_TAG not in g or str(g[SHAPE_TAG].iloc[0]) == "prefill":
+        return ""
+    r = g.iloc[0]
+    return (" ".join(([f"Tq={_whole(r['Tq'])}"] if r["Tq"] < r["T"] else []) + [f"H_kv={_whole(r['H_kv'])}"])
+            + (", ragged" if str(g[SHAPE_TAG].iloc[0]).endswith("ragged") else ""))
+
+
 def group_columns(df) -> list[str]:
-    """GROUP, and the pass where ``df`` holds more than one (``with_pass_tag``)."""
-    return GROUP + [PASS_TAG] if PASS_TAG in df else GROUP
+    """GROUP, then the pass where ``df`` holds more than one (``with_pass_tag``) and the serving
+    shape where it holds one (``with_shape_tag``)."""
+    return GROUP + [c for c in (PASS_TAG, SHAPE_TAG) if c in df]
 
 
 def impl_order(df) -> list[str]:
@@ -110,8 +151,10 @@ def with_speedup(df):
 def _title(df, what: str) -> str:
     gpus = ", ".join(sorted(set(map(str, df["gpu"])))) if "gpu" in df else "unknown GPU"
     r = df.iloc[0]
+    shape = shape_words(df)
     return (f"{what}\n{gpus} - {r['dtype']}, B={_whole(r['B'])} H={_whole(r['H'])} D={_whole(r['D'])}"
-            + (f", pass {r['pass']}" if PASS_TAG in df else ""))
+            + (f", pass {r['pass']}" if PASS_TAG in df else "")
+            + (f", {shape}" + (" (T: cached keys)" if r["Tq"] < r["T"] else "") if shape else ""))
 
 
 class _Plain(matplotlib.ticker.LogFormatter):
@@ -307,7 +350,7 @@ def plot_frame(df, out_dir, prefix: str = "") -> list[Path]:
     if not len(ok):
         raise BadInput("the results hold no ok row: nothing to plot")
     out = make_dir(out_dir, "--out-dir")
-    df = with_pass_tag(df)
+    df = with_tags(df)
     ok, by = df[df["status"] == "ok"], group_columns(df)
     for key, g in sorted(df[df.set_index(by).index.isin(ok.set_index(by).index)].groupby(by),
                          key=lambda kv: tuple(map(str, kv[0]))):

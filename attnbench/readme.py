@@ -20,8 +20,8 @@ from numbers import Number
 from pathlib import Path
 
 from .patterns import PATTERNS, BadInput
-from .plot import (GROUP, HEADLINE, PASS_TAG, best_own_impl, group_columns, group_kinds, impl_label, impl_order,
-                   instance_labels, png_name, with_pass_tag)
+from .plot import (GROUP, HEADLINE, PASS_TAG, SHAPE_TAG, best_own_impl, group_columns, group_kinds, impl_label,
+                   impl_order, instance_labels, png_name, shape_words, with_tags)
 from .results import read_results
 from .safefile import read_text, write_atomically
 
@@ -258,16 +258,32 @@ def _section(df, title: str, csv_path=None, base=None) -> list[str]:
 
 def _load(csv_paths) -> list:
     """(path, rows) per CSV; a CSV with backward rows gives a frame per pass, its config named
-    with the pass (``training, pass bwd``); one of forward rows alone, one frame as before."""
+    with the pass (``training, pass bwd``), one with serving shapes a frame per shape (``decode,
+    Tq=1 H_kv=8``); one of forward prefill rows alone, one frame as before."""
     frames = []
     for p in csv_paths:
-        df = with_pass_tag(read_results(p))
-        if PASS_TAG not in df:
+        df = with_tags(read_results(p))
+        by = [c for c in (PASS_TAG, SHAPE_TAG) if c in df]
+        if not by:
             frames.append((p, df))
             continue
-        for pass_name, g in df.groupby("pass", sort=False):
-            frames.append((p, g.assign(config=g["config"].astype(str) + f", pass {pass_name}")))
+        groups = list(df.groupby(by, sort=False))  # passes as the CSV has them
+        passes = list(dict.fromkeys(str(g[PASS_TAG].iloc[0]) for _, g in groups)) if PASS_TAG in df else [""]
+        for _, g in sorted(groups, key=lambda kv: (passes.index(str(kv[1][PASS_TAG].iloc[0])) if PASS_TAG in df
+                                                   else 0, _shape_order(kv[1]))):
+            words = ([f"pass {g['pass'].iloc[0]}"] if PASS_TAG in g else []) + [w for w in [shape_words(g)] if w]
+            frames.append((p, g.assign(config=g["config"].astype(str) + "".join(f", {w}" for w in words))))
     return frames
+
+
+def _shape_order(g) -> tuple:
+    """A frame's place among one pass's: prefill, then fewer queries first, a ragged batch after the
+    uniform ones of its query count, fewer key/value heads first."""
+    if SHAPE_TAG not in g:
+        return ()
+    r = g.iloc[0]
+    return (str(g[SHAPE_TAG].iloc[0]) != "prefill", int(r["Tq"]), str(g[SHAPE_TAG].iloc[0]).endswith("ragged"),
+            int(r["H_kv"]))
 
 
 def _generated(frames, body: list[str]) -> str:

@@ -216,3 +216,45 @@ def test_headline_ratio_when_attnbench_is_faster_and_without_a_peer(tmp_path):
     by = {r[0]: r for r in rows}
     assert by["dense"][1].startswith("**") and by["dense"][-1] == "15x"  # 30 * 0.5, two digits from 10 on
     assert by["window 16"][header.index("fake-peer (peer)")] == "—" and by["window 16"][-1] == "—"
+
+
+def _serving_csv(path):
+    """small.csv's fake-exact and fake-peer rows as a decode sweep: the same rows at Tq=1 and at Tq=16
+    (median times doubled), H_kv=1 of H=2, and the Tq=1 rows again as a ragged batch (times tripled)."""
+    df = pd.read_csv(SMALL)
+    df = df[df["impl"].isin(["fake-exact", "fake-peer"]) & (df["dtype"] == "float32")]
+    one = df.assign(Tq=1, H_kv=1, cache_lens="")
+    sixteen = df.assign(Tq=16, H_kv=1, cache_lens="", median_ms=df["median_ms"] * 2)
+    ragged = df.assign(Tq=1, H_kv=1, cache_lens=df["T"].map(lambda T: f"{T}:{T // 2}"), median_ms=df["median_ms"] * 3)
+    pd.concat([sixteen, ragged, one]).to_csv(path, index=False)
+
+
+def test_serving_shapes_get_sections_tables_and_figures_of_their_own(work):
+    """A decode CSV: a section per (Tq, H_kv, ragged) shape, fewer queries first and the ragged batch
+    after the uniform one, each table one row per T with that shape's times; figure links by shape."""
+    _serving_csv(work / "serve.csv")
+    text = render(["serve.csv"])
+    titles = [line for line in text.splitlines() if line.startswith("### seed")]
+    assert titles == ["### seed, Tq=1 H_kv=1: `serve.csv`", "### seed, Tq=1 H_kv=1, ragged: `serve.csv`",
+                      "### seed, Tq=16 H_kv=1: `serve.csv`"]
+    df = pd.read_csv(SMALL)
+    dense = df[(df["impl"] == "fake-exact") & (df["pattern"] == "dense") & (df["dtype"] == "float32")]
+    for title, factor in zip(titles, (1, 3, 2)):
+        sec = text[text.index(title):]
+        rows = _table_after(sec, "#### fake-exact (attnbench): float32, B=1 H=2 D=16", "**dense, causal**")
+        assert [r[0] for r in rows] == ["32", "64", "128"]  # one row per T: no shape mixed in
+        for r, ms in zip(rows, dense.sort_values("T")["median_ms"]):
+            assert r[1] == f"{ms * factor:.4g}"
+    assert "serve_float32_D16_B1_H2_Tq1-Hkv1-ragged_runtime.png" in text
+    head = render_headline(["serve.csv"])
+    assert head.index("**seed, Tq=1 H_kv=1:") < head.index("**seed, Tq=1 H_kv=1, ragged:") < head.index("**seed, Tq=16")
+
+
+def test_serving_shapes_get_figures_of_their_own(work):
+    from attnbench.plot import plot_csv
+
+    _serving_csv(work / "serve.csv")
+    names = {p.name for p in plot_csv(work / "serve.csv", work / "figs")}
+    for tag in ("Tq1-Hkv1", "Tq1-Hkv1-ragged", "Tq16-Hkv1"):
+        assert f"serve_float32_D16_B1_H2_{tag}_runtime.png" in names
+    assert not any("_H2_runtime" in n for n in names)  # nothing left ungrouped
