@@ -18,24 +18,32 @@
 #define DT_THREADS 512
 #define DT_CHUNK 128
 #define DT_WARPS (DT_THREADS / 32)
+#define DT_SMEM_BOUNDS 4096  // boundaries kept in shared memory, at most (16 KiB)
+
+// the boundaries in shared memory where they fit: each binary search (two per query tile, one per
+// table row) then costs shared-memory latency, not L2's
+__shared__ int dt_sbounds[DT_SMEM_BOUNDS];
 
 struct ab_doc_band {
-    const int* bounds;
+    const int* bounds;  // global memory
     int ndocs, T, BM, BN, window, causal;
+    bool shared;        // read them from dt_sbounds
+
+    __device__ __forceinline__ int at(int d) const { return shared ? dt_sbounds[d] : __ldg(bounds + d); }
 
     // the document holding row i: the last d with bounds[d] <= i
     __device__ __forceinline__ int doc(int i) const {
         int lo = 0, hi = ndocs - 1;
         while (lo < hi) {
             const int mid = (lo + hi + 1) >> 1;
-            if (__ldg(bounds + mid) <= i) lo = mid; else hi = mid - 1;
+            if (at(mid) <= i) lo = mid; else hi = mid - 1;
         }
         return lo;
     }
     // row i's keys [lo, hi)
     __device__ __forceinline__ int2 span(int i) const {
         const int d = doc(i);
-        int lo = __ldg(bounds + d), hi = causal ? i + 1 : __ldg(bounds + d + 1);
+        int lo = at(d), hi = causal ? i + 1 : at(d + 1);
         if (window) {
             lo = max(lo, i - window + 1);
             hi = min(hi, i + window);
@@ -73,15 +81,18 @@ document_list(const int* __restrict__ meta, int* __restrict__ out)
 {
     const int ndocs = meta[0], T = meta[1], BM = meta[2], BN = meta[3], window = meta[4], causal = meta[5],
               nq = meta[6], cap = meta[7];
-    const int* __restrict__ bounds = meta + 8;
+    const bool in_smem = ndocs + 1 <= DT_SMEM_BOUNDS;
+    if (in_smem)
+        for (int d = threadIdx.x; d <= ndocs; d += DT_THREADS) dt_sbounds[d] = meta[8 + d];
+    __syncthreads();
     int4* __restrict__ heads = reinterpret_cast<int4*>(out);
     int2* __restrict__ table = reinterpret_cast<int2*>(out + 4 * nq);
     int* __restrict__ ptr = out + 4 * nq + 2 * T;
     int* __restrict__ entries = ptr + nq + 1;
-    const ab_doc_band band{bounds, ndocs, T, BM, BN, window, causal};
+    const ab_doc_band band{meta + 8, ndocs, T, BM, BN, window, causal, in_smem};
     for (int i = blockIdx.x * DT_THREADS + threadIdx.x; i < T; i += gridDim.x * DT_THREADS) {
         const int d = band.doc(i);
-        table[i] = make_int2(__ldg(bounds + d), __ldg(bounds + d + 1));
+        table[i] = make_int2(band.at(d), band.at(d + 1));
     }
     const int q0 = blockIdx.x * DT_CHUNK;
     if (q0 >= nq) return;  // the whole block: no barrier below is left half-met

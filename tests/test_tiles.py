@@ -329,3 +329,13 @@ def test_document_device_build_on_long_sequences(T, causal):
         for BM, BN in ((64, 64), (128, 64), (64, 128)):
             _device_doc_matches_host(mask, BM, BN)
     _device_doc_matches_host(make_mask("document", T, causal, doc_lens=(T,)), 64, 64)  # one document
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [True, False])
+def test_document_device_build_with_more_boundaries_than_shared_memory_holds(causal):
+    """Past 4095 documents the kernel searches the boundaries in global memory instead."""
+    lens = (1,) * 3000 + (7, 300) * 800 + (2,) * 2000
+    mask = make_mask("document", sum(lens), causal, doc_lens=lens, window=50)
+    for BM, BN in ((64, 64), (128, 64), (16, 48)):
+        _device_doc_matches_host(mask, BM, BN)
