@@ -46,7 +46,8 @@ class DecodeConfig:
     allocator; the splits of each (sequence, key/value head)'s list: SPLITS when given (0: derived),
     else as many as make B * H_kv * splits about BLOCKS_PER_SM blocks per SM (0: the most that fit one
     wave of the blocks the device says one SM holds of this build), each at least MIN_PER_SPLIT key
-    tiles."""
+    tiles; MERGE 1: the last split of each (sequence, key/value head) to finish merges its rows (one
+    launch), 0: a second launch (decode_merge) does."""
     NWARPS: int = 4
     BN: int = 64
     STAGES: int = 3
@@ -54,6 +55,7 @@ class DecodeConfig:
     SPLITS: int = 0
     BLOCKS_PER_SM: int = 0  # one wave (H200: within 1% of the best split count tried, dense and streaming,
     MIN_PER_SPLIT: int = 4  # B 1 to 64; 4 blocks per SM was 3-17% slower on dense: docs/PERF.md "decode shapes")
+    MERGE: int = 1
 
     @property
     def rows(self) -> int:
@@ -84,7 +86,8 @@ class DecodeConfig:
 
 DECODE_FIELDS = tuple(f.name for f in fields(DecodeConfig))
 DECODE_LIMITS = {"NWARPS": (4, 16, 4), "BN": (16, 256, 16), "STAGES": (2, 8, 1), "MINB": (1, 16, 1),
-                 "SPLITS": (0, 4096, 1), "BLOCKS_PER_SM": (0, 64, 1), "MIN_PER_SPLIT": (1, 4096, 1)}
+                 "SPLITS": (0, 4096, 1), "BLOCKS_PER_SM": (0, 64, 1), "MIN_PER_SPLIT": (1, 4096, 1),
+                 "MERGE": (0, 1, 1)}
 DEFAULT = DecodeConfig()
 NWARPS, BN, STAGES = DEFAULT.NWARPS, DEFAULT.BN, DEFAULT.STAGES
 ROWS = DEFAULT.rows  # query rows of a block: query heads of a group x Tq
@@ -106,7 +109,7 @@ class DecodeSpec:
 
 
 def parse_decode_config(text: str, option: str = "--decode-config") -> DecodeSpec:
-    """'FIELD=N,...' of NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT (any case; the
+    """'FIELD=N,...' of NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE (any case; the
     others at their defaults) or all by position from NWARPS,BN,STAGES; BadInput naming ``option``
     and the limit."""
     given = parse_fields(text, option, DecodeConfig, DECODE_LIMITS, min_positional=3)
@@ -116,7 +119,7 @@ def parse_decode_config(text: str, option: str = "--decode-config") -> DecodeSpe
 def kernel_defines(D: int, dtype: str, mask: Mask, cfg: DecodeConfig = DEFAULT) -> dict:
     """The -D constants of kernels/decode.cu: the head dimension, dtype, shape and the pattern."""
     return dict(HEAD_D=D, BN=cfg.BN, NWARPS=cfg.NWARPS, STAGES=cfg.STAGES, MT=1, MINB=cfg.MINB, QREG=1, STRIDE=1,
-                AB_F16=int(dtype == "float16"), **pattern_defines(mask))
+                MERGE_LAST=cfg.MERGE, AB_F16=int(dtype == "float16"), **pattern_defines(mask))
 
 
 def smem_bytes(D: int, cfg: DecodeConfig = DEFAULT) -> int:
@@ -164,7 +167,7 @@ def decode_list(mask: Mask, Tq: int, BN: int = BN) -> DecodeList:
 
 class DecodeRunner(Runner):
     def __init__(self, split, merge, grid, merge_grid, smem, args, merge_args, out, setup, D, threads=32 * NWARPS):
-        self._split, self._merge = split, merge
+        self._split, self._merge = split, merge  # merge None: the split kernel's last blocks merge
         self._threads = threads
         self._grid, self._merge_grid = grid, merge_grid
         self._merge_block = (D,)  # a thread per column
@@ -175,7 +178,8 @@ class DecodeRunner(Runner):
 
     def run(self) -> None:
         self._split(self._grid, (self._threads,), self._args, shared_mem=self._smem)
-        self._merge(self._merge_grid, self._merge_block, self._merge_args)
+        if self._merge is not None:
+            self._merge(self._merge_grid, self._merge_block, self._merge_args)
 
 
 @dataclass(eq=False)
@@ -259,12 +263,14 @@ class FastDecode(Impl):
         op = cupy.empty((prob.B, prob.kv_heads, splits, cfg.rows, prob.D), cupy.float32)
         lp = cupy.empty((prob.B, prob.kv_heads, splits, cfg.rows), cupy.float32)
         out = cupy.empty(prob.shape, dtype=qa.dtype)
+        tickets = cupy.zeros(prob.B * prob.kv_heads, cupy.int32)  # MERGE: splits finished per pair, back to 0
         scale_log2 = np.float32(prob.softmax_scale * LOG2E)
         args = (qa, ka, va, op, lp, heads, tent_d, lens_d, list_of, np.int32(prob.H), np.int32(prob.kv_heads),
-                np.int32(prob.q_len), np.int32(prob.T), np.int32(per_split), scale_log2, table)
+                np.int32(prob.q_len), np.int32(prob.T), np.int32(per_split), scale_log2, table, out, tickets)
         merge_args = (op, lp, out, np.int32(prob.H), np.int32(prob.kv_heads), np.int32(prob.q_len),
                       np.int32(splits))
-        return DecodeRunner(split_k, merge_k, (splits, prob.kv_heads, prob.B), (prob.B * prob.H * prob.q_len,),
+        return DecodeRunner(split_k, None if cfg.MERGE else merge_k, (splits, prob.kv_heads, prob.B),
+                            (prob.B * prob.H * prob.q_len,),
                             smem, args, merge_args, out, setup, prob.D, cfg.threads)
 
 
@@ -290,6 +296,8 @@ def standard_builds() -> list[tuple[str, dict]]:
             b = (KERNEL, kernel_defines(D, "bfloat16", inst.mask(c.build_T)))
             if b not in builds:
                 builds.append(b)
+    # the merge in a launch of its own (MERGE=0), on the first instance
+    builds.append((KERNEL, kernel_defines(128, "bfloat16", c.instances[0].mask(c.build_T), replace(DEFAULT, MERGE=0))))
     return builds
 
 

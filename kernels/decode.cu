@@ -12,6 +12,10 @@
 // online softmax (TcSoftmax). Each split stores its rows' output normalised by its own row sums, in
 // float32, with the rows' log-sum-exp (base 2); decode_merge then weighs the splits of every row.
 //
+// With MERGE_LAST (the default) the last split of each (b, key/value head) to finish merges the
+// group's rows itself (a ticket per (b, key/value head), taken after a fence, put back to 0 by that
+// block for the next launch): one launch in all. Without, decode_merge does it in a second launch.
+//
 // decode_split grid: (splits, H_kv, B); block: THREADS. decode_merge grid: B * H * Tq; block:
 // HEAD_D threads.
 #include "tc/config.cuh"
@@ -26,11 +30,35 @@ static_assert(!WG && !TMA && STRIDE == 1 && MT == 1 && QREG == 1, "decode: mma.s
 typedef TcMmaSync TcMma;
 typedef TcLoadAsync<TcMma> TcLoad;
 
+// Column d of row r of one (b, key/value head)'s output from its splits' partials (rows normalised
+// by their own sums, log-sum-exp base 2 in Lp; base: that pair's first split), weights
+// 2^(lse_s - max); 0 for a row no split saw a key of. The partials are read past L1 (__ldcg): the
+// fused merge reads what other blocks wrote.
+__device__ __forceinline__ float decode_merged(const float* __restrict__ Op, const float* __restrict__ Lp,
+                                               size_t base, int splits, int r, int d) {
+    float mx = AB_NEG_INF;
+    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, __ldcg(Lp + (base + s) * BM + r));
+    float num = 0.f, den = 0.f;
+    if (mx != AB_NEG_INF) {
+        for (int s = 0; s < splits; ++s) {
+            const float lse = __ldcg(Lp + (base + s) * BM + r);
+            if (lse == AB_NEG_INF) continue;
+            const float wgt = tc_exp2(lse - mx);
+            num += wgt * __ldcg(Op + ((base + s) * BM + r) * HEAD_D + d);
+            den += wgt;
+        }
+    }
+    return den > 0.f ? num / den : 0.f;
+}
+
+__device__ __forceinline__ u16 decode_to_u16(float y) { return (u16)(tc_pack(y, 0.f) & 0xffffu); }
+
 extern "C" __global__ void __launch_bounds__(THREADS, MINB)
 decode_split(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* __restrict__ Vg,
              float* __restrict__ Op, float* __restrict__ Lp, const int2* __restrict__ lists,
              const int* __restrict__ tent, const int* __restrict__ lens, const int* __restrict__ list_of,
-             int H, int H_kv, int Tq, int Tk, int per_split, float scale_log2, const int* __restrict__ table) {
+             int H, int H_kv, int Tq, int Tk, int per_split, float scale_log2, const int* __restrict__ table,
+             u16* __restrict__ Og, int* __restrict__ tickets) {
     extern __shared__ __align__(1024) unsigned char smem[];
     const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
     const int group = H / H_kv, rows = group * Tq;
@@ -116,9 +144,56 @@ decode_split(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* 
             if (t4 == 0) l[row] = x > 0.f ? sf.m[0][r] * scale_log2 + __log2f(x) : AB_NEG_INF;
         }
     }
+    if (!MERGE_LAST) return;
+    // the last split of (b, kvh) to finish merges the group's rows
+    __shared__ int is_last;
+    __threadfence();
+    __syncthreads();
+    int* ticket = tickets + (size_t)b * H_kv + kvh;
+    if (threadIdx.x == 0) is_last = atomicAdd(ticket, 1) == (int)gridDim.x - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    const int splits = gridDim.x;
+    const size_t base = ((size_t)b * H_kv + kvh) * splits;
+    // a warp per row: its splits' largest log-sum-exp and 1 / the sum of the weights
+    __shared__ float row_mx[BM], row_inv[BM];
+    for (int r = warp; r < rows; r += NWARPS) {
+        float mx = AB_NEG_INF;
+        for (int sp = lane; sp < splits; sp += 32) mx = fmaxf(mx, __ldcg(Lp + (base + sp) * BM + r));
+        for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        float den = 0.f;
+        if (mx != AB_NEG_INF)
+            for (int sp = lane; sp < splits; sp += 32) {
+                const float lse = __ldcg(Lp + (base + sp) * BM + r);
+                if (lse != AB_NEG_INF) den += tc_exp2(lse - mx);
+            }
+        for (int o = 16; o; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
+        if (lane == 0) {
+            row_mx[r] = mx;
+            row_inv[r] = den > 0.f ? 1.f / den : 0.f;
+        }
+    }
+    __syncthreads();
+    u16* og = Og + ((size_t)b * H + (size_t)kvh * group) * Tq * HEAD_D;  // rows (h - h0) * Tq + t
+    for (int e = threadIdx.x; e < rows * HEAD_D; e += blockDim.x) {
+        const int r = e / HEAD_D, d = e % HEAD_D;
+        const float mx = row_mx[r];
+        float num = 0.f;
+        if (mx != AB_NEG_INF) {
+#pragma unroll 4
+            for (int sp = 0; sp < splits; ++sp) {
+                const float lse = __ldcg(Lp + (base + sp) * BM + r);
+                if (lse != AB_NEG_INF) num += tc_exp2(lse - mx) * __ldcg(Op + ((base + sp) * BM + r) * HEAD_D + d);
+            }
+        }
+        og[e] = decode_to_u16(num * row_inv[r]);
+    }
+    if (threadIdx.x == 0) *ticket = 0;  // for the next launch
 }
 
-// One output row (b, h, t) from the splits of its (b, key/value head): weights 2^(lse_s - max).
+// One output row (b, h, t) from the splits of its (b, key/value head), in a launch of its own
+// (MERGE_LAST 0).
 extern "C" __global__ void __launch_bounds__(HEAD_D)
 decode_merge(const float* __restrict__ Op, const float* __restrict__ Lp, u16* __restrict__ Og, int H, int H_kv,
              int Tq, int splits) {
@@ -126,19 +201,5 @@ decode_merge(const float* __restrict__ Op, const float* __restrict__ Lp, u16* __
     const int t = row % Tq, h = (row / Tq) % H, b = row / (Tq * H);
     const int group = H / H_kv, kvh = h / group, r = (h - kvh * group) * Tq + t;
     const size_t base = ((size_t)b * H_kv + kvh) * splits;
-    float mx = AB_NEG_INF;
-    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, Lp[(base + s) * BM + r]);
-    float num = 0.f, den = 0.f;
-    if (mx != AB_NEG_INF) {
-        for (int s = 0; s < splits; ++s) {
-            const float lse = Lp[(base + s) * BM + r];
-            if (lse == AB_NEG_INF) continue;
-            const float wgt = tc_exp2(lse - mx);
-            num += wgt * Op[((base + s) * BM + r) * HEAD_D + threadIdx.x];
-            den += wgt;
-        }
-    }
-    const float y = den > 0.f ? num / den : 0.f;
-    const u32 packed = tc_pack(y, 0.f);
-    Og[(size_t)row * HEAD_D + threadIdx.x] = (u16)(packed & 0xffffu);
+    Og[(size_t)row * HEAD_D + threadIdx.x] = decode_to_u16(decode_merged(Op, Lp, base, splits, r, threadIdx.x));
 }

@@ -131,7 +131,7 @@ def test_the_gpu_check_step_sweeps_these_shapes():
     ("stages=4, bn=32", (("BN", 32), ("STAGES", 4))),
     ("BLOCKS_PER_SM=0,MIN_PER_SPLIT=2", (("BLOCKS_PER_SM", 0), ("MIN_PER_SPLIT", 2))),
     ("8,32,4", (("NWARPS", 8), ("BN", 32), ("STAGES", 4), ("MINB", 1), ("SPLITS", 0), ("BLOCKS_PER_SM", 0),
-                ("MIN_PER_SPLIT", 4))),
+                ("MIN_PER_SPLIT", 4), ("MERGE", 1))),
 ])
 def test_a_decode_shape_parses_named_and_positional_forms(text, given):
     spec = parse_decode_config(text)
@@ -143,7 +143,7 @@ def test_a_decode_shape_parses_named_and_positional_forms(text, given):
     ("BN=24", "BN=24 must be a multiple of 16"),
     ("STAGES=1", "STAGES=1 must be from 2 to 8"),
     ("SPLITS=-1", "SPLITS=-1 must be from 0 to 4096"),
-    ("WG=1", "unknown field 'WG' (fields: NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT)"),
+    ("WG=1", "unknown field 'WG' (fields: NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE)"),
     ("SPLITS=4,SPLITS=8", "SPLITS given twice"),
 ])
 def test_bad_decode_shapes_name_the_option_and_the_limit(text, words):
@@ -231,7 +231,7 @@ def test_the_shapes_the_gpu_check_tries_compile_without_spills(arch, text):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("text", ("SPLITS=1", "SPLITS=16", "BLOCKS_PER_SM=0", "BN=32,STAGES=4", "BN=128,STAGES=2",
-                                  "NWARPS=8"))
+                                  "NWARPS=8", "MERGE=0", "SPLITS=16,MERGE=0", "NWARPS=8,SPLITS=7"))
 @pytest.mark.parametrize("pattern,params", [("dense", {}), ("streaming", {"sink": 4, "window": 64})])
 def test_gate_of_other_shapes(text, pattern, params):
     from attnbench.check import gate
@@ -257,6 +257,32 @@ def test_blocks_per_sm_0_takes_the_devices_occupancy():
     _, k, v = random_inputs(prob.kv_shape, prob.dtype, 2)
     setup = impl.prepare(prob, q, k, v).setup
     assert 1 <= setup["blocks_per_sm"] <= 4  # 112 KiB of shared memory a block at D=128: 2 on an H100 or H200
-    assert setup["decode_config"].endswith("BLOCKS_PER_SM=0,MIN_PER_SPLIT=4")
+    assert setup["decode_config"].endswith("BLOCKS_PER_SM=0,MIN_PER_SPLIT=4,MERGE=1")
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
     assert 8 * 8 * setup["splits"] <= setup["blocks_per_sm"] * sms  # one wave
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("Tq,splits", [(1, 16), (16, 5), (4, 1)])
+def test_the_merge_in_the_last_split_matches_the_merge_launch_run_after_run(Tq, splits):
+    """MERGE=1 (the last split of each pair merges, its ticket put back for the next launch) gives
+    the bytes MERGE=0's second launch gives, on every one of several runs."""
+    import cupy
+
+    from attnbench.arrays import random_inputs
+
+    prob = Problem(make_mask("streaming", 4096, True, sink=4, window=300), 3, 8, 128, "bfloat16", H_kv=2, Tq=Tq)
+    q = random_inputs(prob.shape, prob.dtype, 3)[0]
+    _, k, v = random_inputs(prob.kv_shape, prob.dtype, 4)
+    outs = {}
+    for merge in (0, 1):
+        impl = IMPL.decode_variant(parse_decode_config(f"SPLITS={splits},MERGE={merge}"))
+        runner = impl.prepare(prob, q, k, v)
+        got = []
+        for _ in range(3):
+            runner.poison()  # every run writes every element
+            runner.run()
+            got.append(cupy.asnumpy(runner.out).view(np.uint16))
+        outs[merge] = got
+    for o in outs[1] + outs[0][1:]:
+        assert np.array_equal(o, outs[0][0])
