@@ -46,8 +46,8 @@ class DecodeConfig:
     allocator; the splits of each (sequence, key/value head)'s list: SPLITS when given (0: derived),
     else as many as make B * H_kv * splits about BLOCKS_PER_SM blocks per SM (0: the most that fit one
     wave of the blocks the device says one SM holds of this build), each at least MIN_PER_SPLIT key
-    tiles; MERGE 1: the last split of each (sequence, key/value head) to finish merges its rows (one
-    launch), 0: a second launch (decode_merge) does."""
+    tiles; MERGE 0: a second launch (decode_merge) merges the splits, a block per output row; 1: the
+    last split of each (sequence, key/value head) to finish merges its rows (one launch)."""
     NWARPS: int = 4
     BN: int = 64
     STAGES: int = 3
@@ -55,7 +55,7 @@ class DecodeConfig:
     SPLITS: int = 0
     BLOCKS_PER_SM: int = 0  # one wave (H200: within 1% of the best split count tried, dense and streaming,
     MIN_PER_SPLIT: int = 4  # B 1 to 64; 4 blocks per SM was 3-17% slower on dense: docs/PERF.md "decode shapes")
-    MERGE: int = 1
+    MERGE: int = 0  # the merge in the last split was 4-14% slower at B=1 (docs/PERF.md "decode: the merge")
 
     @property
     def rows(self) -> int:
@@ -296,8 +296,8 @@ def standard_builds() -> list[tuple[str, dict]]:
             b = (KERNEL, kernel_defines(D, "bfloat16", inst.mask(c.build_T)))
             if b not in builds:
                 builds.append(b)
-    # the merge in a launch of its own (MERGE=0), on the first instance
-    builds.append((KERNEL, kernel_defines(128, "bfloat16", c.instances[0].mask(c.build_T), replace(DEFAULT, MERGE=0))))
+    # the merge in the last split (MERGE=1), on the first instance
+    builds.append((KERNEL, kernel_defines(128, "bfloat16", c.instances[0].mask(c.build_T), replace(DEFAULT, MERGE=1))))
     return builds
 
 

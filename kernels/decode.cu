@@ -12,9 +12,11 @@
 // online softmax (TcSoftmax). Each split stores its rows' output normalised by its own row sums, in
 // float32, with the rows' log-sum-exp (base 2); decode_merge then weighs the splits of every row.
 //
-// With MERGE_LAST (the default) the last split of each (b, key/value head) to finish merges the
-// group's rows itself (a ticket per (b, key/value head), taken after a fence, put back to 0 by that
-// block for the next launch): one launch in all. Without, decode_merge does it in a second launch.
+// decode_merge then weighs the splits in a second launch, a block per output row (the default).
+// With MERGE_LAST the last split of each (b, key/value head) to finish merges the group's rows
+// itself (a ticket per pair, taken after a fence, put back to 0 by that block for the next launch):
+// one launch in all, but that block's serial merge cost more than the second launch saved
+// (docs/PERF.md "decode: the merge").
 //
 // decode_split grid: (splits, H_kv, B); block: THREADS. decode_merge grid: B * H * Tq; block:
 // HEAD_D threads.
@@ -193,7 +195,7 @@ decode_split(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* 
 }
 
 // One output row (b, h, t) from the splits of its (b, key/value head), in a launch of its own
-// (MERGE_LAST 0).
+// (MERGE_LAST 0, the default).
 extern "C" __global__ void __launch_bounds__(HEAD_D)
 decode_merge(const float* __restrict__ Op, const float* __restrict__ Lp, u16* __restrict__ Og, int H, int H_kv,
              int Tq, int splits) {

@@ -131,7 +131,7 @@ def test_the_gpu_check_step_sweeps_these_shapes():
     ("stages=4, bn=32", (("BN", 32), ("STAGES", 4))),
     ("BLOCKS_PER_SM=0,MIN_PER_SPLIT=2", (("BLOCKS_PER_SM", 0), ("MIN_PER_SPLIT", 2))),
     ("8,32,4", (("NWARPS", 8), ("BN", 32), ("STAGES", 4), ("MINB", 1), ("SPLITS", 0), ("BLOCKS_PER_SM", 0),
-                ("MIN_PER_SPLIT", 4), ("MERGE", 1))),
+                ("MIN_PER_SPLIT", 4), ("MERGE", 0))),
 ])
 def test_a_decode_shape_parses_named_and_positional_forms(text, given):
     spec = parse_decode_config(text)
@@ -231,7 +231,7 @@ def test_the_shapes_the_gpu_check_tries_compile_without_spills(arch, text):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("text", ("SPLITS=1", "SPLITS=16", "BLOCKS_PER_SM=0", "BN=32,STAGES=4", "BN=128,STAGES=2",
-                                  "NWARPS=8", "MERGE=0", "SPLITS=16,MERGE=0", "NWARPS=8,SPLITS=7"))
+                                  "NWARPS=8", "MERGE=1", "SPLITS=16,MERGE=1", "NWARPS=8,SPLITS=7,MERGE=1"))
 @pytest.mark.parametrize("pattern,params", [("dense", {}), ("streaming", {"sink": 4, "window": 64})])
 def test_gate_of_other_shapes(text, pattern, params):
     from attnbench.check import gate
@@ -257,7 +257,7 @@ def test_blocks_per_sm_0_takes_the_devices_occupancy():
     _, k, v = random_inputs(prob.kv_shape, prob.dtype, 2)
     setup = impl.prepare(prob, q, k, v).setup
     assert 1 <= setup["blocks_per_sm"] <= 4  # 112 KiB of shared memory a block at D=128: 2 on an H100 or H200
-    assert setup["decode_config"].endswith("BLOCKS_PER_SM=0,MIN_PER_SPLIT=4,MERGE=1")
+    assert setup["decode_config"].endswith("BLOCKS_PER_SM=0,MIN_PER_SPLIT=4,MERGE=0")
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
     assert 8 * 8 * setup["splits"] <= setup["blocks_per_sm"] * sms  # one wave
 
