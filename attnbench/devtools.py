@@ -112,7 +112,6 @@ def tile_build_times(config: str = "llm", T: int = 131072, Ds=(), repeat: int = 
     extra = {}
     if device:
         from .results import provenance
-
         from .timing import launch_floor_s
 
         prov = provenance()
