@@ -10,13 +10,11 @@
 // parts (kernels/tc/): products on mma.sync (TcMmaSync), K/V tiles by cp.async (TcLoadAsync),
 // partial tiles masked with the pattern predicate at each row's own position (tc_mask_rows), the
 // online softmax (TcSoftmax). Each split stores its rows' output normalised by its own row sums, in
-// float32, with the rows' log-sum-exp (base 2); decode_merge then weighs the splits of every row.
-//
-// decode_merge then weighs the splits in a second launch, a block per output row (the default).
-// With MERGE_LAST the last split of each (b, key/value head) to finish merges the group's rows
-// itself (a ticket per pair, taken after a fence, put back to 0 by that block for the next launch):
-// one launch in all, but that block's serial merge cost more than the second launch saved
-// (docs/PERF.md "decode: the merge").
+// float32, with the rows' log-sum-exp (base 2); decode_merge then weighs the splits of every row
+// in a second launch, a block per output row (the default). With MERGE_LAST the last split of each
+// (b, key/value head) to finish merges the group's rows itself (a ticket per pair, taken after a
+// fence, put back to 0 by that block for the next launch): one launch in all, but that block's
+// serial merge cost more than the second launch saved (docs/PERF.md "decode: the merge").
 //
 // decode_split grid: (splits, H_kv, B); block: THREADS. decode_merge grid: B * H * Tq; block:
 // HEAD_D threads.
@@ -31,27 +29,6 @@ static_assert(!WG && !TMA && STRIDE == 1 && MT == 1 && QREG == 1, "decode: mma.s
 
 typedef TcMmaSync TcMma;
 typedef TcLoadAsync<TcMma> TcLoad;
-
-// Column d of row r of one (b, key/value head)'s output from its splits' partials (rows normalised
-// by their own sums, log-sum-exp base 2 in Lp; base: that pair's first split), weights
-// 2^(lse_s - max); 0 for a row no split saw a key of. The partials are read past L1 (__ldcg): the
-// fused merge reads what other blocks wrote.
-__device__ __forceinline__ float decode_merged(const float* __restrict__ Op, const float* __restrict__ Lp,
-                                               size_t base, int splits, int r, int d) {
-    float mx = AB_NEG_INF;
-    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, __ldcg(Lp + (base + s) * BM + r));
-    float num = 0.f, den = 0.f;
-    if (mx != AB_NEG_INF) {
-        for (int s = 0; s < splits; ++s) {
-            const float lse = __ldcg(Lp + (base + s) * BM + r);
-            if (lse == AB_NEG_INF) continue;
-            const float wgt = tc_exp2(lse - mx);
-            num += wgt * __ldcg(Op + ((base + s) * BM + r) * HEAD_D + d);
-            den += wgt;
-        }
-    }
-    return den > 0.f ? num / den : 0.f;
-}
 
 __device__ __forceinline__ u16 decode_to_u16(float y) { return (u16)(tc_pack(y, 0.f) & 0xffffu); }
 
@@ -203,5 +180,17 @@ decode_merge(const float* __restrict__ Op, const float* __restrict__ Lp, u16* __
     const int t = row % Tq, h = (row / Tq) % H, b = row / (Tq * H);
     const int group = H / H_kv, kvh = h / group, r = (h - kvh * group) * Tq + t;
     const size_t base = ((size_t)b * H_kv + kvh) * splits;
-    Og[(size_t)row * HEAD_D + threadIdx.x] = decode_to_u16(decode_merged(Op, Lp, base, splits, r, threadIdx.x));
+    float mx = AB_NEG_INF;
+    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, Lp[(base + s) * BM + r]);
+    float num = 0.f, den = 0.f;
+    if (mx != AB_NEG_INF) {
+        for (int s = 0; s < splits; ++s) {
+            const float lse = Lp[(base + s) * BM + r];
+            if (lse == AB_NEG_INF) continue;
+            const float wgt = tc_exp2(lse - mx);
+            num += wgt * Op[((base + s) * BM + r) * HEAD_D + threadIdx.x];
+            den += wgt;
+        }
+    }
+    Og[(size_t)row * HEAD_D + threadIdx.x] = decode_to_u16(den > 0.f ? num / den : 0.f);
 }
