@@ -127,7 +127,8 @@ def tile_specs(texts, module: str = "fast_tc", parse: str = "parse_tile_config")
 
 
 DECODE_CONFIG_HELP = ("a fast-decode shape: FIELD=N,... of NWARPS, BN, STAGES, MINB, SPLITS (0: derived), BLOCKS_PER_SM "
-                      "(0: as many as one SM holds), MIN_PER_SPLIT (the others at their defaults); each adds a row per "
+                      "(0: as many as one SM holds), MIN_PER_SPLIT, MERGE, BY_KEYS (0: warps take rows, 1: keys, 2: keys where the "
+                      "rows fit 16; the others at their defaults); each adds a row per "
                       "configuration, named e.g. fast-decode[SPLITS=8], timed with the others (repeatable; the plain "
                       "fast-decode takes ATTNBENCH_DECODE_CONFIG)")
 
@@ -532,26 +533,39 @@ def sweep(config, T_min, T_max, T, patterns, impls, dtypes, B, H, D, causal, out
 @click.option("--causal/--no-causal", default=True, show_default=True)
 @click.option("--tile-config", "tile_config", default=None, metavar="SPEC",
               help=TILE_CONFIG_HELP + " (fast-tc and fast-tc-sync)")
+@click.option("--decode-config", "decode_config", default=None, metavar="SPEC",
+              help=DECODE_CONFIG_HELP.split(";")[0] + ") (fast-decode)")
 @click.option("--seed", type=int, default=1, show_default=True, help="seed of the random inputs")
+@serving_options()
 @friendly
-def profile_cmd(impl, pattern, T, B, H, D, dtype, causal, tile_config, seed, **kw):
+def profile_cmd(impl, pattern, T, B, H, D, dtype, causal, tile_config, decode_config, seed, **kw):
     """One launch of one case for Nsight Compute: prepare, gate, a warm-up launch, then one launch
     inside the NVTX range profile/<impl>, e.g. `ncu --nvtx --nvtx-include "profile/" --set full
     attnbench profile --pattern window --window 256`. Exit 1 when the gate fails (nothing profiled)."""
     from .devtools import PROFILE_RANGE, profile_launch
-    from .impls import Problem, get_impl
+    from .impls import get_impl
 
     specs = tile_specs([tile_config] if tile_config is not None else [])
+    dspecs = decode_specs([decode_config] if decode_config is not None else [])
+    serving = serving_given(kw)
     im = get_impl(impl)
     for spec in specs:
         variant = im.tile_variant(spec)
         if variant is None:
             raise BadInput(f"--tile-config: impl={im.name} takes no tile shape (fast-tc and fast-tc-sync do)")
         im = variant
-    prob = Problem(make_mask(pattern, T, causal, **pattern_params(kw)), B, H, D, dtype)
+    for spec in dspecs:
+        if not hasattr(im, "decode_variant"):
+            raise BadInput(f"--decode-config: impl={im.name} takes no decode shape (fast-decode does)")
+        im = im.decode_variant(spec)
+    prob = serving_problem(make_mask(pattern, T, causal, **pattern_params(kw)), B, H, D, dtype, serving)
     res, setup = profile_launch(im, prob, seed)
     what = (f"{im.name} {prob.mask.label()} {'causal' if causal else 'non-causal'} T={T} B={B} H={H} D={D} "
-            f"{dtype}" + (f" tile {setup['tile_config']}" if "tile_config" in setup else ""))
+            f"{dtype}" + (f" H_kv={prob.kv_heads}" if prob.kv_heads != H else "")
+            + (f" Tq={prob.q_len}" if prob.q_len != T else "")
+            + (f" tile {setup['tile_config']}" if "tile_config" in setup else "")
+            + (f" decode {setup['decode_config']} ({setup['kernel']}, {setup['splits']} splits)"
+               if "decode_config" in setup else ""))
     if not res.ok:
         fail(f"{what}: the gate failed ({res.reason}); nothing was profiled", 1)
     click.echo(f"{what}: gate ok (rel err {res.rel_err:.2e}); one launch in NVTX range {PROFILE_RANGE}/{im.name}")

@@ -10,8 +10,14 @@ their log-sum-exp and ``decode_merge`` weighs them. A block holds the H / H_kv q
 key/value head times the Tq positions as its rows (at most ``ROWS``); longer query stretches are
 prefill's (fast-tc).
 
+Two kernels share the lists, the splits and the merge: kernels/decode.cu gives each warp 16 of the
+block's rows; kernels/decode_keys.cu, for groups whose rows fit 16 (one query against 4 heads, the
+decode configuration's Tq = 1), gives every warp the same 16 rows and a slice of each key tile's
+keys, so no warp multiplies padding rows (``BY_KEYS`` picks; by default the second wherever it takes
+the case). A pair with a single split stores its output from the split kernel; no merge runs.
+
 The shape (``DecodeConfig``: warps, key-tile size, stages, blocks per SM asked of the register
-allocator, and the split count or what it is derived from) can be given for tuning: in a sweep by
+allocator, the split count or what it is derived from, and which kernel) can be given for tuning: in a sweep by
 ``--decode-config SPEC`` (each adds a row per configuration, impl ``fast-decode[SPEC]``, timed with
 the others), elsewhere by the environment variable ATTNBENCH_DECODE_CONFIG (the plain fast-decode's
 shape). The shape run is in each row's ``setup_s`` (``decode_config``, ``splits``).
@@ -32,8 +38,8 @@ from .impls import Impl, Problem, Runner, register, timed
 from .patterns import Mask
 from .serving import one_predicate
 
-KERNEL = "decode"
-SPLIT, MERGE = "decode_split", "decode_merge"
+KERNEL, KEYS_KERNEL = "decode", "decode_keys"  # warps take a tile's rows / a tile's keys
+SPLIT, KEYS_SPLIT, MERGE = "decode_split", "decode_keys_split", "decode_merge"
 HEAD_DS = (64, 128)
 ENV = "ATTNBENCH_DECODE_CONFIG"
 MAX_SMEM = 227 * 1024  # dynamic shared memory a block may ask for (sm_80 163 KiB: refused there at launch)
@@ -41,13 +47,16 @@ MAX_SMEM = 227 * 1024  # dynamic shared memory a block may ask for (sm_80 163 Ki
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """fast-decode's shape: NWARPS warps (16 query rows each: the block's rows, query heads of a group
-    x Tq), BN-key tiles in STAGES shared-memory stages, MINB blocks per SM asked of the register
-    allocator; the splits of each (sequence, key/value head)'s list: SPLITS when given (0: derived),
-    else as many as make B * H_kv * splits about BLOCKS_PER_SM blocks per SM (0: the most that fit one
-    wave of the blocks the device says one SM holds of this build), each at least MIN_PER_SPLIT key
-    tiles; MERGE 0: a second launch (decode_merge) merges the splits, a block per output row; 1: the
-    last split of each (sequence, key/value head) to finish merges its rows (one launch)."""
+    """fast-decode's shape: NWARPS warps, BN-key tiles in STAGES shared-memory stages, MINB blocks per
+    SM asked of the register allocator; the splits of each (sequence, key/value head)'s list: SPLITS
+    when given (0: derived), else as many as make B * H_kv * splits about BLOCKS_PER_SM blocks per SM
+    (0: the most that fit one wave of the blocks the device says one SM holds of this build), each at
+    least MIN_PER_SPLIT key tiles; MERGE 0: a second launch (decode_merge) merges the splits, a block
+    per output row; 1: the last split of each (sequence, key/value head) to finish merges its rows (one
+    launch; kernels/decode.cu only). BY_KEYS 0: the warps take 16 rows each (kernels/decode.cu: the
+    block's rows, query heads of a group x Tq, up to 16 NWARPS); 1: every warp the same 16 rows and
+    BN / NWARPS keys of each tile (kernels/decode_keys.cu, rows up to 16); 2: the second wherever the
+    rows fit 16 and the shape allows it, else the first."""
     NWARPS: int = 4
     BN: int = 64
     STAGES: int = 3
@@ -56,38 +65,58 @@ class DecodeConfig:
     BLOCKS_PER_SM: int = 0  # one wave (H200: within 1% of the best split count tried, dense and streaming,
     MIN_PER_SPLIT: int = 4  # B 1 to 64; 4 blocks per SM was 3-17% slower on dense: docs/PERF.md "decode shapes")
     MERGE: int = 0  # the merge in the last split was 4-14% slower at B=1 (docs/PERF.md "decode: the merge")
+    BY_KEYS: int = 2
 
     @property
     def rows(self) -> int:
+        """The most query rows a block takes (kernels/decode.cu's tile)."""
         return 16 * self.NWARPS
 
     @property
     def threads(self) -> int:
         return 32 * self.NWARPS
 
-    def smem_bytes(self, D: int) -> int:
-        return (self.rows + 2 * self.STAGES * self.BN) * D * 2
+    def tile_rows(self, keys: bool) -> int:
+        """A block's (and a split's partial's) rows: 16 when the warps take keys."""
+        return 16 if keys else self.rows
+
+    def smem_bytes(self, D: int, keys: bool = False) -> int:
+        return (self.tile_rows(keys) + 2 * self.STAGES * self.BN) * D * 2
 
     @property
     def spec(self) -> str:
         return ",".join(f"{f}={getattr(self, f)}" for f in DECODE_FIELDS)
 
-    def problem(self, D: int) -> str | None:
-        """Why kernels/decode.cu cannot be built or launched with this shape at head dimension D (its
-        loads split a tile's 16-byte chunks evenly among the threads, 8 rows apart), or None."""
+    def problem(self, D: int, keys: bool = False) -> str | None:
+        """Why the kernel (kernels/decode_keys.cu when ``keys``, else kernels/decode.cu) cannot be built or
+        launched with this shape at head dimension D (its loads split a tile's 16-byte chunks evenly
+        among the threads, 8 rows apart), or None."""
+        rows = self.tile_rows(keys)
         step = self.threads // (D // 8)  # rows one pass of the block's loads covers
-        if step % 8 or self.rows % step or self.BN % step:
+        if step % 8 or rows % step or self.BN % step:
             return (f"NWARPS={self.NWARPS} at D={D} loads {step} rows a pass: it must be a multiple of 8 "
-                    f"dividing BN={self.BN} and the {self.rows} rows")
-        if self.smem_bytes(D) > MAX_SMEM:
-            return f"{self.smem_bytes(D)} bytes of shared memory at D={D}, above {MAX_SMEM}"
+                    f"dividing BN={self.BN} and the {rows} rows")
+        if keys:
+            if self.MERGE:
+                return "MERGE=1 is kernels/decode.cu's (BY_KEYS=0)"
+            if self.BN % (16 * self.NWARPS) or self.BN // self.NWARPS > 32:
+                return (f"BY_KEYS=1 cuts BN={self.BN} keys among NWARPS={self.NWARPS} warps: 16 or 32 keys "
+                        "each")
+        if self.smem_bytes(D, keys) > MAX_SMEM:
+            return f"{self.smem_bytes(D, keys)} bytes of shared memory at D={D}, above {MAX_SMEM}"
         return None
+
+    def by_keys(self, rows: int, D: int) -> bool:
+        """Whether a group of ``rows`` query rows at head dimension D runs kernels/decode_keys.cu."""
+        if self.BY_KEYS == 2:
+            return rows <= 16 and self.problem(D, keys=True) is None
+        return bool(self.BY_KEYS)
 
 
 DECODE_FIELDS = tuple(f.name for f in fields(DecodeConfig))
 DECODE_LIMITS = {"NWARPS": (4, 16, 4), "BN": (16, 256, 16), "STAGES": (2, 8, 1), "MINB": (1, 16, 1),
                  "SPLITS": (0, 4096, 1), "BLOCKS_PER_SM": (0, 64, 1), "MIN_PER_SPLIT": (1, 4096, 1),
-                 "MERGE": (0, 1, 1)}
+                 "MERGE": (0, 1, 1), "BY_KEYS": (0, 2, 1)}
 DEFAULT = DecodeConfig()
 NWARPS, BN, STAGES = DEFAULT.NWARPS, DEFAULT.BN, DEFAULT.STAGES
 ROWS = DEFAULT.rows  # query rows of a block: query heads of a group x Tq
@@ -109,21 +138,25 @@ class DecodeSpec:
 
 
 def parse_decode_config(text: str, option: str = "--decode-config") -> DecodeSpec:
-    """'FIELD=N,...' of NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE (any case; the
+    """'FIELD=N,...' of NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, BY_KEYS (any case; the
     others at their defaults) or all by position from NWARPS,BN,STAGES; BadInput naming ``option``
     and the limit."""
     given = parse_fields(text, option, DecodeConfig, DECODE_LIMITS, min_positional=3)
     return DecodeSpec(tuple((f, given[f]) for f in DECODE_FIELDS if f in given))
 
 
-def kernel_defines(D: int, dtype: str, mask: Mask, cfg: DecodeConfig = DEFAULT) -> dict:
-    """The -D constants of kernels/decode.cu: the head dimension, dtype, shape and the pattern."""
-    return dict(HEAD_D=D, BN=cfg.BN, NWARPS=cfg.NWARPS, STAGES=cfg.STAGES, MT=1, MINB=cfg.MINB, QREG=1, STRIDE=1,
-                MERGE_LAST=cfg.MERGE, AB_F16=int(dtype == "float16"), **pattern_defines(mask))
+def kernel_defines(D: int, dtype: str, mask: Mask, cfg: DecodeConfig = DEFAULT, keys: bool = False) -> dict:
+    """The -D constants of kernels/decode.cu (kernels/decode_keys.cu when ``keys``: BN is then a warp's
+    slice of the tile): the head dimension, dtype, shape and the pattern."""
+    bn = cfg.BN // cfg.NWARPS if keys else cfg.BN
+    d = dict(HEAD_D=D, BN=bn, NWARPS=cfg.NWARPS, STAGES=cfg.STAGES, MT=1, MINB=cfg.MINB, QREG=1, STRIDE=1)
+    if not keys:
+        d["MERGE_LAST"] = cfg.MERGE
+    return dict(d, AB_F16=int(dtype == "float16"), **pattern_defines(mask))
 
 
-def smem_bytes(D: int, cfg: DecodeConfig = DEFAULT) -> int:
-    return cfg.smem_bytes(D)
+def smem_bytes(D: int, cfg: DecodeConfig = DEFAULT, keys: bool = False) -> int:
+    return cfg.smem_bytes(D, keys)
 
 
 def split_count(longest: int, work: int, sms: int, cfg: DecodeConfig = DEFAULT, resident: int = 1) -> tuple[int, int]:
@@ -167,7 +200,7 @@ def decode_list(mask: Mask, Tq: int, BN: int = BN) -> DecodeList:
 
 class DecodeRunner(Runner):
     def __init__(self, split, merge, grid, merge_grid, smem, args, merge_args, out, setup, D, threads=32 * NWARPS):
-        self._split, self._merge = split, merge  # merge None: the split kernel's last blocks merge
+        self._split, self._merge = split, merge  # merge None: the split kernel stores the output
         self._threads = threads
         self._grid, self._merge_grid = grid, merge_grid
         self._merge_block = (D,)  # a thread per column
@@ -212,13 +245,16 @@ class FastDecode(Impl):
         if why:
             return f"{self.name}: {why}"
         cfg = self.shape()
-        why = cfg.problem(prob.D)
+        rows = prob.H // prob.kv_heads * prob.q_len
+        keys = cfg.by_keys(rows, prob.D)
+        why = cfg.problem(prob.D, keys)
         if why:
             return f"{self.name}: shape {cfg.spec}: {why}"
-        rows = prob.H // prob.kv_heads * prob.q_len
-        if rows > cfg.rows:
-            return (f"H/H_kv x Tq = {rows} query rows per key/value head exceed {cfg.rows} for {self.name} "
-                    f"(Tq up to {cfg.rows // (prob.H // prob.kv_heads)} at this grouping; longer stretches are prefill's)")
+        most = cfg.tile_rows(keys)
+        if rows > most:
+            return (f"H/H_kv x Tq = {rows} query rows per key/value head exceed {most} for {self.name} "
+                    f"(Tq up to {most // (prob.H // prob.kv_heads)} at this grouping"
+                    + ("; BY_KEYS=1 takes 16 rows)" if keys else "; longer stretches are prefill's)"))
         return None
 
     def build(self, prob: Problem, q, k, v) -> Runner:
@@ -232,6 +268,8 @@ class FastDecode(Impl):
         setup: dict = {}
         cfg = self.shape()
         setup["decode_config"] = cfg.spec
+        keys = cfg.by_keys(prob.H // prob.kv_heads * prob.q_len, prob.D)
+        setup["kernel"] = KEYS_KERNEL if keys else KERNEL
         lens = prob.lens
         order = sorted(set(lens))
         lists = [decode_list(prob.mask.at(t), prob.q_len, cfg.BN) for t in order]
@@ -244,9 +282,9 @@ class FastDecode(Impl):
         table = prob.mask.table
         table = cupy.asarray(table if table is not None else np.zeros(1, np.int32), dtype=cupy.int32)
         with timed(setup, "compile_s"):
-            mod = get_module(KERNEL, kernel_defines(prob.D, prob.dtype, prob.mask, cfg))
-            split_k, merge_k = mod.get_function(SPLIT), mod.get_function(MERGE)
-            smem = cfg.smem_bytes(prob.D)
+            mod = get_module(setup["kernel"], kernel_defines(prob.D, prob.dtype, prob.mask, cfg, keys))
+            split_k, merge_k = mod.get_function(KEYS_SPLIT if keys else SPLIT), mod.get_function(MERGE)
+            smem = cfg.smem_bytes(prob.D, keys)
             if smem > 48 * 1024:
                 split_k.max_dynamic_shared_size_bytes = smem
         sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
@@ -260,8 +298,9 @@ class FastDecode(Impl):
         list_of = cupy.asarray(np.array([order.index(t) for t in lens], np.int32))
         lens_d = cupy.asarray(np.array(lens, np.int32))
         tent_d = cupy.asarray(tent)
-        op = cupy.empty((prob.B, prob.kv_heads, splits, cfg.rows, prob.D), cupy.float32)
-        lp = cupy.empty((prob.B, prob.kv_heads, splits, cfg.rows), cupy.float32)
+        part_rows = cfg.tile_rows(keys)
+        op = cupy.empty((prob.B, prob.kv_heads, splits, part_rows, prob.D), cupy.float32)
+        lp = cupy.empty((prob.B, prob.kv_heads, splits, part_rows), cupy.float32)
         out = cupy.empty(prob.shape, dtype=qa.dtype)
         tickets = cupy.zeros(prob.B * prob.kv_heads, cupy.int32)  # MERGE: splits finished per pair, back to 0
         scale_log2 = np.float32(prob.softmax_scale * LOG2E)
@@ -269,7 +308,8 @@ class FastDecode(Impl):
                 np.int32(prob.q_len), np.int32(prob.T), np.int32(per_split), scale_log2, table, out, tickets)
         merge_args = (op, lp, out, np.int32(prob.H), np.int32(prob.kv_heads), np.int32(prob.q_len),
                       np.int32(splits))
-        return DecodeRunner(split_k, None if cfg.MERGE else merge_k, (splits, prob.kv_heads, prob.B),
+        # no merge launch when the last split merges, or when each pair has one split (it stores the output)
+        return DecodeRunner(split_k, None if cfg.MERGE or splits == 1 else merge_k, (splits, prob.kv_heads, prob.B),
                             (prob.B * prob.H * prob.q_len,),
                             smem, args, merge_args, out, setup, prob.D, cfg.threads)
 
@@ -293,9 +333,10 @@ def standard_builds() -> list[tuple[str, dict]]:
     c = get_config("decode")
     for D in HEAD_DS:
         for inst in c.instances:
-            b = (KERNEL, kernel_defines(D, "bfloat16", inst.mask(c.build_T)))
-            if b not in builds:
-                builds.append(b)
+            for keys in (False, True):
+                b = (KEYS_KERNEL if keys else KERNEL, kernel_defines(D, "bfloat16", inst.mask(c.build_T), keys=keys))
+                if b not in builds:
+                    builds.append(b)
     # the merge in the last split (MERGE=1), on the first instance
     builds.append((KERNEL, kernel_defines(128, "bfloat16", c.instances[0].mask(c.build_T), replace(DEFAULT, MERGE=1))))
     return builds

@@ -9,7 +9,7 @@ import platform
 import statistics
 from typing import Callable
 
-from .check import GateResult, judge
+from .check import GateResult, judge, problem_inputs
 from .configs import get_config
 from .errors import BadInput
 from .impls import Impl, Problem
@@ -51,7 +51,7 @@ def profile_launch(impl: Impl, prob: Problem, seed: int = 1, *, inputs: Callable
     no NVTX."""
     impl.require(prob)
     nvtx = nvtx if nvtx is not None else nvtx_module()
-    q, k, v = inputs(prob.shape, prob.dtype, seed)
+    q, k, v = problem_inputs(prob, seed, inputs)  # (k and v at H_kv heads where it is smaller)
     runner = impl.prepare(prob, q, k, v)
     res = judge(impl, prob, runner, q, k, v)
     if not res.ok:

@@ -30,8 +30,8 @@
 #           rows in decode.csv
 #   decodeshapes: fast-decode's shapes against each other and SDPA on the dense and streaming 4+1024
 #           decodes (Tq=1, T 4096, 32768, 131072, the decode configuration's B), interleaved, 25 samples:
-#           one --decode-config per space-separated entry of DECODE_SHAPES (default below: split counts,
-#           one wave by the device's occupancy, stages, key tiles), DECODESHAPES_ARGS replaces the
+#           one --decode-config per space-separated entry of DECODE_SHAPES (default below: the warps on
+#           rows instead of keys, split counts, stages, key tiles), DECODESHAPES_ARGS replaces the
 #           narrowing options; rows in OUT_DIR/decodeshapes.csv as they come (resumable)
 #   ab: this tree against an earlier one, alternating: AB_OLD names a folder holding a checkout of the
 #       earlier commit (e.g. `git archive C | tar -x -C old`, carried beside the tree) and AB_OLD_COMMIT
@@ -142,7 +142,7 @@ for s in $steps; do
     decode) # the serving configuration (DECODE_ARGS narrows it), rows in OUT_DIR/decode.csv as they come
            step decode attnbench sweep --config decode ${DECODE_ARGS:-} --resume --out "$out/decode.csv" ;;
     decodeshapes) dc=()
-           for s in ${DECODE_SHAPES:-SPLITS=4 SPLITS=8 SPLITS=16 BLOCKS_PER_SM=4 BLOCKS_PER_SM=2 STAGES=2 STAGES=4 BN=32,STAGES=3 BN=32,STAGES=4,BLOCKS_PER_SM=0 BN=128,STAGES=2,BLOCKS_PER_SM=0}; do
+           for s in ${DECODE_SHAPES:-BY_KEYS=0 SPLITS=8 SPLITS=16 STAGES=2 STAGES=4 STAGES=2,MINB=3 BN=128,STAGES=2 BY_KEYS=0,SPLITS=16}; do
                dc+=(--decode-config "$s")
            done
            step decodeshapes attnbench sweep --config decode --impl fast-decode "${dc[@]}" --impl sdpa-cudnn \

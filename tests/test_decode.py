@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from attnbench.compile import compile_only
-from attnbench.decode import BN, IMPL, ROWS, decode_list, kernel_defines
+from attnbench.decode import BN, IMPL, KEYS_KERNEL, KERNEL, ROWS, decode_list, kernel_defines
 from attnbench.impls import Problem
 from attnbench.patterns import REGISTERED, BadInput, make_mask
 
@@ -62,10 +62,11 @@ def test_it_takes_decoding_shapes_and_refuses_the_others_with_the_reason():
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("pattern", ["dense", "streaming", "document", "custom"])
-def test_compiles_without_spills(arch, D, pattern):
+@pytest.mark.parametrize("keys", [False, True])
+def test_compiles_without_spills(arch, D, pattern, keys):
     mask = make_mask(pattern, 4096, True)
-    reports = compile_only("decode", kernel_defines(D, "bfloat16", mask), arch)
-    assert sorted(r.kernel for r in reports) == ["decode_merge", "decode_split"]
+    reports = compile_only(KEYS_KERNEL if keys else KERNEL, kernel_defines(D, "bfloat16", mask, keys=keys), arch)
+    assert sorted(r.kernel for r in reports) == sorted(["decode_merge", "decode_keys_split" if keys else "decode_split"])
     for r in reports:
         assert 0 < r.registers <= 255 and (r.spill_stores, r.spill_loads) == (0, 0), r
 
@@ -115,8 +116,8 @@ def test_list_says_which_shapes_each_implementation_takes():
 from attnbench.decode import DEFAULT, ENV, DecodeConfig, parse_decode_config, split_count  # noqa: E402
 
 # the choices of scripts/gpu_check.sh's decodeshapes step (DECODE_SHAPES' default)
-GPU_CHECK_SHAPES = ("SPLITS=4", "SPLITS=8", "SPLITS=16", "BLOCKS_PER_SM=4", "BLOCKS_PER_SM=2", "STAGES=2", "STAGES=4",
-                    "BN=32,STAGES=3", "BN=32,STAGES=4,BLOCKS_PER_SM=0", "BN=128,STAGES=2,BLOCKS_PER_SM=0")
+GPU_CHECK_SHAPES = ("BY_KEYS=0", "SPLITS=8", "SPLITS=16", "STAGES=2", "STAGES=4", "STAGES=2,MINB=3", "BN=128,STAGES=2",
+                    "BY_KEYS=0,SPLITS=16")
 
 
 def test_the_gpu_check_step_sweeps_these_shapes():
@@ -131,7 +132,8 @@ def test_the_gpu_check_step_sweeps_these_shapes():
     ("stages=4, bn=32", (("BN", 32), ("STAGES", 4))),
     ("BLOCKS_PER_SM=0,MIN_PER_SPLIT=2", (("BLOCKS_PER_SM", 0), ("MIN_PER_SPLIT", 2))),
     ("8,32,4", (("NWARPS", 8), ("BN", 32), ("STAGES", 4), ("MINB", 1), ("SPLITS", 0), ("BLOCKS_PER_SM", 0),
-                ("MIN_PER_SPLIT", 4), ("MERGE", 0))),
+                ("MIN_PER_SPLIT", 4), ("MERGE", 0), ("BY_KEYS", 2))),
+    ("by_keys=0", (("BY_KEYS", 0),)),
 ])
 def test_a_decode_shape_parses_named_and_positional_forms(text, given):
     spec = parse_decode_config(text)
@@ -143,7 +145,9 @@ def test_a_decode_shape_parses_named_and_positional_forms(text, given):
     ("BN=24", "BN=24 must be a multiple of 16"),
     ("STAGES=1", "STAGES=1 must be from 2 to 8"),
     ("SPLITS=-1", "SPLITS=-1 must be from 0 to 4096"),
-    ("WG=1", "unknown field 'WG' (fields: NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE)"),
+    ("WG=1", "unknown field 'WG' (fields: NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, "
+             "BY_KEYS)"),
+    ("BY_KEYS=3", "BY_KEYS=3 must be from 0 to 2"),
     ("SPLITS=4,SPLITS=8", "SPLITS given twice"),
 ])
 def test_bad_decode_shapes_name_the_option_and_the_limit(text, words):
@@ -180,6 +184,25 @@ def test_a_shape_the_kernel_cannot_take_is_refused_by_name(monkeypatch):
     v = IMPL.decode_variant(parse_decode_config("NWARPS=8"))
     assert v.unsupported(Problem(m, 1, 32, 128, "bfloat16", H_kv=2, Tq=8)) is None
     assert "exceed 64" in IMPL.unsupported(Problem(m, 1, 32, 128, "bfloat16", H_kv=2, Tq=8))
+
+
+def test_the_key_slices_kernel_takes_groups_of_up_to_16_rows():
+    """BY_KEYS=2 (the default) runs kernels/decode_keys.cu where a group's rows fit one m16 tile and
+    the shape cuts each tile into 16 or 32 keys a warp; BY_KEYS=1 refuses more rows by name."""
+    assert DEFAULT.by_keys(4, 128) and DEFAULT.by_keys(16, 64) and not DEFAULT.by_keys(17, 128)
+    assert not DecodeConfig(BY_KEYS=0).by_keys(4, 128)
+    assert not DecodeConfig(BN=32).by_keys(4, 128)  # 8 keys a warp: the rows kernel
+    assert not DecodeConfig(MERGE=1).by_keys(4, 128)  # the merge in the last split is decode.cu's
+    assert "16 or 32 keys each" in DecodeConfig(BN=32, BY_KEYS=1).problem(128, keys=True)
+    assert "MERGE=1" in DecodeConfig(MERGE=1, BY_KEYS=1).problem(128, keys=True)
+    assert DecodeConfig(BN=128).by_keys(4, 128)  # 32 keys a warp
+    # Q's 16 rows, not 64: (16 + 2 x 3 x 64) x 128 x 2 bytes
+    assert DEFAULT.smem_bytes(128, keys=True) == 102400 and DEFAULT.smem_bytes(128) == 114688
+    m = make_mask("dense", 4096, True)
+    v = IMPL.decode_variant(parse_decode_config("BY_KEYS=1"))
+    assert v.unsupported(Problem(m, 1, 32, 128, "bfloat16", H_kv=8, Tq=4)) is None  # 16 rows
+    why = v.unsupported(Problem(m, 1, 32, 128, "bfloat16", H_kv=8, Tq=5))
+    assert "20 query rows" in why and "exceed 16" in why and "BY_KEYS=1" in why
 
 
 def test_a_variant_is_named_by_its_shape_and_the_plain_one_reads_the_environment(monkeypatch):
@@ -223,10 +246,13 @@ def test_a_bad_decode_config_is_refused_before_any_device(registry, monkeypatch)
 @pytest.mark.parametrize("text", GPU_CHECK_SHAPES)
 def test_the_shapes_the_gpu_check_tries_compile_without_spills(arch, text):
     cfg = parse_decode_config(text).apply()
+    keys = cfg.by_keys(32 // 8 * 1, 128)  # the step's cases: Tq=1 against groups of 4 query heads
+    assert cfg.problem(128, keys) is None
     for pattern in ("dense", "streaming"):
-        reports = compile_only("decode", kernel_defines(128, "bfloat16", make_mask(pattern, 4096, True), cfg), arch)
+        mask = make_mask(pattern, 4096, True)
+        reports = compile_only(KEYS_KERNEL if keys else KERNEL, kernel_defines(128, "bfloat16", mask, cfg, keys), arch)
         for r in reports:
-            assert 0 < r.registers <= 255 and (r.spill_stores, r.spill_loads) == (0, 0), (text, r)
+            assert 0 < r.registers <= 255 and (r.spill_stores, r.spill_loads) == (0, 0), (text, keys, r)
 
 
 @pytest.mark.gpu
@@ -246,6 +272,32 @@ def test_gate_of_other_shapes(text, pattern, params):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("text", ("BY_KEYS=1", "BY_KEYS=1,SPLITS=1", "BY_KEYS=1,SPLITS=16", "BY_KEYS=1,BN=128,STAGES=2",
+                                  "BY_KEYS=1,STAGES=2,MINB=3", "BY_KEYS=1,STAGES=4", "BY_KEYS=1,NWARPS=8,BN=128",
+                                  "BY_KEYS=0,SPLITS=1"))
+@pytest.mark.parametrize("pattern,params", [("dense", {}), ("streaming", {"sink": 4, "window": 64}),
+                                            ("window", {"window": 100}), ("dilated", {"window": 512, "dilation": 2})])
+def test_gate_of_the_key_slices_kernel(text, pattern, params):
+    """kernels/decode_keys.cu (and a single split, which stores the output without a merge launch) on
+    groups of 4, 8 and 16 rows, ragged, both dtypes and head dims, where the shape takes the case."""
+    from attnbench.check import gate
+
+    impl = IMPL.decode_variant(parse_decode_config(text))
+    mask = make_mask(pattern, 4096, True, **params)
+    ran = 0
+    for prob in (Problem(mask, 2, 32, 128, "bfloat16", H_kv=8, Tq=1),
+                 Problem(mask, 2, 8, 64, "float16", H_kv=2, Tq=1),
+                 Problem(mask, 2, 16, 64, "bfloat16", H_kv=4, Tq=4),
+                 Problem(mask, 3, 8, 128, "bfloat16", H_kv=2, Tq=4, cache_lens=(4096, 1000, 3008))):
+        if impl.unsupported(prob):
+            continue
+        res = gate(impl, prob)
+        assert res.ok, (text, prob.q_len, res)
+        ran += 1
+    assert ran >= 2
+
+
+@pytest.mark.gpu
 def test_blocks_per_sm_0_takes_the_devices_occupancy():
     import cupy
 
@@ -256,8 +308,9 @@ def test_blocks_per_sm_0_takes_the_devices_occupancy():
     q = random_inputs(prob.shape, prob.dtype, 1)[0]
     _, k, v = random_inputs(prob.kv_shape, prob.dtype, 2)
     setup = impl.prepare(prob, q, k, v).setup
-    assert 1 <= setup["blocks_per_sm"] <= 4  # 112 KiB of shared memory a block at D=128: 2 on an H100 or H200
-    assert setup["decode_config"].endswith("BLOCKS_PER_SM=0,MIN_PER_SPLIT=4,MERGE=0")
+    assert 1 <= setup["blocks_per_sm"] <= 4  # 100 KiB of shared memory a block at D=128: 2 on an H100 or H200
+    assert setup["decode_config"].endswith("BLOCKS_PER_SM=0,MIN_PER_SPLIT=4,MERGE=0,BY_KEYS=2")
+    assert setup["kernel"] == "decode_keys"  # 4 rows a group
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
     assert 8 * 8 * setup["splits"] <= setup["blocks_per_sm"] * sms  # one wave
 
@@ -276,7 +329,7 @@ def test_the_merge_in_the_last_split_matches_the_merge_launch_run_after_run(Tq, 
     _, k, v = random_inputs(prob.kv_shape, prob.dtype, 4)
     outs = {}
     for merge in (0, 1):
-        impl = IMPL.decode_variant(parse_decode_config(f"SPLITS={splits},MERGE={merge}"))
+        impl = IMPL.decode_variant(parse_decode_config(f"SPLITS={splits},MERGE={merge},BY_KEYS=0"))
         runner = impl.prepare(prob, q, k, v)
         got = []
         for _ in range(3):

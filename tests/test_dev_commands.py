@@ -241,6 +241,10 @@ def profile(*args):
     (["--impl", "fake-exact", "--pattern", "window", "--window", "0"], ("window",)),
     (["--impl", "fake-f16"], ("dtype=bfloat16 is not supported by fake-f16",)),
     (["--impl", "fake-absent", "--dtype", "float16"], ("impl=fake-absent cannot run here",)),
+    (["--impl", "fake-exact", "--decode-config", "SPLITS=2"], ("--decode-config", "impl=fake-exact takes no decode shape")),
+    (["--impl", "fake-exact", "--decode-config", "BY_KEYS=5"], ("--decode-config 'BY_KEYS=5'", "from 0 to 2")),
+    (["--impl", "fake-exact", "--H", "8", "--H-kv", "3"], ("H_kv=3", "dividing H=8")),
+    (["--impl", "fake-exact", "--T", "64", "--Tq", "65"], ("Tq=65",)),
 ])
 def test_profile_refuses_bad_input_before_any_launch(registry, monkeypatch, args, words):
     from attnbench import devtools

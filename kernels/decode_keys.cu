@@ -1,0 +1,142 @@
+// Decoding attention when a group's query rows fit one m16 tile (H / H_kv x Tq <= 16: one query per
+// sequence, or a few with few heads a group): the warps take a key tile's keys instead of its rows.
+//
+// kernels/decode.cu gives each warp 16 of the block's rows. With the 4 rows of one query against
+// a group of 4 heads, its first warp holds them all and every product of the other warps is
+// padding: 16 times the tensor work the rows need. Here every warp holds the same 16 rows (Q read
+// once) and its own slice of BN keys of each key tile of KT = NWARPS x BN keys: S = Q K_slice^T
+// (16 x BN), the slice's own online softmax and O_w += P V_slice, so the block's tensor work is
+// that of 16 rows, a quarter of decode.cu's with 4 warps, and a warp whose slice is masked out
+// (BN <= 32: tc_mask_idle) skips its softmax and P V. The tiles stream through STAGES shared-memory
+// stages by cp.async as in decode.cu (a stage holds KT keys; warp w's slice is rows w * BN of it, so
+// the products' ldmatrix addresses are TcMmaSync's with the slice's stage index st * NWARPS + w).
+// After the split's last tile the warps' rows are merged through shared memory by their
+// log-sum-exps, and the split stores them as decode.cu's do (tc/decode_common.cuh: float32 partials
+// and a merge launch, or the output itself when the pair has one split).
+//
+// The list's tiles are KT keys (attnbench.decode builds them at KT). -D BN is the slice (16 or 32).
+// Grid: (splits, H_kv, B); block: THREADS. decode_merge grid: B * H * Tq; block: HEAD_D threads.
+#include "tc/config.cuh"
+#include "tc/common.cuh"
+#include "tc/scheduler.cuh"
+#include "tc/mask.cuh"
+#include "tc/softmax.cuh"
+#include "tc/mainloop_sync.cuh"
+#define DEC_ROWS RW  // one m16 tile of rows
+#include "tc/decode_common.cuh"
+
+#define KT (NWARPS * BN)  // keys of a list's tile: a stage
+static_assert(!WG && !TMA && STRIDE == 1 && MT == 1 && QREG == 1, "decode_keys: mma.sync, cp.async, one m16 tile");
+static_assert(BN <= 32, "decode_keys: a warp's slice of 16 or 32 keys (idle slices skipped)");
+
+typedef TcMmaSync TcMma;
+
+extern "C" __global__ void __launch_bounds__(THREADS, MINB) decode_keys_split(DECODE_SPLIT_PARAMS) {
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const DecodeBlock blk = decode_block(Qg, Kg, Vg, lists, lens, list_of, H, H_kv, Tq, Tk, per_split);
+    const int rows = blk.rows, Tb = blk.Tb, count = blk.count;  // rows <= RW (the host refuses more)
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int g = lane >> 2, t4 = lane & 3;
+    // shared memory: Q's 16 rows, then STAGES stages of K and of V (KT rows each)
+    TcSmem sm;
+    sm.q = tc_smem_addr(smem);
+    sm.k = sm.q + RW * HEAD_D * 2;
+    sm.v = sm.k + STAGES * KT * HEAD_D * 2;
+    const u16 *q = blk.q, *kg = blk.k, *vg = blk.v;
+    const AB_PATTERN_T pat{AB_PATTERN_ARGS};
+
+    tc_load_tile<TcRowLayout, RW>(sm.q, q, 0, rows);  // rows past the group's zero-filled
+    tc_commit();
+    TcTileList list;
+    list.init_range(tent, blk.first, count);
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < count) {
+            const int kt = tc_entry_tile(list.ring[s]);
+            tc_load_tile<TcRowLayout, KT>(sm.k + s * KT * HEAD_D * 2, kg, kt * KT, Tb);
+            tc_load_tile<TcRowLayout, KT>(sm.v + s * KT * HEAD_D * 2, vg, kt * KT, Tb);
+        }
+        tc_commit();
+    }
+    tc_wait<STAGES - 1>();  // Q's group is the oldest
+    __syncthreads();
+    TcMma::Ops op;
+    TcMma::init(op, sm, 0, lane);  // every warp: rows 0..15
+
+    TcAcc acc;
+    tc_zero(acc);
+    TcSoftmax sf;
+    sf.init();
+    const int ra = g, rb = g + 8;  // the thread's two rows
+    const int pos_a = decode_pos(ra, rows, Tb, Tq), pos_b = decode_pos(rb, rows, Tb, Tq);
+
+    int st = 0, st_fill = STAGES - 1;
+    for (int it = 0; it < count; ++it) {
+        const int nx = it + STAGES - 1;
+        int ent_nx;
+        const int ent = list.next(tent, it, ent_nx);
+        tc_wait<STAGES - 2>();
+        __syncthreads();  // tile `it` is visible to all; the stage refilled below is free
+        if (nx < count) {
+            const int ktn = tc_entry_tile(ent_nx);
+            tc_load_tile<TcRowLayout, KT>(sm.k + st_fill * KT * HEAD_D * 2, kg, ktn * KT, Tb);
+            tc_load_tile<TcRowLayout, KT>(sm.v + st_fill * KT * HEAD_D * 2, vg, ktn * KT, Tb);
+        }
+        tc_commit();
+        st_fill = st_fill == STAGES - 1 ? 0 : st_fill + 1;
+        const int slice = st * NWARPS + warp;  // this warp's BN keys of stage st
+        st = st == STAGES - 1 ? 0 : st + 1;
+
+        decode_tile(acc, sf, op, pat, ent, slice, tc_entry_tile(ent) * KT + warp * BN, pos_a, pos_b, Tb, t4, scale_log2, it);
+    }
+    tc_wait<0>();
+    __syncthreads();  // every warp is done with the stages: they hold the warps' rows now
+
+    // each warp's rows normalised by its own sums, with their log-sum-exp (base 2), into the stages
+    float* red_o = reinterpret_cast<float*>(smem + RW * HEAD_D * 2);  // [NWARPS][RW][HEAD_D]
+    __shared__ float red_l[NWARPS][RW];
+    static_assert(NWARPS * RW * HEAD_D * 4 <= 2 * STAGES * KT * HEAD_D * 2, "the warps' rows fit the stages");
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int row = r ? rb : ra;
+        const float x = tc_quad_sum(sf.l[0][r]);
+        const float inv = x > 0.f ? tc_rcp(x) : 0.f;
+        float* dst = red_o + ((size_t)warp * RW + row) * HEAD_D + 2 * t4;
+#pragma unroll
+        for (int d = 0; d < HEAD_D / 8; ++d)
+            *reinterpret_cast<float2*>(dst + d * 8) = make_float2(acc[0][d][2 * r] * inv, acc[0][d][2 * r + 1] * inv);
+        if (t4 == 0) red_l[warp][row] = x > 0.f ? sf.m[0][r] * scale_log2 + __log2f(x) : AB_NEG_INF;
+    }
+    __syncthreads();
+
+    // the block's rows: the warps' weighed by their log-sum-exps; stored as the split's partial, or as
+    // the output when the pair has one split
+    const bool alone = gridDim.x == 1;
+    float* o = decode_part_rows(Op, blk, H_kv);
+    float* l = decode_part_lse(Lp, blk, H_kv);
+    u16* og = decode_out_slab(Og, blk, H, Tq);
+    for (int e = threadIdx.x; e < rows * HEAD_D; e += THREADS) {
+        const int r = e / HEAD_D, d = e % HEAD_D;
+        float mx = AB_NEG_INF;
+#pragma unroll
+        for (int w = 0; w < NWARPS; ++w) mx = fmaxf(mx, red_l[w][r]);
+        float num = 0.f, den = 0.f;
+        if (mx != AB_NEG_INF) {
+#pragma unroll
+            for (int w = 0; w < NWARPS; ++w) {
+                const float lse = red_l[w][r];
+                if (lse == AB_NEG_INF) continue;
+                const float wgt = tc_exp2(lse - mx);
+                num += wgt * red_o[((size_t)w * RW + r) * HEAD_D + d];
+                den += wgt;
+            }
+        }
+        const float y = den > 0.f ? num / den : 0.f;
+        if (alone) {
+            og[e] = decode_to_u16(y);
+        } else {
+            o[e] = y;
+            if (d == 0) l[r] = den > 0.f ? mx + __log2f(den) : AB_NEG_INF;
+        }
+    }
+}

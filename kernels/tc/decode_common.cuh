@@ -1,0 +1,129 @@
+// What the decoding kernels (kernels/decode.cu: the warps take a tile's rows; kernels/decode_keys.cu:
+// the warps take a tile's keys) share: their parameters, a block's work, the split partials' layout,
+// and the merge launch.
+//
+// A block takes one (sequence b, key/value head kvh) and one stretch (split) of the key tiles that
+// sequence's queries may read. A row r of (b, kvh) is query head h0 + r / Tq at position t = r % Tq;
+// in q and the output [B][H][Tq][HEAD_D] the group's rows are one contiguous slab from
+// ((b * H + kvh * group) * Tq) rows. A split's rows are stored in float32, normalised by the split's
+// own row sums, with their log-sum-exp (base 2): Op [B][H_kv][splits][DEC_ROWS][HEAD_D], Lp
+// [B][H_kv][splits][DEC_ROWS] (DEC_ROWS, the partial's rows a split, defined by the kernel file before
+// this header). When a pair has one split (gridDim.x == 1) the split kernel stores the output itself,
+// in the input's 16-bit type, and the host launches no merge.
+//
+// Interface:
+//   DECODE_SPLIT_PARAMS: the split kernels' parameters (the host launches either alike);
+//   decode_block(...) -> DecodeBlock: the block's pair, split, rows, keys, Q slab, K/V and its stretch of
+//     the list (first entry in tent, count);
+//   decode_out_slab(Og, blk, H, Tq): the group's first output row;
+//   decode_part_rows / decode_part_lse(..., blk, H_kv): the split's partial rows and log-sum-exps;
+//   decode_pos(r, rows, Tb, Tq): row r's position (padding rows: the last, never stored);
+//   decode_tile(...): one key tile's products and softmax for a warp's 16 rows (below);
+//   decode_to_u16(y): y in the 16-bit type; decode_merge: the merge launch, a block per output row.
+#pragma once
+#include "tc/common.cuh"
+#include "tc/mask.cuh"
+#include "tc/softmax.cuh"
+#include "tc/mainloop_sync.cuh"
+
+#ifndef DEC_ROWS
+#error "DEC_ROWS: the partial's rows a split (define it before including tc/decode_merge.cuh)"
+#endif
+
+#define DECODE_SPLIT_PARAMS                                                                                    \
+    const u16 *__restrict__ Qg, const u16 *__restrict__ Kg, const u16 *__restrict__ Vg, float *__restrict__ Op,  \
+        float *__restrict__ Lp, const int2 *__restrict__ lists, const int *__restrict__ tent,                      \
+        const int *__restrict__ lens, const int *__restrict__ list_of, int H, int H_kv, int Tq, int Tk,           \
+        int per_split, float scale_log2, const int *__restrict__ table, u16 *__restrict__ Og,                     \
+        int *__restrict__ tickets
+
+struct DecodeBlock {
+    int split, kvh, b;  // blockIdx (x, y, z)
+    int group, rows;    // query heads a key/value head; the block's rows, group x Tq
+    int Tb;             // this sequence's keys
+    int first, count;   // the split's stretch of the sequence's list: first entry's index in tent, length
+    const u16 *q, *k, *v;  // the group's Q slab, the key/value head's K and V
+};
+
+__device__ __forceinline__ DecodeBlock decode_block(const u16* Qg, const u16* Kg, const u16* Vg, const int2* lists,
+                                                    const int* lens, const int* list_of, int H, int H_kv, int Tq,
+                                                    int Tk, int per_split) {
+    DecodeBlock d;
+    d.split = blockIdx.x;
+    d.kvh = blockIdx.y;
+    d.b = blockIdx.z;
+    d.group = H / H_kv;
+    d.rows = d.group * Tq;
+    d.Tb = lens[d.b];
+    const int2 head = lists[list_of[d.b]];  // (first entry, count)
+    const int first = d.split * per_split;
+    d.first = head.x + first;
+    d.count = max(0, min(per_split, head.y - first));
+    d.q = Qg + ((size_t)d.b * H + (size_t)d.kvh * d.group) * Tq * HEAD_D;
+    const size_t kv = ((size_t)d.b * H_kv + d.kvh) * (size_t)Tk * HEAD_D;
+    d.k = Kg + kv;
+    d.v = Vg + kv;
+    return d;
+}
+
+__device__ __forceinline__ int decode_pos(int r, int rows, int Tb, int Tq) { return r < rows ? Tb - Tq + r % Tq : Tb - 1; }
+
+// One key tile for a warp's 16 rows (the thread's two at positions pos_a, pos_b): S = Q K^T from
+// ldmatrix stage `st` (TcMmaSync's stage index: a decode_keys warp's slice is one), masked with the
+// pattern predicate at each row's own position when the entry is partial (keys from j0), the online
+// softmax, O += P V; nothing but zero row sums when the warp's keys are all masked (BN <= 32).
+template <class P>
+__device__ __forceinline__ void decode_tile(TcAcc& acc, TcSoftmax& sf, const TcMmaSync::Ops& op, const P& pat, int ent,
+                                            int st, int j0, int pos_a, int pos_b, int Tb, int t4, float scale_log2,
+                                            int it) {
+    TcS s;
+    TcRows rs;
+    TcMmaSync::qk(s, op, st);
+    bool idle = false;
+    if (ent & 1) idle = tc_mask_idle(tc_mask_rows(s[0], pat, pos_a, pos_b, j0, Tb, t4));
+    if (idle)
+        TcSoftmax::zero(s, rs);
+    else
+        sf.probs(s, rs, acc, scale_log2, 1, it);
+    sf.add(rs);
+    TcMmaSync::pv(acc, s, op, st, idle);
+}
+
+__device__ __forceinline__ u16 decode_to_u16(float y) { return (u16)(tc_pack(y, 0.f) & 0xffffu); }
+
+// the group's output slab, rows (h - h0) * Tq + t
+__device__ __forceinline__ u16* decode_out_slab(u16* Og, const DecodeBlock& d, int H, int Tq) {
+    return Og + ((size_t)d.b * H + (size_t)d.kvh * d.group) * Tq * HEAD_D;
+}
+
+// the split's partial rows and log-sum-exps
+__device__ __forceinline__ float* decode_part_rows(float* Op, const DecodeBlock& d, int H_kv) {
+    return Op + ((((size_t)d.b * H_kv + d.kvh) * gridDim.x + d.split) * DEC_ROWS) * HEAD_D;
+}
+__device__ __forceinline__ float* decode_part_lse(float* Lp, const DecodeBlock& d, int H_kv) {
+    return Lp + (((size_t)d.b * H_kv + d.kvh) * gridDim.x + d.split) * DEC_ROWS;
+}
+
+// One output row (b, h, t) from the splits of its (b, key/value head), in a launch of its own (grid
+// B * H * Tq, block HEAD_D: a thread per column).
+extern "C" __global__ void __launch_bounds__(HEAD_D)
+decode_merge(const float* __restrict__ Op, const float* __restrict__ Lp, u16* __restrict__ Og, int H, int H_kv,
+             int Tq, int splits) {
+    const int row = blockIdx.x;  // (b * H + h) * Tq + t
+    const int t = row % Tq, h = (row / Tq) % H, b = row / (Tq * H);
+    const int group = H / H_kv, kvh = h / group, r = (h - kvh * group) * Tq + t;
+    const size_t base = ((size_t)b * H_kv + kvh) * splits;
+    float mx = AB_NEG_INF;
+    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, Lp[(base + s) * DEC_ROWS + r]);
+    float num = 0.f, den = 0.f;
+    if (mx != AB_NEG_INF) {
+        for (int s = 0; s < splits; ++s) {
+            const float lse = Lp[(base + s) * DEC_ROWS + r];
+            if (lse == AB_NEG_INF) continue;
+            const float wgt = tc_exp2(lse - mx);
+            num += wgt * Op[((base + s) * DEC_ROWS + r) * HEAD_D + threadIdx.x];
+            den += wgt;
+        }
+    }
+    Og[(size_t)row * HEAD_D + threadIdx.x] = decode_to_u16(den > 0.f ? num / den : 0.f);
+}
