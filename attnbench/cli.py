@@ -611,6 +611,36 @@ def tiles_cmd(config, T, Ds, repeat, wgmma, no_device, out):
         click.echo(f"{len(rows)} rows -> {out}", err=True)
 
 
+@main.command("floor")
+@click.option("--samples", type=int, default=51, show_default=True, help="timed samples a case")
+@click.option("--out", "out", default=None, type=click.Path(dir_okay=False), help="also write the rows to this CSV")
+@friendly
+def floor_cmd(samples, out):
+    """The least a timed sample measures here: launches that do next to nothing (one and two of an
+    empty kernel; a small read alone and followed by an empty launch) under the sweep's timing
+    protocol (L2 flushed, a blocking kernel, CUDA events). No row of a sweep can go below these."""
+    from .devtools import event_floor_rows
+    from .impls import device_problem
+
+    check_samples(samples, None)
+    if out is not None:
+        probe(out, "--out")
+    why = device_problem()
+    if why:
+        raise BadInput(f"floor needs a GPU: {why}")
+    rows = event_floor_rows(samples)
+    for r in rows:
+        click.echo(f"{r['what']:<40} {r['median_ms'] * 1e3:8.1f} us (p20 {r['p20_ms'] * 1e3:.1f}, "
+                   f"p80 {r['p80_ms'] * 1e3:.1f}, {r['samples']} samples)")
+    if out is not None:
+        import pandas as pd
+
+        from .safefile import write_atomically
+
+        write_atomically(out, lambda f: pd.DataFrame(rows).to_csv(f, index=False), what="--out")
+        click.echo(f"{len(rows)} rows -> {out}", err=True)
+
+
 @main.command()
 @click.argument("csv_path", metavar="RESULTS.csv")
 @click.option("--out-dir", default="plots", show_default=True, type=click.Path(file_okay=False))

@@ -177,3 +177,47 @@ def tile_header(device: bool) -> str:
 
 __all__ = ["profile_launch", "nvtx_module", "tile_build_times", "tile_options", "tile_row_line", "tile_header",
            "PROFILE_RANGE"]
+
+
+# -- the least a timed sample measures ----------------------------------------------------------------
+
+FLOOR_READ_BYTES = (4 << 20, 32 << 20)  # a streaming decode's K and V at B=1 and B=8 (4+1024, D=128)
+
+
+def event_floor_rows(samples: int = 51) -> list[dict]:
+    """What the timing protocol (``timing.EventTimer``: the L2 flushed, a blocking kernel, CUDA events
+    around the launches) measures for launches that do next to nothing: one and two launches of a
+    one-thread kernel that returns at once, and a read of FLOOR_READ_BYTES by kernels/bandwidth.cu
+    alone and followed by such a launch (a split kernel and its merge). No implementation's row can
+    go below the matching one; a row per case, medians in ms, with the run's provenance."""
+    import cupy
+    import numpy as np
+
+    from .results import now, provenance
+    from .timing import _HOLD, EventTimer, read_kernel, summarize
+
+    timer = EventTimer()
+    empty = cupy.RawKernel(_HOLD, "attnbench_hold")
+    zero = np.uint64(0)
+
+    def launch():
+        empty((1,), (1,), (zero,))
+
+    cases = [("one empty launch", 1, 0, launch), ("two empty launches", 2, 0, lambda: (launch(), launch()))]
+    bufs = []
+    for n in FLOOR_READ_BYTES:
+        bufs.append(cupy.ones(n // 4, dtype=cupy.float32))
+        read = read_kernel(bufs[-1])
+        mib = n >> 20
+        cases.append((f"read {mib} MiB", 1, n, read))
+        cases.append((f"read {mib} MiB, then an empty launch", 2, n, lambda read=read: (read(), launch())))
+    prov = provenance()
+    rows = []
+    for what, launches, nbytes, fn in cases:
+        for _ in range(3):  # loaded and warm
+            fn()
+        cupy.cuda.runtime.deviceSynchronize()
+        t = summarize([timer.sample(fn) for _ in range(samples)])
+        rows.append(dict(timestamp=now(), **prov, what=what, launches=launches, bytes=nbytes, median_ms=t.median_ms,
+                         p20_ms=t.p20_ms, p80_ms=t.p80_ms, samples=t.samples))
+    return rows

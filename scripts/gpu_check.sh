@@ -19,6 +19,8 @@
 #   dev: fast-tc against Flex and SDPA at T=32768, interleaved, 25 samples (`attnbench sweep --config llm
 #        --T 32768 --impl fast-tc --impl flex --impl sdpa-flash --impl sdpa-cudnn --samples 25`; DEV_ARGS
 #        adds options, e.g. --pattern dense), rows in dev.csv
+#   floor: what the timing protocol measures for launches that do next to nothing (`attnbench floor`),
+#        floor.csv
 #   tilebuild: tile-list build times at T=131072, host and device (`attnbench tiles`; TILES_ARGS adds
 #        options, e.g. --T 32768), tile_build.csv
 #   gqa: fast-tc and fast-tc-sync with grouped-query heads against H_kv = H, the llm configuration at
@@ -72,7 +74,7 @@ step() {  # step NAME CMD...: run, log, remember failure, go on
 pack() {  # after every step, so a run cut short still leaves what it finished
     tar -cf "$out/gpu_check.tar" -C "$work" . 2>/dev/null
     cp "$log" "$out/"
-    for f in "$work"/*.csv; do [ -e "$f" ] && cp "$f" "$out/"; done
+    for f in "$work"/*.csv "$work"/*.txt; do [ -e "$f" ] && cp "$f" "$out/"; done
 }
 
 # provenance: ATTNBENCH_GIT_COMMIT when set (set it where the copy's git metadata may be stale: a
@@ -133,6 +135,7 @@ for s in $steps; do
                ${SHAPES_ARGS:---T 32768} --out "$work/shapes.csv" ;;
     dev) step dev attnbench sweep --config llm --T 32768 --impl fast-tc --impl flex --impl sdpa-flash \
                --impl sdpa-cudnn --samples 25 ${DEV_ARGS:-} --out "$work/dev.csv" ;;
+    floor) step floor attnbench floor --out "$work/floor.csv" ;;
     tilebuild) step tilebuild attnbench tiles ${TILES_ARGS:-} --out "$work/tile_build.csv" ;;
     gqa)   for hkv in 16 4; do
                step gqa_$hkv attnbench sweep --config llm --H-kv $hkv \

@@ -335,3 +335,30 @@ def test_tiles_refuses_an_unwritable_out_before_any_build(tmp_path, monkeypatch)
     monkeypatch.setattr(tiles_mod, "build", lambda *a: pytest.fail("built"))
     (tmp_path / "f").write_text("x")
     one_error(tiles("--no-device", "--out", tmp_path / "f" / "t.csv"), "--out", "is not a directory")
+
+
+# -- attnbench floor --------------------------------------------------------------------------------
+
+def test_floor_refuses_bad_input_and_a_machine_without_a_device():
+    r = CliRunner().invoke(main, ["floor", "--samples", "0"])
+    one_error(r, "--samples=0 must be from 1 to")
+    from attnbench.impls import device_problem
+
+    if device_problem() is None:
+        pytest.skip("a device is here")
+    one_error(CliRunner().invoke(main, ["floor"]), "floor needs a GPU")
+
+
+@pytest.mark.gpu
+def test_floor_rows_say_what_the_protocol_measures_for_next_to_nothing(tmp_path):
+    import pandas as pd
+
+    out = tmp_path / "floor.csv"
+    r = CliRunner().invoke(main, ["floor", "--samples", "15", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    rows = pd.read_csv(out).set_index("what")
+    assert len(rows) == 6 and rows["gpu"].notna().all() and rows["git_commit"].notna().all()
+    assert (rows["median_ms"] > 0).all() and (rows["samples"] == 15).all()
+    # a second launch and a bigger read each cost something on top
+    assert rows.loc["two empty launches", "median_ms"] > rows.loc["one empty launch", "median_ms"]
+    assert rows.loc["read 32 MiB", "median_ms"] > rows.loc["read 4 MiB", "median_ms"]
