@@ -624,6 +624,8 @@ def floor_cmd(samples, out):
 
     check_samples(samples, None)
     if out is not None:
+        from .safefile import probe
+
         probe(out, "--out")
     why = device_problem()
     if why:

@@ -362,3 +362,7 @@ def test_floor_rows_say_what_the_protocol_measures_for_next_to_nothing(tmp_path)
     # a second launch and a bigger read each cost something on top
     assert rows.loc["two empty launches", "median_ms"] > rows.loc["one empty launch", "median_ms"]
     assert rows.loc["read 32 MiB", "median_ms"] > rows.loc["read 4 MiB", "median_ms"]
+
+
+def test_floor_refuses_an_unwritable_out_before_any_device(tmp_path):
+    one_error(CliRunner().invoke(main, ["floor", "--out", str(tmp_path / "no" / "such" / "dir" / "x.csv")]), "--out")
