@@ -365,4 +365,5 @@ def test_floor_rows_say_what_the_protocol_measures_for_next_to_nothing(tmp_path)
 
 
 def test_floor_refuses_an_unwritable_out_before_any_device(tmp_path):
-    one_error(CliRunner().invoke(main, ["floor", "--out", str(tmp_path / "no" / "such" / "dir" / "x.csv")]), "--out")
+    (tmp_path / "a-file").write_text("")
+    one_error(CliRunner().invoke(main, ["floor", "--out", str(tmp_path / "a-file" / "x.csv")]), "--out")
