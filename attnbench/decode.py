@@ -56,7 +56,9 @@ class DecodeConfig:
     launch; kernels/decode.cu only). BY_KEYS 0: the warps take 16 rows each (kernels/decode.cu: the
     block's rows, query heads of a group x Tq, up to 16 NWARPS); 1: every warp the same 16 rows and
     BN / NWARPS keys of each tile (kernels/decode_keys.cu, rows up to 16); 2: the second wherever the
-    rows fit 16 and the shape allows it, else the first."""
+    rows fit 16 and the shape allows it, else the first. ONE_PER_SM: with BLOCKS_PER_SM 0, when the
+    SMs number at least ONE_PER_SM for each list (few sequences: long lists), one block per SM
+    instead of the wave's (0: never)."""
     NWARPS: int = 4
     BN: int = 64
     STAGES: int = 3
@@ -66,6 +68,7 @@ class DecodeConfig:
     MIN_PER_SPLIT: int = 4  # B 1 to 64; 4 blocks per SM was 3-17% slower on dense: docs/PERF.md "decode shapes")
     MERGE: int = 0  # the merge in the last split was 4-14% slower at B=1 (docs/PERF.md "decode: the merge")
     BY_KEYS: int = 2
+    ONE_PER_SM: int = 8  # B=1: 3-4% faster than two a SM on an H200 (docs/PERF.md "decode v2")
 
     @property
     def rows(self) -> int:
@@ -116,7 +119,7 @@ class DecodeConfig:
 DECODE_FIELDS = tuple(f.name for f in fields(DecodeConfig))
 DECODE_LIMITS = {"NWARPS": (4, 16, 4), "BN": (16, 256, 16), "STAGES": (2, 8, 1), "MINB": (1, 16, 1),
                  "SPLITS": (0, 4096, 1), "BLOCKS_PER_SM": (0, 64, 1), "MIN_PER_SPLIT": (1, 4096, 1),
-                 "MERGE": (0, 1, 1), "BY_KEYS": (0, 2, 1)}
+                 "MERGE": (0, 1, 1), "BY_KEYS": (0, 2, 1), "ONE_PER_SM": (0, 1024, 1)}
 DEFAULT = DecodeConfig()
 NWARPS, BN, STAGES = DEFAULT.NWARPS, DEFAULT.BN, DEFAULT.STAGES
 ROWS = DEFAULT.rows  # query rows of a block: query heads of a group x Tq
@@ -138,7 +141,7 @@ class DecodeSpec:
 
 
 def parse_decode_config(text: str, option: str = "--decode-config") -> DecodeSpec:
-    """'FIELD=N,...' of NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, BY_KEYS (any case; the
+    """'FIELD=N,...' of NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, BY_KEYS, ONE_PER_SM (any case; the
     others at their defaults) or all by position from NWARPS,BN,STAGES; BadInput naming ``option``
     and the limit."""
     given = parse_fields(text, option, DecodeConfig, DECODE_LIMITS, min_positional=3)
@@ -162,9 +165,12 @@ def smem_bytes(D: int, cfg: DecodeConfig = DEFAULT, keys: bool = False) -> int:
 def split_count(longest: int, work: int, sms: int, cfg: DecodeConfig = DEFAULT, resident: int = 1) -> tuple[int, int]:
     """(key tiles a split, splits) for lists of at most ``longest`` tiles and ``work`` = B * H_kv of
     them on ``sms`` multiprocessors: SPLITS when given; with BLOCKS_PER_SM 0 the most splits whose
-    blocks fit one wave of ``resident`` blocks per SM (at least 1, each at least MIN_PER_SPLIT tiles);
-    else about BLOCKS_PER_SM blocks per SM, each split at least MIN_PER_SPLIT tiles."""
+    blocks fit one wave of ``resident`` blocks per SM (at least 1, each at least MIN_PER_SPLIT tiles),
+    or one block per SM where the SMs number ONE_PER_SM or more for each list; else about BLOCKS_PER_SM
+    blocks per SM, each split at least MIN_PER_SPLIT tiles."""
     if cfg.SPLITS or not cfg.BLOCKS_PER_SM:
+        if cfg.ONE_PER_SM and sms // work >= cfg.ONE_PER_SM:
+            resident = 1
         splits = cfg.SPLITS or max(1, min(resident * sms // work, -(-longest // cfg.MIN_PER_SPLIT)))
         per_split = max(1, -(-longest // splits))
     else:
@@ -304,8 +310,10 @@ class FastDecode(Impl):
         out = cupy.empty(prob.shape, dtype=qa.dtype)
         tickets = cupy.zeros(prob.B * prob.kv_heads, cupy.int32)  # MERGE: splits finished per pair, back to 0
         scale_log2 = np.float32(prob.softmax_scale * LOG2E)
+        one_len = len(order) == 1 and order[0] == prob.T  # every sequence at T: the list head as arguments
         args = (qa, ka, va, op, lp, heads, tent_d, lens_d, list_of, np.int32(prob.H), np.int32(prob.kv_heads),
-                np.int32(prob.q_len), np.int32(prob.T), np.int32(per_split), scale_log2, table, out, tickets)
+                np.int32(prob.q_len), np.int32(prob.T), np.int32(per_split), scale_log2, table, out, tickets,
+                np.int32(one_len), np.int32(counts[0] if one_len else 0))
         merge_args = (op, lp, out, np.int32(prob.H), np.int32(prob.kv_heads), np.int32(prob.q_len),
                       np.int32(splits))
         # no merge launch when the last split merges, or when each pair has one split (it stores the output)

@@ -1,6 +1,8 @@
 """fast-decode: its key-tile lists (CPU), what it takes and refuses (CPU), compiles for sm_80 and
 sm_90 without spills (CPU, NVRTC), and passes the gate on the GPU for every pattern, grouped heads,
 Tq from 1 to 16 and ragged batches."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -132,7 +134,7 @@ def test_the_gpu_check_step_sweeps_these_shapes():
     ("stages=4, bn=32", (("BN", 32), ("STAGES", 4))),
     ("BLOCKS_PER_SM=0,MIN_PER_SPLIT=2", (("BLOCKS_PER_SM", 0), ("MIN_PER_SPLIT", 2))),
     ("8,32,4", (("NWARPS", 8), ("BN", 32), ("STAGES", 4), ("MINB", 1), ("SPLITS", 0), ("BLOCKS_PER_SM", 0),
-                ("MIN_PER_SPLIT", 4), ("MERGE", 0), ("BY_KEYS", 2))),
+                ("MIN_PER_SPLIT", 4), ("MERGE", 0), ("BY_KEYS", 2), ("ONE_PER_SM", 8))),
     ("by_keys=0", (("BY_KEYS", 0),)),
 ])
 def test_a_decode_shape_parses_named_and_positional_forms(text, given):
@@ -146,7 +148,7 @@ def test_a_decode_shape_parses_named_and_positional_forms(text, given):
     ("STAGES=1", "STAGES=1 must be from 2 to 8"),
     ("SPLITS=-1", "SPLITS=-1 must be from 0 to 4096"),
     ("WG=1", "unknown field 'WG' (fields: NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, "
-             "BY_KEYS)"),
+             "BY_KEYS, ONE_PER_SM)"),
     ("BY_KEYS=3", "BY_KEYS=3 must be from 0 to 2"),
     ("SPLITS=4,SPLITS=8", "SPLITS given twice"),
 ])
@@ -167,10 +169,13 @@ def test_the_splits_come_from_the_shape():
     # BLOCKS_PER_SM=0: one wave of what an SM holds (2 blocks of 112 KiB): 4 splits x 64 lists = 256 <= 264
     one_wave = parse_decode_config("BLOCKS_PER_SM=0").apply()
     assert split_count(512, 64, 132, one_wave, resident=2) == (128, 4)
-    assert split_count(2048, 8, 132, one_wave, resident=2) == (63, 33)  # B=1 at Tk=131072: 264 blocks
+    # B=1 at Tk=131072: 8 lists, 16 SMs each: one block per SM (ONE_PER_SM=8), else the wave's 264 blocks
+    assert split_count(2048, 8, 132, one_wave, resident=2) == (128, 16)
+    assert split_count(2048, 8, 132, replace(one_wave, ONE_PER_SM=0), resident=2) == (63, 33)
+    assert split_count(2048, 8, 132, replace(one_wave, ONE_PER_SM=17), resident=2) == (63, 33)
     assert split_count(64, 512, 132, one_wave, resident=2) == (64, 1)  # more lists than a wave holds
     assert split_count(8, 1, 132, one_wave, resident=2) == (4, 2)  # MIN_PER_SPLIT tiles a split at least
-    assert split_count(2048, 8, 132, resident=2) == (63, 33)  # the default shape: one wave
+    assert split_count(2048, 8, 132, resident=2) == (128, 16)  # the default shape
 
 
 def test_a_shape_the_kernel_cannot_take_is_refused_by_name(monkeypatch):
@@ -309,7 +314,7 @@ def test_blocks_per_sm_0_takes_the_devices_occupancy():
     _, k, v = random_inputs(prob.kv_shape, prob.dtype, 2)
     setup = impl.prepare(prob, q, k, v).setup
     assert 1 <= setup["blocks_per_sm"] <= 4  # 100 KiB of shared memory a block at D=128: 2 on an H100 or H200
-    assert setup["decode_config"].endswith("BLOCKS_PER_SM=0,MIN_PER_SPLIT=4,MERGE=0,BY_KEYS=2")
+    assert setup["decode_config"].endswith("BLOCKS_PER_SM=0,MIN_PER_SPLIT=4,MERGE=0,BY_KEYS=2,ONE_PER_SM=8")
     assert setup["kernel"] == "decode_keys"  # 4 rows a group
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
     assert 8 * 8 * setup["splits"] <= setup["blocks_per_sm"] * sms  # one wave

@@ -14,7 +14,7 @@
 // Interface:
 //   DECODE_SPLIT_PARAMS: the split kernels' parameters (the host launches either alike);
 //   decode_block(...) -> DecodeBlock: the block's pair, split, rows, keys, Q slab, K/V and its stretch of
-//     the list (first entry in tent, count);
+//     the list (first entry in tent, count); from the arguments alone when the batch is not ragged;
 //   decode_out_slab(Og, blk, H, Tq): the group's first output row;
 //   decode_part_rows / decode_part_lse(..., blk, H_kv): the split's partial rows and log-sum-exps;
 //   decode_pos(r, rows, Tb, Tq): row r's position (padding rows: the last, never stored);
@@ -35,7 +35,7 @@
         float *__restrict__ Lp, const int2 *__restrict__ lists, const int *__restrict__ tent,                      \
         const int *__restrict__ lens, const int *__restrict__ list_of, int H, int H_kv, int Tq, int Tk,           \
         int per_split, float scale_log2, const int *__restrict__ table, u16 *__restrict__ Og,                     \
-        int *__restrict__ tickets
+        int *__restrict__ tickets, int one_len, int list_count
 
 struct DecodeBlock {
     int split, kvh, b;  // blockIdx (x, y, z)
@@ -45,17 +45,19 @@ struct DecodeBlock {
     const u16 *q, *k, *v;  // the group's Q slab, the key/value head's K and V
 };
 
+// (one_len: every sequence holds Tk keys and reads the list at tent[0 .. list_count), given as
+// arguments so that a block's first loads wait on no read of lens, list_of and lists)
 __device__ __forceinline__ DecodeBlock decode_block(const u16* Qg, const u16* Kg, const u16* Vg, const int2* lists,
                                                     const int* lens, const int* list_of, int H, int H_kv, int Tq,
-                                                    int Tk, int per_split) {
+                                                    int Tk, int per_split, int one_len, int list_count) {
     DecodeBlock d;
     d.split = blockIdx.x;
     d.kvh = blockIdx.y;
     d.b = blockIdx.z;
     d.group = H / H_kv;
     d.rows = d.group * Tq;
-    d.Tb = lens[d.b];
-    const int2 head = lists[list_of[d.b]];  // (first entry, count)
+    d.Tb = one_len ? Tk : lens[d.b];
+    const int2 head = one_len ? make_int2(0, list_count) : lists[list_of[d.b]];  // (first entry, count)
     const int first = d.split * per_split;
     d.first = head.x + first;
     d.count = max(0, min(per_split, head.y - first));
