@@ -45,14 +45,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) decode_split(DECODE_
     const TcGlobal gm = {q, blk.k, blk.v, nullptr, nullptr, nullptr, nullptr, nullptr};
     const AB_PATTERN_T pat{AB_PATTERN_ARGS};
 
-    TcWork w;
-    w.qt = 0;
-    w.bh = 0;
-    w.T = Tb;  // K and V rows >= Tb are zero-filled (and masked: the tile holding Tb is partial)
-    w.base = 0;
-    w.kv_base = 0;  // (the loads read gm's pointers, set above)
     TcLoad ld;
-    ld.init(sm, gm, w);
+    ld.init(sm, gm, decode_work(blk));
     tc_load_tile<TcMma::Layout, BM>(sm.q, q, 0, rows);  // Q's rows past the group's zero-filled
     tc_commit();
     TcTileList list;

@@ -30,6 +30,7 @@ static_assert(!WG && !TMA && STRIDE == 1 && MT == 1 && QREG == 1, "decode_keys: 
 static_assert(BN <= 32, "decode_keys: a warp's slice of 16 or 32 keys (idle slices skipped)");
 
 typedef TcMmaSync TcMma;
+typedef TcLoadAsync<TcMma, KT> TcLoad;  // a stage holds the warps' slices together
 
 extern "C" __global__ void __launch_bounds__(THREADS, MINB) decode_keys_split(DECODE_SPLIT_PARAMS) {
     extern __shared__ __align__(1024) unsigned char smem[];
@@ -42,25 +43,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) decode_keys_split(DE
     TcSmem sm;
     sm.q = tc_smem_addr(smem);
     sm.k = sm.q + RW * HEAD_D * 2;
-    sm.v = sm.k + STAGES * KT * HEAD_D * 2;
-    const u16 *q = blk.q, *kg = blk.k, *vg = blk.v;
+    sm.v = sm.k + STAGES * TcLoad::STAGE_BYTES;
+    const TcGlobal gm = {blk.q, blk.k, blk.v, nullptr, nullptr, nullptr, nullptr, nullptr};
     const AB_PATTERN_T pat{AB_PATTERN_ARGS};
 
-    tc_load_tile<TcRowLayout, RW>(sm.q, q, 0, rows);  // rows past the group's zero-filled
+    TcLoad ld;
+    ld.init(sm, gm, decode_work(blk));
+    tc_load_tile<TcRowLayout, RW>(sm.q, blk.q, 0, rows);  // rows past the group's zero-filled
     tc_commit();
     TcTileList list;
     list.init_range(tent, blk.first, count);
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < count) {
-            const int kt = tc_entry_tile(list.ring[s]);
-            tc_load_tile<TcRowLayout, KT>(sm.k + s * KT * HEAD_D * 2, kg, kt * KT, Tb);
-            tc_load_tile<TcRowLayout, KT>(sm.v + s * KT * HEAD_D * 2, vg, kt * KT, Tb);
-        }
-        tc_commit();
-    }
-    tc_wait<STAGES - 1>();  // Q's group is the oldest
-    __syncthreads();
+    ld.first_tiles(list);
     TcMma::Ops op;
     TcMma::init(op, sm, 0, lane);  // every warp: rows 0..15
 
@@ -76,21 +69,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) decode_keys_split(DE
         const int nx = it + STAGES - 1;
         int ent_nx;
         const int ent = list.next(tent, it, ent_nx);
-        tc_wait<STAGES - 2>();
-        __syncthreads();  // tile `it` is visible to all; the stage refilled below is free
-        if (nx < count) {
-            const int ktn = tc_entry_tile(ent_nx);
-            tc_load_tile<TcRowLayout, KT>(sm.k + st_fill * KT * HEAD_D * 2, kg, ktn * KT, Tb);
-            tc_load_tile<TcRowLayout, KT>(sm.v + st_fill * KT * HEAD_D * 2, vg, ktn * KT, Tb);
-        }
-        tc_commit();
+        TcLoad::refill(sm, gm, Tb, ld.bar, st, st_fill, 0, ent_nx, nx, count);
         st_fill = st_fill == STAGES - 1 ? 0 : st_fill + 1;
         const int slice = st * NWARPS + warp;  // this warp's BN keys of stage st
         st = st == STAGES - 1 ? 0 : st + 1;
-
         decode_tile(acc, sf, op, pat, ent, slice, tc_entry_tile(ent) * KT + warp * BN, pos_a, pos_b, Tb, t4, scale_log2, it);
     }
-    tc_wait<0>();
+    TcLoad::drain();
     __syncthreads();  // every warp is done with the stages: they hold the warps' rows now
 
     // each warp's rows normalised by its own sums, with their log-sum-exp (base 2), into the stages

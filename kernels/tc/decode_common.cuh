@@ -17,6 +17,7 @@
 //     the list (first entry in tent, count); from the arguments alone when the batch is not ragged;
 //   decode_out_slab(Og, blk, H, Tq): the group's first output row;
 //   decode_part_rows / decode_part_lse(..., blk, H_kv): the split's partial rows and log-sum-exps;
+//   decode_work(blk): the loader's work item (TcLoadAsync::init);
 //   decode_pos(r, rows, Tb, Tq): row r's position (padding rows: the last, never stored);
 //   decode_tile(...): one key tile's products and softmax for a warp's 16 rows (below);
 //   decode_to_u16(y): y in the 16-bit type; decode_merge: the merge launch, a block per output row.
@@ -66,6 +67,18 @@ __device__ __forceinline__ DecodeBlock decode_block(const u16* Qg, const u16* Kg
     d.k = Kg + kv;
     d.v = Vg + kv;
     return d;
+}
+
+// the loader's work item (TcLoadAsync reads K and V from the TcGlobal pointers, rows >= Tb zero-filled
+// and masked: the tile holding Tb is partial)
+__device__ __forceinline__ TcWork decode_work(const DecodeBlock& d) {
+    TcWork w;
+    w.qt = 0;
+    w.bh = 0;
+    w.T = d.Tb;
+    w.base = 0;
+    w.kv_base = 0;
+    return w;
 }
 
 __device__ __forceinline__ int decode_pos(int r, int rows, int Tb, int Tq) { return r < rows ? Tb - Tq + r % Tq : Tb - 1; }

@@ -131,9 +131,12 @@ __device__ __forceinline__ void tc_load_tile(u32 dst, const u16* __restrict__ sr
     }
 }
 
-template <class Mma>
+// TROWS: the keys of a stage's K (and V) tile, BN unless a kernel's warps share a stage by key slices
+// (kernels/decode_keys.cu); its stages then lie TROWS * HEAD_D * 2 bytes apart.
+template <class Mma, int TROWS = BN>
 struct TcLoadAsync {
     typedef typename Mma::Layout Layout;
+    enum { STAGE_BYTES = TROWS * HEAD_D * 2 };
 
     TcSmem sm;
     TcGlobal gm;
@@ -158,8 +161,8 @@ struct TcLoadAsync {
         for (int s = 0; s < STAGES - 1; ++s) {
             if (s < list.n) {
                 const int kt = tc_entry_tile(list.ring[s]);
-                tc_load_tile<Layout, BN>(sm.k + s * TILE_BYTES, gm.k, kt * BN, T);
-                tc_load_tile<Layout, BN>(sm.v + s * TILE_BYTES, gm.v, kt * BN, T);
+                tc_load_tile<Layout, TROWS>(sm.k + s * STAGE_BYTES, gm.k, kt * TROWS, T);
+                tc_load_tile<Layout, TROWS>(sm.v + s * STAGE_BYTES, gm.v, kt * TROWS, T);
             }
             tc_commit();
         }
@@ -177,8 +180,8 @@ struct TcLoadAsync {
         __syncthreads();  // tile `it` is visible to all; the stage refilled below is free
         if (nx < n) {
             const int ktn = tc_entry_tile(ent_nx);
-            tc_load_tile<Layout, BN>(sm.k + st_fill * TILE_BYTES, gm.k, ktn * BN, T);
-            tc_load_tile<Layout, BN>(sm.v + st_fill * TILE_BYTES, gm.v, ktn * BN, T);
+            tc_load_tile<Layout, TROWS>(sm.k + st_fill * STAGE_BYTES, gm.k, ktn * TROWS, T);
+            tc_load_tile<Layout, TROWS>(sm.v + st_fill * STAGE_BYTES, gm.v, ktn * TROWS, T);
         }
         tc_commit();
     }
