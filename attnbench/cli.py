@@ -555,9 +555,10 @@ def profile_cmd(impl, pattern, T, B, H, D, dtype, causal, tile_config, decode_co
             raise BadInput(f"--tile-config: impl={im.name} takes no tile shape (fast-tc and fast-tc-sync do)")
         im = variant
     for spec in dspecs:
-        if not hasattr(im, "decode_variant"):
+        variant = im.decode_variant(spec)
+        if variant is None:
             raise BadInput(f"--decode-config: impl={im.name} takes no decode shape (fast-decode does)")
-        im = im.decode_variant(spec)
+        im = variant
     prob = serving_problem(make_mask(pattern, T, causal, **pattern_params(kw)), B, H, D, dtype, serving)
     res, setup = profile_launch(im, prob, seed)
     what = (f"{im.name} {prob.mask.label()} {'causal' if causal else 'non-causal'} T={T} B={B} H={H} D={D} "
@@ -603,12 +604,17 @@ def tiles_cmd(config, T, Ds, repeat, wgmma, no_device, out):
                             report=lambda row: click.echo(tile_row_line(row)),
                             skip=lambda label, reason: click.echo(f"{label:<68} skipped: {reason}"))
     if out is not None:
-        import pandas as pd
+        write_rows(rows, out)
 
-        from .safefile import write_atomically
 
-        write_atomically(out, lambda f: pd.DataFrame(rows).to_csv(f, index=False), what="--out")
-        click.echo(f"{len(rows)} rows -> {out}", err=True)
+def write_rows(rows: list[dict], out: str) -> None:
+    """A development command's rows as one CSV (written whole or not at all), said on stderr."""
+    import pandas as pd
+
+    from .safefile import write_atomically
+
+    write_atomically(out, lambda f: pd.DataFrame(rows).to_csv(f, index=False), what="--out")
+    click.echo(f"{len(rows)} rows -> {out}", err=True)
 
 
 @main.command("floor")
@@ -635,12 +641,7 @@ def floor_cmd(samples, out):
         click.echo(f"{r['what']:<40} {r['median_ms'] * 1e3:8.1f} us (p20 {r['p20_ms'] * 1e3:.1f}, "
                    f"p80 {r['p80_ms'] * 1e3:.1f}, {r['samples']} samples)")
     if out is not None:
-        import pandas as pd
-
-        from .safefile import write_atomically
-
-        write_atomically(out, lambda f: pd.DataFrame(rows).to_csv(f, index=False), what="--out")
-        click.echo(f"{len(rows)} rows -> {out}", err=True)
+        write_rows(rows, out)
 
 
 @main.command()

@@ -191,18 +191,12 @@ def event_floor_rows(samples: int = 51) -> list[dict]:
     alone and followed by such a launch (a split kernel and its merge). No implementation's row can
     go below the matching one; a row per case, medians in ms, with the run's provenance."""
     import cupy
-    import numpy as np
 
     from .results import now, provenance
-    from .timing import _HOLD, EventTimer, read_kernel, summarize
+    from .timing import EventTimer, empty_launch, read_kernel, summarize
 
     timer = EventTimer()
-    empty = cupy.RawKernel(_HOLD, "attnbench_hold")
-    zero = np.uint64(0)
-
-    def launch():
-        empty((1,), (1,), (zero,))
-
+    launch = empty_launch()
     cases = [("one empty launch", 1, 0, launch), ("two empty launches", 2, 0, lambda: (launch(), launch()))]
     bufs = []
     for n in FLOOR_READ_BYTES:

@@ -320,6 +320,10 @@ class Impl:
         under a name of its own; None when it has no tile shapes."""
         return None
 
+    def decode_variant(self, spec) -> "Impl | None":
+        """The same for a decode shape (``decode.DecodeSpec``); None when it has none."""
+        return None
+
     def require(self, prob: Problem) -> None:
         """Raise BadInput if this implementation cannot run the problem here: the problem against
         its limits first, then the machine."""

@@ -245,7 +245,7 @@ def select_impls(names=(), tile_configs=(), decode_configs=()) -> list[Impl]:
         more = []
         for impl in out:
             more.append(impl)
-            make = getattr(impl, variant, lambda spec: None)
+            make = getattr(impl, variant)
             more += [v for v in (make(spec) for spec in dict.fromkeys(specs)) if v is not None]
         if len(more) == len(out):
             raise BadInput(f"{option}: none of the implementations ({', '.join(i.name for i in out)}) "

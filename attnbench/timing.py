@@ -182,20 +182,28 @@ class Peaks:
         return max(self.copy_tbps, self.read_tbps)
 
 
+def empty_launch() -> Callable[[], None]:
+    """A launch of a one-thread kernel that returns at once (the hold kernel, held 0 ns)."""
+    import cupy
+
+    kernel = cupy.RawKernel(_HOLD, "attnbench_hold")
+    zero = np.uint64(0)
+    return lambda: kernel((1,), (1,), (zero,))
+
+
 def launch_floor_s(repeat: int = 51) -> float:
     """The median wall seconds of the least a one-launch GPU step costs from Python here: a kernel
     that returns at once (one argument) launched through CuPy, then the wait for it. What a list
     built in one launch (``attnbench tiles``' own device build) cannot go below."""
     import cupy
 
-    kernel = cupy.RawKernel(_HOLD, "attnbench_hold")
-    zero, stream = np.uint64(0), cupy.cuda.get_current_stream()
-    kernel((1,), (1,), (zero,))  # loaded before the clock
+    launch, stream = empty_launch(), cupy.cuda.get_current_stream()
+    launch()  # loaded before the clock
     stream.synchronize()
     out = []
     for _ in range(repeat):
         t0 = time.perf_counter()
-        kernel((1,), (1,), (zero,))
+        launch()
         stream.synchronize()
         out.append(time.perf_counter() - t0)
     return float(np.median(out))
