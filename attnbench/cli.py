@@ -483,10 +483,14 @@ def compile_cmd(archs, hashes, gate_builds):
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the random inputs")
 @click.option("--pass", "pass_names", multiple=True, type=click.Choice(PASSES),
               help=PASS_HELP + " (repeatable; default: the config's, fwd but for --config training)")
+@click.option("--shard", "shard_text", default=None, metavar="I/N",
+              help="run only shard I of N (e.g. one process per GPU, CUDA_VISIBLE_DEVICES apart, each with its "
+                   "own --out; `attnbench merge` joins them): a configuration's passes stay together, the "
+                   "configurations dealt by their estimated time")
 @serving_options(sweep=True)
 @friendly
 def sweep(config, T_min, T_max, T, patterns, impls, dtypes, B, H, D, causal, out, resume, retry_failed, overwrite,
-          budget, samples, tile_configs, decode_configs, seed, pass_names, **kw):
+          budget, samples, tile_configs, decode_configs, seed, pass_names, shard_text, **kw):
     """Gate every implementation against the float64 reference, time the ones that pass
     (interleaved), and append one row per (configuration, implementation) to a CSV.
     Exit 1 when a row failed or nothing new was checked; 2 when refused before running."""
@@ -504,6 +508,10 @@ def sweep(config, T_min, T_max, T, patterns, impls, dtypes, B, H, D, causal, out
     serving = serving_given(kw)
     cases = sw.plan(config, patterns=patterns, T=T, T_min=T_min, T_max=T_max, B=B, H=H, D=D, dtype=dtypes,
                     causal=causal, passes=pass_names, **serving, **pattern_params(kw, axes=True))
+    planned = len(cases)
+    if shard_text is not None:
+        index, count = sw.parse_shard(shard_text)
+        cases = sw.shard(cases, index, count)
     chosen = sw.select_impls(impls, specs, dspecs)
     command = "attnbench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     # looks only: refuses an unusable --out; nothing is written before the device is there
@@ -512,6 +520,8 @@ def sweep(config, T_min, T_max, T, patterns, impls, dtypes, B, H, D, causal, out
     ctx = sw.device_context(seed=seed, budget_s=budget or DEFAULT_BUDGET_S, command=command,
                             progress=sw.Progress(), samples=samples)
     writer.check_gpu(ctx.provenance["gpu"])
+    if shard_text is not None:
+        click.echo(f"shard {index}/{count}: {len(cases)} of the {planned} configurations", err=True)
     click.echo(f"{len(cases)} configurations x {len(chosen)} implementations "
                f"({', '.join(i.name for i in chosen)}) -> {out}", err=True)
     p = ctx.peaks
@@ -526,6 +536,24 @@ def sweep(config, T_min, T_max, T, patterns, impls, dtypes, B, H, D, causal, out
         fail(f"{counts['failed']} of {counts.checked} rows failed (their reasons are in {out})", 1)
     if not counts.checked and counts["skipped"]:
         fail(f"nothing was checked: all {counts['skipped']} new rows were skipped (reasons above)", 1)
+
+
+@main.command()
+@click.argument("csv_paths", metavar="RESULTS.csv...", nargs=-1, required=True)
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="the merged CSV (written whole)")
+@click.option("--replace", is_flag=True,
+              help="a row whose (configuration, implementation) an earlier file holds replaces it "
+                   "(default: refused)")
+@friendly
+def merge(csv_paths, out, replace):
+    """Join results CSVs of one GPU (the shards of `sweep --shard`, or new rows for an older file)
+    into one, in the order given. Refused: files of different GPUs, and a row two files hold
+    unless --replace."""
+    from .results import merge_results
+
+    n, replaced = merge_results(list(csv_paths), out, replace=replace)
+    click.echo(f"{n} rows from {len(csv_paths)} files -> {out}" + (f" ({replaced} replaced)" if replaced else ""),
+               err=True)
 
 
 @main.command("profile")

@@ -512,6 +512,55 @@ NUMERIC = ("median_ms", "p20_ms", "p80_ms", "tflops", "roofline", "rel_err", "to
 INTEGER = ("B", "H", "T", "D", "H_kv", "Tq")
 
 
+def merge_results(paths: list, out, replace: bool = False) -> tuple[int, int]:
+    """Join results CSVs of one GPU into ``out`` (written whole, this version's columns), rows in
+    the order of the files. A row whose (configuration, implementation) an earlier row holds
+    replaces it where that row failed in the same file (as ``--retry-failed`` leaves them) or
+    with ``replace``; otherwise BadInput names both. BadInput too for a file that is missing,
+    not a results CSV, holds a record cut short, or rows of another GPU than the first file's.
+    Returns (rows written, rows replaced)."""
+    from .safefile import probe, write_atomically
+
+    probe(out, "--out")
+    rows: dict = {}  # key -> (row, path, line)
+    gpu = None
+    replaced = 0
+    for path in map(Path, paths):
+        if not path.is_file():
+            raise BadInput(f"results CSV {path} does not exist" if not path.exists() else
+                           f"results CSV {path} is not a regular file")
+        header, records = scan(path)
+        if header != COLUMNS and not _upgradable(header):
+            raise BadInput(f"{path} is not a results CSV of this version (its columns differ)")
+        for rec in records:
+            if rec.problem == "blank":
+                continue
+            if rec.problem:
+                raise BadInput(f"{path} line {rec.line}: {rec.problem}; `attnbench sweep --resume --out {path}` "
+                               "sets such records aside")
+            row = with_added(rec.row)
+            gpu = gpu or (row["gpu"], path)
+            if row["gpu"] != gpu[0]:
+                raise BadInput(f"{path} line {rec.line} is a row of {row['gpu']!r}, {gpu[1]} of {gpu[0]!r}: "
+                               "merge the rows of one GPU")
+            held = rows.get(rec.key)
+            if held is not None:
+                own = held[1] == path and held[0]["status"] == "failed"
+                if not (own or replace):
+                    raise BadInput(f"{path} line {rec.line} and {held[1]} line {held[2]} hold the same "
+                                   f"(configuration, implementation): {row['impl']} {row['label']} T={row['T']} "
+                                   f"D={row['D']} pass={row['pass']} (--replace keeps the later)")
+                replaced += not own
+            rows[rec.key] = (row, path, rec.line)
+
+    def write(f):
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows(r for r, _, _ in rows.values())
+    write_atomically(out, write, what="--out")
+    return len(rows), replaced
+
+
 def read_results(path: str | os.PathLike):
     """The rows of a results CSV as a pandas DataFrame; BadInput when the file is missing, is
     not a results CSV, or holds a row cut short or a value of the wrong kind (naming the

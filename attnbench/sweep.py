@@ -18,7 +18,7 @@ import itertools
 import json
 import sys
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from .check import grad_inputs, judge, problem_inputs, reference_of
@@ -226,6 +226,55 @@ def _plan(config: str = "seed", *, patterns=(), T=(), T_min=None, T_max=None, B=
             for dt in dtypes for dd in Ds for t in Ts for inst in insts for p in passes]
 
 
+# what one configuration's rows cost, roughly: a constant (setup, compiles, the gate's launches) and
+# its forward's useful FLOPs at a rate that stands for the gate's float64 reference and the samples
+# (H100, the training configuration at T=131072: dense D=64 took about 3 minutes a pass)
+SHARD_FIXED_S = 10.0
+SHARD_FLOPS_PER_S = 2e11
+
+
+def case_cost(case: Case) -> float:
+    """An estimate of the seconds one configuration takes (its shard's share, not a measurement)."""
+    try:
+        mask = make_mask(case.inst.pattern, case.T, case.inst.causal, **case.inst.param_dict)
+    except BadInput:
+        return 1.0  # skipped at once
+    rows = (case.Tq or case.T) / case.T  # a decode's queries: their share of the mask's pairs
+    return SHARD_FIXED_S + 4 * case.D * mask.pairs * rows * case.B * case.H / SHARD_FLOPS_PER_S
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"I/N"`` -> (I, N) with 1 <= I <= N; BadInput naming the option otherwise."""
+    parts = text.split("/")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise BadInput(f"--shard={text!r} is not I/N (shard I of N, e.g. 2/4)")
+    i, n = (int(p) for p in parts)
+    if n < 1 or not 1 <= i <= n:
+        raise BadInput(f"--shard={text}: I must be 1 to N and N at least 1 (shard I of N)")
+    return i, n
+
+
+def shard(cases: list[Case], index: int, count: int, cost: Callable[[Case], float] = case_cost) -> list[Case]:
+    """Shard ``index`` (1 to ``count``) of a plan, for ``count`` processes on as many GPUs: the
+    configurations are grouped with their other passes (they share one reference), the groups
+    dealt largest first to the shard with the least estimated time (``case_cost``), and this
+    shard's cases returned in plan order. Every process that plans the same sweep deals the same
+    way, so the shards cover the plan once."""
+    if count < 1 or not 1 <= index <= count:
+        raise BadInput(f"shard {index} of {count}: the shard must be 1 to {max(count, 1)}")
+    groups: dict = {}
+    for c in cases:
+        groups.setdefault(replace(c, pass_name="fwd"), []).append(c)
+    costs = {g: cost(g) * len(cs) for g, cs in groups.items()}  # its passes: alike enough for an estimate
+    load = [0.0] * count
+    owner = {}
+    for key in sorted(groups, key=lambda g: -costs[g]):  # stable: plan order on ties
+        s = min(range(count), key=lambda i: (load[i], i))
+        owner[key] = s
+        load[s] += costs[key]
+    return [c for c in cases if owner[replace(c, pass_name="fwd")] == index - 1]
+
+
 def select_impls(names=(), tile_configs=(), decode_configs=()) -> list[Impl]:
     """The implementations named (BadInput naming the choices for an unknown one), else all;
     after each one with tile shapes (``Impl.tile_variant``), one variant per ``tile_configs``
@@ -279,6 +328,41 @@ def _free_device_memory():
         torch.cuda.empty_cache()
 
 
+class ReferenceCache:
+    """The float64 reference of one configuration, kept for its other passes. A configuration's
+    passes share their inputs (``case_seed`` leaves the pass out, and a sweep plans them one after
+    another), so the gradients of a ``bwd`` serve the ``fwd+bwd`` after it, and their output a
+    ``fwd``. One entry: a configuration with other inputs lets it go before its own inputs are
+    made."""
+
+    def __init__(self):
+        self.key = None
+        self.ref = None
+        self.computed = 0  # references made (the others were reused)
+
+    @staticmethod
+    def key_of(case: "Case", seed: int) -> tuple:
+        return replace(case, pass_name="fwd"), seed
+
+    def forget_unless(self, key) -> None:
+        if key != self.key:
+            self.key = self.ref = None
+
+    def get(self, key, backward: bool, make: Callable):
+        """The reference under ``key``: a backward's gradients (a dict), else a forward's output,
+        reused where the held one serves, else ``make()``, kept."""
+        held = self.ref if key == self.key else None
+        if isinstance(held, dict):
+            return held if backward else held["out"]
+        if held is not None and not backward:
+            return held
+        self.key = self.ref = None  # let the old one go before a new one is made
+        ref = make()
+        self.key, self.ref = key, ref
+        self.computed += 1
+        return ref
+
+
 @dataclass
 class Context:
     """What a sweep runs with: everything that touches the device can be replaced."""
@@ -295,6 +379,8 @@ class Context:
     # one meter per row of what an implementation allocates (attnbench.memory: the peak_mem_mb column);
     # None: the column stays empty
     memory: Callable | None = None
+    # the last configuration's float64 reference, for the next pass of the same configuration
+    references: "ReferenceCache" = field(default_factory=lambda: ReferenceCache())
 
     def timing_options(self) -> dict:
         """The keywords ``time`` takes: the budget, or the fixed sample count when one is set."""
@@ -375,6 +461,8 @@ def run_case(case: Case, impls: list[Impl], ctx: Context, done: Callable[[dict],
         else:
             candidates.append(impl)
     runners = {}
+    ref_key = ReferenceCache.key_of(case, case_seed(case, ctx.seed))
+    ctx.references.forget_unless(ref_key)  # another configuration's reference goes before these inputs come
     if candidates:
         try:
             seed = case_seed(case, ctx.seed)
@@ -385,6 +473,7 @@ def run_case(case: Case, impls: list[Impl], ctx: Context, done: Callable[[dict],
                 out[impl.name] = _finish(rows[impl.name], "failed", f"inputs: {_reason(e)}")
             candidates = []
         ref = None  # one float64 reference per configuration (a backward's: its gradients), for every implementation
+        backward = prob.pass_name != "fwd"
         for impl in candidates:
             row = rows[impl.name]
             # peak_mem_mb: from before prepare to the end of the gate's run, the reference left out
@@ -396,7 +485,7 @@ def run_case(case: Case, impls: list[Impl], ctx: Context, done: Callable[[dict],
                 _setup_cols(row, getattr(runner, "setup", None))
                 if ref is None:
                     with window.aside() if window is not None else contextlib.nullcontext():
-                        ref = reference_of(prob, q, k, v, **grad)
+                        ref = ctx.references.get(ref_key, backward, lambda: reference_of(prob, q, k, v, **grad))
                 g = judge(impl, prob, MeteredRunner(runner, window) if window is not None else runner, q, k, v, ref,
                           **grad)
                 if window is not None:
@@ -502,5 +591,5 @@ def device_context(seed: int = 0, budget_s: float = DEFAULT_BUDGET_S, command: s
                    command=command, progress=progress, samples=samples, memory=DeviceMemory)
 
 
-__all__ = ["Instance", "Case", "Context", "plan", "instances", "t_values", "select_impls", "run_case",
+__all__ = ["Instance", "Case", "Context", "ReferenceCache", "plan", "shard", "parse_shard", "case_cost", "instances", "t_values", "select_impls", "run_case",
            "run_sweep", "device_context", "Progress", "COLUMNS", "row_key"]

@@ -43,7 +43,9 @@
 #           small cases (TRAINCHECK_ARGS replaces them)
 #   train: `attnbench sweep --config training` (fwd, bwd, fwd+bwd) for fast-tc and the peers, 10 samples,
 #          T=32768 (TRAIN_ARGS replaces that, e.g. "--T 4096 --D 64"; TRAIN_IMPLS the implementations,
-#          e.g. "fast-tc flex"), rows in OUT_DIR/train.csv (TRAIN_CSV names another) as they come
+#          e.g. "fast-tc flex"), rows in OUT_DIR/train.csv (TRAIN_CSV names another) as they come; with
+#          GPUS=N, N processes (`--shard i/N`, one GPU each) write OUT_DIR/train.shard-i.csv, merged into
+#          train.csv at the end; TRAIN_FROM names a folder of an earlier run's CSVs to resume
 #
 # GPU_TESTS (optional) narrows the tests step to given files or -k expressions (the whole GPU suite
 # takes about 6 minutes on a warm H100, more on a fresh machine: split it over calls under a
@@ -70,6 +72,26 @@ step() {  # step NAME CMD...: run, log, remember failure, go on
     say "$name: exit $rc after $(( $(date +%s) - t0 )) s"
     [ $rc -eq 0 ] || status=1
     pack
+}
+sharded() {  # sharded NAME CSV CMD...: CMD on each of $GPUS GPUs at once (shard i of GPUS, --resume,
+    # rows in CSV.shard-i.csv, logs in NAME_i.log), then the shards merged into CSV; one GPU: a step
+    local name="$1" csv="$2"; shift 2
+    local n="${GPUS:-1}"
+    if [ "$n" -le 1 ]; then step "$name" "$@" --resume --out "$csv"; return; fi
+    say "$name: $* on $n GPUs"
+    local t0=$(date +%s) pids=() i rc
+    for i in $(seq 1 "$n"); do
+        CUDA_VISIBLE_DEVICES=$((i - 1)) "$@" --shard "$i/$n" --resume --out "${csv%.csv}.shard-$i.csv" \
+            > "$work/${name}_$i.log" 2>&1 &
+        pids+=($!)
+    done
+    for i in $(seq 1 "$n"); do
+        wait "${pids[$((i - 1))]}"; rc=$?
+        say "$name shard $i/$n: exit $rc after $(( $(date +%s) - t0 )) s"
+        [ $rc -eq 0 ] || status=1
+    done
+    cp "$work/${name}"_*.log "$out/" 2>/dev/null
+    step "${name}_merge" attnbench merge "${csv%.csv}".shard-*.csv --out "$csv"
 }
 pack() {  # after every step, so a run cut short still leaves what it finished
     tar -cf "$out/gpu_check.tar" -C "$work" . 2>/dev/null
@@ -170,9 +192,11 @@ PY
     train) # the training configuration's passes (TRAIN_ARGS narrows it, default T=32768), rows in
            # OUT_DIR/train.csv as they come
            # TRAIN_IMPLS (space-separated) replaces the implementations, TRAIN_CSV the file name
+           # GPUS=N: one shard a GPU; TRAIN_FROM: a folder holding the CSVs of an earlier run to resume
            ti=(); for i in ${TRAIN_IMPLS:-fast-tc flex sdpa-flash sdpa-cudnn sdpa-efficient cublas}; do ti+=(--impl "$i"); done
-           step train attnbench sweep --config training "${ti[@]}" --samples 10 ${TRAIN_ARGS:---T 32768} \
-               --resume --out "$out/${TRAIN_CSV:-train.csv}" ;;
+           if [ -n "${TRAIN_FROM:-}" ] && [ -d "$TRAIN_FROM" ]; then cp "$TRAIN_FROM"/*.csv "$out/" 2>/dev/null; fi
+           sharded train "$out/${TRAIN_CSV:-train.csv}" attnbench sweep --config training "${ti[@]}" --samples 10 \
+               ${TRAIN_ARGS:---T 32768} ;;
     *) say "unknown step $s"; status=1 ;;
     esac
 done
