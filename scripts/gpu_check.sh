@@ -74,7 +74,7 @@ step() {  # step NAME CMD...: run, log, remember failure, go on
     pack
 }
 sharded() {  # sharded NAME CSV CMD...: CMD on each of $GPUS GPUs at once (shard i of GPUS, --resume,
-    # rows in CSV.shard-i.csv, logs in NAME_i.log), then the shards merged into CSV; one GPU: a step
+    # rows in CSV.shard-i.csv, logs in OUT_DIR/NAME_i.log), then the shards merged into CSV; one GPU: a step
     local name="$1" csv="$2"; shift 2
     local n="${GPUS:-1}"
     if [ "$n" -le 1 ]; then step "$name" "$@" --resume --out "$csv"; return; fi
@@ -82,7 +82,7 @@ sharded() {  # sharded NAME CSV CMD...: CMD on each of $GPUS GPUs at once (shard
     local t0=$(date +%s) pids=() i rc
     for i in $(seq 1 "$n"); do
         CUDA_VISIBLE_DEVICES=$((i - 1)) "$@" --shard "$i/$n" --resume --out "${csv%.csv}.shard-$i.csv" \
-            > "$work/${name}_$i.log" 2>&1 &
+            > "$out/${name}_$i.log" 2>&1 &
         pids+=($!)
     done
     for i in $(seq 1 "$n"); do
@@ -90,7 +90,6 @@ sharded() {  # sharded NAME CSV CMD...: CMD on each of $GPUS GPUs at once (shard
         say "$name shard $i/$n: exit $rc after $(( $(date +%s) - t0 )) s"
         [ $rc -eq 0 ] || status=1
     done
-    cp "$work/${name}"_*.log "$out/" 2>/dev/null
     step "${name}_merge" attnbench merge "${csv%.csv}".shard-*.csv --out "$csv"
 }
 pack() {  # after every step, so a run cut short still leaves what it finished
