@@ -133,6 +133,12 @@ DECODE_CONFIG_HELP = ("a fast-decode shape: FIELD=N,... of NWARPS, BN, STAGES, M
                       "fast-decode takes ATTNBENCH_DECODE_CONFIG)")
 
 
+def bwd_specs(texts) -> list:
+    from .fast_tc_bwd import parse_bwd_config
+
+    return [parse_bwd_config(t) for t in texts]
+
+
 def decode_specs(texts) -> list:
     """``--decode-config`` values parsed (BadInput naming the option and the limit), in order, once each."""
     return tile_specs(texts, "decode", "parse_decode_config")
@@ -480,6 +486,11 @@ def compile_cmd(archs, hashes, gate_builds):
                 "e.g. fast-tc[BN=32,STAGES=3], timed with the others; its setup_s records the whole shape "
                 "(repeatable)")
 @click.option("--decode-config", "decode_configs", multiple=True, metavar="SPEC", help=DECODE_CONFIG_HELP)
+@click.option("--bwd-config", "bwd_configs", multiple=True, metavar="SPEC",
+              help="fast-tc's backward with fields fixed: NWARPS (4: one warpgroup, 8: two), STAGES, MINB of its "
+                   "main kernel and DQ (0: dQ's sums by float32 reductions, 1: dQ by its own pass) as FIELD=N,...; "
+                   "each adds a row per bwd / fwd+bwd configuration for fast-tc and fast-tc-sync, named e.g. "
+                   "fast-tc[bwd:DQ=1], timed with the others (repeatable)")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the random inputs")
 @click.option("--pass", "pass_names", multiple=True, type=click.Choice(PASSES),
               help=PASS_HELP + " (repeatable; default: the config's, fwd but for --config training)")
@@ -490,7 +501,7 @@ def compile_cmd(archs, hashes, gate_builds):
 @serving_options(sweep=True)
 @friendly
 def sweep(config, T_min, T_max, T, patterns, impls, dtypes, B, H, D, causal, out, resume, retry_failed, overwrite,
-          budget, samples, tile_configs, decode_configs, seed, pass_names, shard_text, **kw):
+          budget, samples, tile_configs, decode_configs, bwd_configs, seed, pass_names, shard_text, **kw):
     """Gate every implementation against the float64 reference, time the ones that pass
     (interleaved), and append one row per (configuration, implementation) to a CSV.
     Exit 1 when a row failed or nothing new was checked; 2 when refused before running."""
@@ -505,6 +516,7 @@ def sweep(config, T_min, T_max, T, patterns, impls, dtypes, B, H, D, causal, out
     check_samples(samples, budget)
     specs = tile_specs(tile_configs)
     dspecs = decode_specs(decode_configs)
+    bspecs = bwd_specs(bwd_configs)
     serving = serving_given(kw)
     cases = sw.plan(config, patterns=patterns, T=T, T_min=T_min, T_max=T_max, B=B, H=H, D=D, dtype=dtypes,
                     causal=causal, passes=pass_names, **serving, **pattern_params(kw, axes=True))
@@ -512,7 +524,7 @@ def sweep(config, T_min, T_max, T, patterns, impls, dtypes, B, H, D, causal, out
     if shard_text is not None:
         index, count = sw.parse_shard(shard_text)
         cases = sw.shard(cases, index, count)
-    chosen = sw.select_impls(impls, specs, dspecs)
+    chosen = sw.select_impls(impls, specs, dspecs, bspecs)
     command = "attnbench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     # looks only: refuses an unusable --out; nothing is written before the device is there
     writer = ResultWriter(out, resume=resume, overwrite=overwrite, retry_failed=retry_failed,

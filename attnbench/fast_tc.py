@@ -287,11 +287,18 @@ class FastTC(Impl):
     gqa = True
     wgmma: bool = True  # take the Hopper shapes on sm_90
     tile: TileSpec | None = None  # fields of the chosen shape fixed (``--tile-config``)
+    bwd: object = None  # fast_tc_bwd.BwdSpec: fields of the backward fixed (``--bwd-config``)
 
     def tile_variant(self, spec: TileSpec) -> "FastTC":
         """Named '<name>[<spec>]': the shape it chooses with ``spec``'s fields fixed."""
         return replace(self, name=f"{self.name}[{spec}]", tile=spec,
                        description=f"{self.name} with the tile shape fields {spec} (the others as it chooses)")
+
+    def bwd_variant(self, spec) -> "FastTC":
+        """Named '<name>[bwd:<spec>]': its backward with ``spec``'s fields fixed (a
+        ``fast_tc_bwd.BwdSpec``); the forward alone is its own row, so pass=fwd is skipped."""
+        return replace(self, name=f"{self.name}[bwd:{spec}]", bwd=spec,
+                       description=f"{self.name} with the backward fields {spec} (the others as it chooses)")
 
     def shape_for(self, mask: Mask, D: int, wgmma: bool | None = None) -> TileConfig:
         """The shape it runs ``mask`` with at head dimension ``D`` (``wgmma`` None: as the device says)."""
@@ -307,6 +314,8 @@ class FastTC(Impl):
         why = super().unsupported(prob)
         if why:
             return why
+        if self.bwd is not None and prob.pass_name == "fwd":
+            return f"{self.name} fixes backward fields: its forward is {self.name.split('[bwd:')[0]}'s row"
         if prob.D not in CONFIGS:
             return (f"D={prob.D} is not supported by {self.name} "
                     f"(supports D in {', '.join(map(str, sorted(CONFIGS)))})")

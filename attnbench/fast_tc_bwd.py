@@ -13,8 +13,9 @@ several add their dK and dV in float32. Three launches: ``fast_tc_bwd_prep`` (de
 beside the log-sum-exp, the dQ and split dK / dV accumulators zeroed), ``fast_tc_bwd`` (dK, dV, and
 dQ's sums), ``fast_tc_bwd_dq`` (dQ times the scale in the storage dtype, and the split key tiles' dK
 and dV). ``Backward(dq="pass")`` (or $ATTNBENCH_BWD_DQ=pass) computes dQ instead by a pass of its own
-over the forward list (``fast_tc_bwd_dq_pass``, beside the mma.sync main loop only): no float32
-accumulator and no reductions, 1.4x the products; docs/PERF.md "backward v2" measures both ways.
+over the forward list (``fast_tc_bwd_dq_pass``, on mma.sync; beside the wgmma main loop it is a
+launch of the mma.sync build, the main loop then skipping dQ): no float32 accumulator and no
+reductions, 1.4x the products; docs/PERF.md "backward v2" and "backward v6" measure both ways.
 
 The log-sum-exp is the natural log: ``lse[b, h, i] = log(sum_j exp(scale * q_i . k_j))`` over row
 i's allowed keys, float32 [B, H, T] (``reference.reference_forward``'s), as the forward with
@@ -27,6 +28,7 @@ runners of ``fast-tc`` and ``fast-tc-sync`` for the passes ``bwd`` and ``fwd+bwd
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -183,14 +185,57 @@ def forced_shape() -> dict:
     return out
 
 
-def choose_bwd_config(D: int, wgmma: bool, dq: str = "atomic", keys_per_query: float | None = None) -> BwdConfig:
-    """The backward's shape: the wgmma main loop's when ``wgmma`` (fast-tc on sm_90) and dQ's sums
-    are reductions, one or two warpgroups by ``keys_per_query`` (``bwd_config``); mma.sync's
-    otherwise (dQ by a pass of its own exists beside mma.sync only); the fields
-    $ATTNBENCH_BWD_SHAPE names replaced."""
-    import dataclasses
+@dataclass(frozen=True)
+class BwdFields:
+    """The backward's fields a shape variant may fix (``--bwd-config``): the main kernel's NWARPS,
+    STAGES and MINB, and DQ (0: dQ's sums by float32 reductions, 1: dQ by its own pass); the
+    defaults are those of the positional form."""
+    NWARPS: int = 8
+    STAGES: int = 2
+    MINB: int = 1
+    DQ: int = 0
 
-    cfg = dataclasses.replace(bwd_config(D, wgmma and dq == "atomic", keys_per_query), **forced_shape())
+
+BWD_FIELDS = tuple(f.name for f in dataclasses.fields(BwdFields))
+BWD_LIMITS = {"NWARPS": (4, 8, 4), "STAGES": (2, 4, 1), "MINB": (1, 4, 1), "DQ": (0, 1, 1)}
+
+
+@dataclass(frozen=True)
+class BwdSpec:
+    """Fields of the backward given (``--bwd-config``); the others as fast-tc chooses them."""
+    given: tuple  # (field, value) pairs in BWD_FIELDS order
+
+    def __str__(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in self.given)
+
+    @property
+    def shape(self) -> dict:
+        """The main kernel's fields given (what $ATTNBENCH_BWD_SHAPE would replace)."""
+        return {k: v for k, v in self.given if k != "DQ"}
+
+    @property
+    def dq(self) -> str | None:
+        """The dQ way given (DQ_WAYS), None when not."""
+        d = dict(self.given).get("DQ")
+        return None if d is None else DQ_WAYS[d]
+
+
+def parse_bwd_config(text: str, option: str = "--bwd-config") -> BwdSpec:
+    """'FIELD=N,...' of NWARPS, STAGES, MINB, DQ (any case; the others as fast-tc chooses them) or all
+    by position; BadInput naming ``option`` and the limit."""
+    from .fast_tc import parse_fields
+
+    given = parse_fields(text, option, BwdFields, BWD_LIMITS, min_positional=4)
+    return BwdSpec(tuple((f, given[f]) for f in BWD_FIELDS if f in given))
+
+
+def choose_bwd_config(D: int, wgmma: bool, dq: str = "atomic", keys_per_query: float | None = None,
+                      fields: dict | None = None) -> BwdConfig:
+    """The main kernel's shape: the wgmma main loop's when ``wgmma`` (fast-tc on sm_90), one or two
+    warpgroups by ``keys_per_query`` (``bwd_config``); mma.sync's otherwise; the fields
+    $ATTNBENCH_BWD_SHAPE names replaced, then those ``fields`` names (a ``BwdSpec``'s). (dQ by its
+    own pass, ``dq`` "pass", runs on mma.sync's shape for D either way: ``dq_pass_config``.)"""
+    cfg = dataclasses.replace(bwd_config(D, wgmma, keys_per_query), **{**forced_shape(), **(fields or {})})
     # what the kernels' static_asserts take: whole warpgroups, on wgmma one or two (two split dQ's
     # 64-column panels at D=128, its 32-column halves at D=64)
     ok = (4, 8)
@@ -198,6 +243,12 @@ def choose_bwd_config(D: int, wgmma: bool, dq: str = "atomic", keys_per_query: f
         raise BadInput(f"{SHAPE_ENV}: NWARPS={cfg.NWARPS} does not build for the {'wgmma' if cfg.WG else 'mma.sync'} "
                        f"backward at D={D} (NWARPS in {', '.join(map(str, ok))})")
     return cfg
+
+
+def dq_pass_config(D: int, cfg: BwdConfig) -> BwdConfig:
+    """The shape of the dQ pass beside a main kernel of shape ``cfg``: that shape on mma.sync; beside
+    the wgmma main loop, mma.sync's own for D (``BWD_SHAPES``), a launch of the mma.sync build."""
+    return BWD_SHAPES[D][0] if cfg.WG else cfg
 
 
 def forced_dq() -> str:
@@ -230,8 +281,6 @@ def bwd_defines(D: int, dtype: str, mask: Mask, cfg: BwdConfig | None = None, dq
     d = dict(HEAD_D=D, BN=cfg.BN, NWARPS=cfg.NWARPS, STAGES=cfg.STAGES, MT=1, MINB=cfg.MINB, QREG=0,
              AB_F16=int(dtype == "float16"), STRIDE=stride)
     if cfg.WG:
-        if dq == "pass":
-            raise BadInput("dq='pass' runs on the mma.sync backward only (fast-tc-sync, or fast-tc before sm_90)")
         d["WG"] = 1
     if dq == "pass":
         d["BWD_DQ_PASS"] = 1
@@ -255,7 +304,7 @@ class Backward:
     ``wgmma``: the wgmma main loop (fast-tc on sm_90; ``choose_bwd_config``), else mma.sync's."""
 
     def __init__(self, prob: Problem, setup: dict | None = None, cfg: BwdConfig | None = None,
-                 split: int | None = None, dq: str | None = None, wgmma: bool = False):
+                 split: int | None = None, dq: str | None = None, wgmma: bool = False, fields: dict | None = None):
         check_dtype(prob.dtype)
         if prob.D not in BWD_SHAPES:
             raise BadInput(f"D={prob.D} is not supported by the backward of fast-tc "
@@ -264,7 +313,7 @@ class Backward:
         self.dq_way = dq = forced_dq() if dq is None else dq
         if dq not in DQ_WAYS:
             raise BadInput(f"dq={dq!r}: expected one of {', '.join(DQ_WAYS)}")
-        self.cfg = cfg = cfg or choose_bwd_config(prob.D, wgmma, dq, prob.mask.pairs / prob.mask.T)
+        self.cfg = cfg = cfg or choose_bwd_config(prob.D, wgmma, dq, prob.mask.pairs / prob.mask.T, fields)
         self.setup = setup = {} if setup is None else setup
         stride, inner = prob.mask.strided()
         self.stride, self.inner = stride, inner
@@ -287,8 +336,10 @@ class Backward:
         if self.n_items * self.heads >= 2 ** 31:
             raise BadInput(f"{self.n_items} work items x {self.heads} heads and classes exceed the grid (2^31 blocks)")
         setup["bwd_dq"] = dq
-        if dq == "pass":  # the forward list at the backward's tiles, on the device (built above)
-            self.fwd_tiles = tile_list(inner, cfg.BM, cfg.BN).device()
+        if dq == "pass":  # the forward list at the dQ pass's tiles, on the device (built above on mma.sync)
+            self.pcfg = pcfg = dq_pass_config(prob.D, cfg)
+            self.fwd_tiles = tile_list(inner, pcfg.BM, pcfg.BN).device()
+            setup["bwd_dq_tile_config"] = pcfg.spec
         self.table = table_array(inner)
         with timed(setup, "compile_s"):
             mod = get_module(cfg.kernel, bwd_defines(prob.D, prob.dtype, prob.mask, cfg, dq), cfg.arch)
@@ -297,8 +348,10 @@ class Backward:
             if self.smem > DEFAULT_SMEM:
                 self.main.max_dynamic_shared_size_bytes = self.smem
             if dq == "pass":
-                self.dq_pass = mod.get_function(DQ_PASS)
-                self.dq_smem = cfg.dq_pass_smem_bytes(prob.D)
+                pmod = mod if pcfg is cfg else get_module(pcfg.kernel, bwd_defines(prob.D, prob.dtype, prob.mask, pcfg, dq),
+                                                          pcfg.arch)
+                self.dq_pass = pmod.get_function(DQ_PASS)
+                self.dq_smem = pcfg.dq_pass_smem_bytes(prob.D)
                 if self.dq_smem > DEFAULT_SMEM:
                     self.dq_pass.max_dynamic_shared_size_bytes = self.dq_smem
         setup["bwd_tile_config"] = cfg.spec
@@ -348,7 +401,7 @@ class Backward:
         if self.dq_way == "atomic":
             return [prep, main, conv]
         ft = self.fwd_tiles
-        dq_pass = Launch(self.dq_pass, (ft.heads.shape[0], B * H, min(self.stride, T)), (cfg.threads,), self.dq_smem,
+        dq_pass = Launch(self.dq_pass, (ft.heads.shape[0], B * H, min(self.stride, T)), (self.pcfg.threads,), self.dq_smem,
                          (q, k, v, do, ld, dq, ft.heads, ft.entries, np.int32(T), np.float32(scale * LOG2E),
                           np.float32(scale), self.table))
         return [prep, main, dq_pass] + ([conv] if s8 else [])
@@ -392,7 +445,9 @@ def build_backward(impl: FastTC, prob: Problem, q, k, v, do, cfg: TileConfig | N
     o = cupy.empty(prob.shape, dtype=q.dtype)
     lse = cupy.empty((B, H, T), cupy.float32)
     fwd = forward_launch(prob, fcfg, (q, k, v), o, lse, setup)
-    bwd = Backward(prob, setup, wgmma=impl.uses_wgmma())
+    spec = impl.bwd  # a --bwd-config variant's fields (None: as chosen)
+    bwd = Backward(prob, setup, wgmma=impl.uses_wgmma(), dq=spec.dq if spec else None,
+                   fields=spec.shape if spec else None)
     grads = tuple(cupy.empty(prob.shape, dtype=q.dtype) for _ in range(3))
     launches = bwd.launches(q, k, v, o, lse, do, *grads, *bwd.scratch())
     with_fwd = prob.pass_name == "fwd+bwd"
@@ -511,5 +566,5 @@ def gate_builds(masks) -> list[tuple[str, dict]]:
                    for b in _builds_of(mask, D, dtype))
 
 
-__all__ = ["BWD_SHAPES", "BWD_SHAPES_WG", "BWD_SHAPES_WG2", "TWO_WG_MIN_KEYS", "BwdConfig", "Backward", "choose_bwd_config", "FastTCBwdRunner", "backward", "build_backward", "bwd_defines",
+__all__ = ["BWD_SHAPES", "BWD_SHAPES_WG", "BWD_SHAPES_WG2", "TWO_WG_MIN_KEYS", "BwdConfig", "BwdSpec", "parse_bwd_config", "Backward", "choose_bwd_config", "FastTCBwdRunner", "backward", "build_backward", "bwd_defines",
            "forward_lse", "gate_builds", "standard_builds"]

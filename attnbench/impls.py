@@ -324,6 +324,10 @@ class Impl:
         """The same for a decode shape (``decode.DecodeSpec``); None when it has none."""
         return None
 
+    def bwd_variant(self, spec) -> "Impl | None":
+        """The same for the backward's fields (``fast_tc_bwd.BwdSpec``); None when it has none."""
+        return None
+
     def require(self, prob: Problem) -> None:
         """Raise BadInput if this implementation cannot run the problem here: the problem against
         its limits first, then the machine."""

@@ -275,11 +275,12 @@ def shard(cases: list[Case], index: int, count: int, cost: Callable[[Case], floa
     return [c for c in cases if owner[replace(c, pass_name="fwd")] == index - 1]
 
 
-def select_impls(names=(), tile_configs=(), decode_configs=()) -> list[Impl]:
+def select_impls(names=(), tile_configs=(), decode_configs=(), bwd_configs=()) -> list[Impl]:
     """The implementations named (BadInput naming the choices for an unknown one), else all;
     after each one with tile shapes (``Impl.tile_variant``), one variant per ``tile_configs``
     entry (``TileSpec``: fast-tc's ``--tile-config``), timed with the others as its own row; after
-    fast-decode, one per ``decode_configs`` entry (``DecodeSpec``: ``--decode-config``) the same way."""
+    fast-decode, one per ``decode_configs`` entry (``DecodeSpec``: ``--decode-config``) the same way;
+    after each one with a backward of its own, one per ``bwd_configs`` entry (``BwdSpec``: ``--bwd-config``)."""
     if names:
         impls = [get_impl(n) for n in dict.fromkeys(names)]
     else:
@@ -287,8 +288,10 @@ def select_impls(names=(), tile_configs=(), decode_configs=()) -> list[Impl]:
     if not impls:
         raise BadInput("no implementation is registered")
     out = impls
-    for specs, variant, option, who in ((tile_configs, "tile_variant", "--tile-config", "fast-tc and fast-tc-sync do"),
-                                        (decode_configs, "decode_variant", "--decode-config", "fast-decode does")):
+    for specs, variant, option, what, who in (
+            (tile_configs, "tile_variant", "--tile-config", "a tile shape", "fast-tc and fast-tc-sync do"),
+            (decode_configs, "decode_variant", "--decode-config", "a decode shape", "fast-decode does"),
+            (bwd_configs, "bwd_variant", "--bwd-config", "backward fields", "fast-tc and fast-tc-sync do")):
         if not specs:
             continue
         more = []
@@ -298,7 +301,7 @@ def select_impls(names=(), tile_configs=(), decode_configs=()) -> list[Impl]:
             more += [v for v in (make(spec) for spec in dict.fromkeys(specs)) if v is not None]
         if len(more) == len(out):
             raise BadInput(f"{option}: none of the implementations ({', '.join(i.name for i in out)}) "
-                           f"takes {'a tile shape' if variant == 'tile_variant' else 'a decode shape'} ({who})")
+                           f"takes {what} ({who})")
         out = more
     return out
 

@@ -12,7 +12,9 @@
 // of dV += P^T dO, issued at once; dS^T = P^T (dP^T - delta) once dP^T lands, packed for
 // dK += dS^T Q, issued, and staged in shared memory while the products run; then, every warp's
 // dS^T staged, dQ += dS K by 64 columns, added to the float32 accumulator. Two barriers a tile (the
-// refill's, the staged dS^T's).
+// refill's, the staged dS^T's). BWD_DQ_PASS 1: no dQ here, one barrier a tile; dQ comes from
+// fast_tc_bwd.cu's fast_tc_bwd_dq_pass (a launch of the mma.sync build, query-major over the
+// forward list, no accumulator).
 #include "tc/config.cuh"
 #include "tc/common.cuh"
 #include "tc/scheduler.cuh"
@@ -51,7 +53,9 @@ fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
     TcBwdCols dk, dv;
     tc_zero_frag(dk);
     tc_zero_frag(dv);
+#if !BWD_DQ_PASS
     float* dq = dQacc + w.base;
+#endif
     const bool edge = kt * BN + BN > T;  // keys >= T in the tile: masked on every query tile
     const int key0 = kt * BN + warp * 16;
     const u32 lds0 = sm.ld + 16 * t4;
@@ -73,11 +77,15 @@ fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
         tc_bwg_dscores(dp, pa, lds);  // dS^T
         tc_bwg_pack(pd, dp);
         tc_bwg_kv(dk, pd, op.qn + so);  // dK += dS^T Q
+#if !BWD_DQ_PASS
         tc_bwg_stage(sm.ds, pd, warp, g, t4);
         wg_wait<0>();
         wg_fence_smem();
         __syncthreads();  // dS^T staged by every warp
         tc_bwg_dq(dq, op, wg, qt * BWG_QT + (BWG_NWG == 1 ? warp : warp & 3) * 16, T, g, t4);  // dQ += dS K (one warpgroup: v3's code)
+#else
+        wg_wait<0>();  // dV and dK done reading the stage before the next step refills it
+#endif
     }
     tc_wait<0>();
     tc_bwd_finish(dKg, dVg, dKVacc, dk, dv, kts, w, cls, BH, T_all, scale, warp, g, t4);

@@ -74,14 +74,15 @@ step() {  # step NAME CMD...: run, log, remember failure, go on
     pack
 }
 sharded() {  # sharded NAME CSV CMD...: CMD on each of $GPUS GPUs at once (shard i of GPUS, --resume,
-    # rows in CSV.shard-i.csv, logs in OUT_DIR/NAME_i.log), then the shards merged into CSV; one GPU: a step
+    # rows in CSV.shard-i.csv, logs in OUT_DIR/NAME_i.log), then the shards merged into CSV; one GPU: a step.
+    # GPU_FROM: the first GPU's index (default 0), so another run can have the ones below it
     local name="$1" csv="$2"; shift 2
     local n="${GPUS:-1}"
     if [ "$n" -le 1 ]; then step "$name" "$@" --resume --out "$csv"; return; fi
     say "$name: $* on $n GPUs"
     local t0=$(date +%s) pids=() i rc
     for i in $(seq 1 "$n"); do
-        CUDA_VISIBLE_DEVICES=$((i - 1)) "$@" --shard "$i/$n" --resume --out "${csv%.csv}.shard-$i.csv" \
+        CUDA_VISIBLE_DEVICES=$((i - 1 + ${GPU_FROM:-0})) "$@" --shard "$i/$n" --resume --out "${csv%.csv}.shard-$i.csv" \
             > "$out/${name}_$i.log" 2>&1 &
         pids+=($!)
     done

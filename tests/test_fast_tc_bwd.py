@@ -82,20 +82,24 @@ def test_the_wgmma_backward_compiles_for_sm_90a_without_spills(D, dtype, pattern
 
 
 def test_fast_tc_takes_the_wgmma_backward_on_sm_90_and_mma_sync_otherwise():
-    """The shape follows the products (wgmma: fast-tc on sm_90) and the dQ way: dQ by its own pass
-    exists beside mma.sync only, so dq='pass' takes mma.sync's shape, and a wgmma shape refuses it."""
+    """The main kernel's shape follows the products (wgmma: fast-tc on sm_90) whatever the dQ way; dQ's
+    own pass runs on mma.sync's shape for D beside either main loop (dq_pass_config)."""
+    from attnbench.fast_tc_bwd import dq_pass_config
+
     for D in DIMS:
         assert choose_bwd_config(D, True).WG == 1 and choose_bwd_config(D, True) == BWD_SHAPES_WG2[D][0]
         assert choose_bwd_config(D, False) == BWD_SHAPES[D][0] and not BWD_SHAPES[D][0].WG
-        assert choose_bwd_config(D, True, "pass") == BWD_SHAPES[D][0]
+        assert choose_bwd_config(D, True, "pass") == choose_bwd_config(D, True)
+        for wg in (True, False):
+            assert dq_pass_config(D, choose_bwd_config(D, wg, "pass")) == BWD_SHAPES[D][0]
         assert choose_bwd_config(D, True).BM == 64  # every warpgroup's query tile
         assert choose_bwd_config(D, False).BN == 64
         assert choose_bwd_config(D, True).BN == 128  # two warpgroups, 64 keys each
         assert choose_bwd_config(D, True, keys_per_query=80) == BWD_SHAPES_WG[D][0]  # one: mma.sync's 64 x 64 lists
         assert choose_bwd_config(D, True, keys_per_query=80).BN == 64
     mask = make_mask("dense", 1000, True)
-    with pytest.raises(BadInput, match="dq='pass'"):
-        bwd_defines(64, "bfloat16", mask, bwd_config(64, True), dq="pass")
+    d = bwd_defines(64, "bfloat16", mask, bwd_config(64, True), dq="pass")
+    assert d["WG"] == 1 and d["BWD_DQ_PASS"] == 1
     assert "WG" not in bwd_defines(64, "bfloat16", mask)
 
 
@@ -142,6 +146,29 @@ def test_the_dq_pass_builds_compile_without_spills(arch, D, pattern, T, causal, 
     for r in reports:
         assert r.arch == arch and 0 < r.registers <= 255
         assert (r.spill_stores, r.spill_loads, r.stack) == (0, 0, 0), r
+
+
+@pytest.mark.parametrize("D", DIMS)
+@pytest.mark.parametrize("pattern,T,causal,params", [
+    ("dense", 4096, True, {}), ("streaming", 4096, True, dict(sink=16, window=64)),
+    ("dilated", 4096, True, dict(window=512, dilation=2)), ("document", 4096, False, {}),
+])
+@pytest.mark.parametrize("nwarps", [8, 4], ids=["two-warpgroups", "one"])
+def test_the_wgmma_main_loop_without_dq_compiles_without_spills(D, pattern, T, causal, params, nwarps):
+    """BWD_DQ_PASS on the wgmma build: its main kernel leaves dQ to the pass (no staging, no
+    reductions), prep zeroes no accumulator; fewer registers than the build with dQ."""
+    import dataclasses
+
+    mask = make_mask(pattern, T, causal, **params)
+    cfg = dataclasses.replace(bwd_config(D, True), NWARPS=nwarps, MINB=1 if nwarps == 8 else 2)
+    d = bwd_defines(D, "bfloat16", mask, cfg, dq="pass")
+    reports = {r.kernel: r for r in compile_only("fast_tc_bwd_wg", d, "sm_90a")}
+    assert sorted(reports) == BWD_KERNELS
+    for r in reports.values():
+        assert r.arch == "sm_90a" and 0 < r.registers <= 255
+        assert (r.spill_stores, r.spill_loads, r.stack) == (0, 0, 0), r
+    with_dq = {r.kernel: r for r in compile_only("fast_tc_bwd_wg", bwd_defines(D, "bfloat16", mask, cfg), "sm_90a")}
+    assert reports["fast_tc_bwd"].registers <= with_dq["fast_tc_bwd"].registers
 
 
 def test_the_dq_way_comes_from_the_environment(monkeypatch):
@@ -380,14 +407,17 @@ def test_gradients_match_the_reference_with_split_lists(monkeypatch, pattern, ca
     ("dense", True, {}, 1000), ("streaming", True, dict(sink=16, window=64), 777),
     ("document", False, dict(doc_lens=(1, 300, 476)), 777), ("dilated", False, dict(window=33, dilation=3), 1000),
     ("block_diagonal", False, dict(block=16), 1008)])
-def test_both_wgmma_shapes_match_the_reference(monkeypatch, pattern, causal, params, T, D, shape):
+@pytest.mark.parametrize("dq", ["atomic", "pass"])
+def test_both_wgmma_shapes_match_the_reference(monkeypatch, pattern, causal, params, T, D, shape, dq):
     """fast-tc's wgmma backward with one warpgroup on 64-key tiles and with two on 128-key tiles (a
-    64-column panel of dQ each at D=128, dQ's column halves at D=64), split lists included (L=2)."""
-    from attnbench.fast_tc_bwd import SHAPE_ENV, SPLIT_ENV
+    64-column panel of dQ each at D=128, dQ's column halves at D=64), split lists included (L=2);
+    dq "pass": the main loop without dQ, dQ by the mma.sync build's pass."""
+    from attnbench.fast_tc_bwd import DQ_ENV, SHAPE_ENV, SPLIT_ENV
 
     if not IMPL.uses_wgmma():
         pytest.skip("the wgmma backward runs on sm_90")
     monkeypatch.setenv(SHAPE_ENV, shape)
+    monkeypatch.setenv(DQ_ENV, dq)
     mask = make_mask(pattern, T, causal, **params)
     for L in ("2", ""):
         monkeypatch.setenv(SPLIT_ENV, L)
@@ -396,6 +426,7 @@ def test_both_wgmma_shapes_match_the_reference(monkeypatch, pattern, causal, par
         runner = IMPL.prepare(prob, q, k, v, do=do)
         assert "WG=1" in runner.setup["bwd_tile_config"]
         assert ("NWARPS=8,BN=128" in runner.setup["bwd_tile_config"]) == shape.startswith("NWARPS=8")
+        assert runner.setup["bwd_dq"] == dq and ("bwd_dq_tile_config" in runner.setup) == (dq == "pass")
         runner.poison()
         runner.run()
         _check_grads(prob, runner.grads, q, k, v, do)
@@ -578,3 +609,64 @@ def test_the_backward_stage_by_stage(T, causal, D, wgmma):
     bad = [n for n in ("o0", "o1", "dq", "dk", "dv") if not errs[n] <= 1e-2]
     bad += [n for n in ("lse0", "lse1", "ld.lse2", "ld.delta", "acc zeroed") if not errs[n] <= 2e-2]
     assert not bad, (bad, errs)
+
+
+# ---- --bwd-config: the backward's fields as a variant of its own (CPU) -------------------------------
+def test_bwd_config_parses_fields_and_refuses_bad_ones_by_name():
+    from attnbench.fast_tc_bwd import parse_bwd_config
+
+    s = parse_bwd_config("dq=1")
+    assert str(s) == "DQ=1" and s.dq == "pass" and s.shape == {}
+    s = parse_bwd_config("NWARPS=4,MINB=2,DQ=0")
+    assert str(s) == "NWARPS=4,MINB=2,DQ=0" and s.dq == "atomic" and s.shape == {"NWARPS": 4, "MINB": 2}
+    assert parse_bwd_config("NWARPS=8").dq is None
+    for bad, words in (("DQ=2", "DQ=2 must be 0 or 1"), ("NWARPS=6", "NWARPS=6 must be a multiple of 4"),
+                       ("BN=64", "unknown field 'BN'"), ("8,2", "positional form takes 4 to 4")):
+        with pytest.raises(BadInput, match="--bwd-config") as e:
+            parse_bwd_config(bad)
+        assert words in str(e.value)
+
+
+def test_a_bwd_variant_is_named_by_its_fields_and_leaves_the_forward_to_its_base():
+    from attnbench import sweep as sw
+    from attnbench.fast_tc_bwd import parse_bwd_config
+
+    spec = parse_bwd_config("NWARPS=4,DQ=1")
+    impls = sw.select_impls(["fast-tc", "fast-tc-sync", "flex"], bwd_configs=[spec])
+    assert [i.name for i in impls] == ["fast-tc", "fast-tc[bwd:NWARPS=4,DQ=1]", "fast-tc-sync",
+                                       "fast-tc-sync[bwd:NWARPS=4,DQ=1]", "flex"]
+    v = impls[1]
+    assert v.bwd is spec and IMPL.bwd is None and v.passes == IMPL.passes
+    mask = make_mask("window", 256, True, window=32)
+    assert v.unsupported(Problem(mask, 1, 2, 64, "bfloat16")) == (
+        "fast-tc[bwd:NWARPS=4,DQ=1] fixes backward fields: its forward is fast-tc's row")
+    assert v.unsupported(Problem(mask, 1, 2, 64, "bfloat16", pass_name="bwd")) is None
+    with pytest.raises(BadInput, match="--bwd-config: none of the implementations \\(flex\\) takes backward fields"):
+        sw.select_impls(["flex"], bwd_configs=[spec])
+
+
+def test_the_variants_fields_win_over_the_environments(monkeypatch):
+    from attnbench.fast_tc_bwd import SHAPE_ENV
+
+    monkeypatch.setenv(SHAPE_ENV, "NWARPS=8,MINB=1")
+    cfg = choose_bwd_config(64, True, "pass", keys_per_query=4096, fields={"NWARPS": 4, "MINB": 2})
+    assert (cfg.NWARPS, cfg.MINB, cfg.WG) == (4, 2, 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("text, dq, nwarps", [("DQ=1", "pass", None), ("NWARPS=4,MINB=2,DQ=1", "pass", 4),
+                                              ("NWARPS=8,MINB=1,DQ=0", "atomic", 8)])
+def test_a_bwd_variant_runs_its_fields_and_matches_the_reference(text, dq, nwarps):
+    from attnbench.fast_tc_bwd import parse_bwd_config
+
+    v = IMPL.bwd_variant(parse_bwd_config(text))
+    mask = make_mask("streaming", 777, True, sink=16, window=64)
+    prob = Problem(mask, 2, 3, 64, "bfloat16", pass_name="bwd")
+    q, k, v_, do = _inputs(prob, seed=5)
+    runner = v.prepare(prob, q, k, v_, do=do)
+    assert runner.setup["bwd_dq"] == dq
+    if nwarps is not None:
+        assert runner.setup["bwd_tile_config"].startswith(f"NWARPS={nwarps},")
+    runner.poison()
+    runner.run()
+    _check_grads(prob, runner.grads, q, k, v_, do)
