@@ -12,9 +12,10 @@ list alone (streaming's sink tile, BigBird's global blocks, a prefix); the items
 several add their dK and dV in float32. Three launches: ``fast_tc_bwd_prep`` (delta = rowsum(dO * O)
 beside the log-sum-exp, the dQ and split dK / dV accumulators zeroed), ``fast_tc_bwd`` (dK, dV, and
 dQ's sums), ``fast_tc_bwd_dq`` (dQ times the scale in the storage dtype, and the split key tiles' dK
-and dV). ``Backward(dq="pass")`` (or $ATTNBENCH_BWD_DQ=pass) computes dQ instead by a pass of its own
-over the forward list (``fast_tc_bwd_dq_pass``, on mma.sync; beside the wgmma main loop it is a
-launch of the mma.sync build, the main loop then skipping dQ): no float32 accumulator and no
+and dV). Where a query reads few keys (``choose_dq``: below ``DQ_PASS_MAX_KEYS``), or with
+``Backward(dq="pass")`` ($ATTNBENCH_BWD_DQ=pass, ``--bwd-config DQ=1``), dQ comes instead from a pass of
+its own over the forward list (``fast_tc_bwd_dq_pass``, on mma.sync; beside the wgmma main loop it is
+a launch of the mma.sync build, the main loop then skipping dQ): no float32 accumulator and no
 reductions, 1.4x the products; docs/PERF.md "backward v2" and "backward v6" measure both ways.
 
 The log-sum-exp is the natural log: ``lse[b, h, i] = log(sum_j exp(scale * q_i . k_j))`` over row
@@ -48,7 +49,7 @@ KERNEL_WG = "fast_tc_bwd_wg"  # the same kernels, the main one on wgmma (sm_90a)
 MAIN, PREP, DQ = "fast_tc_bwd", "fast_tc_bwd_prep", "fast_tc_bwd_dq"
 DQ_PASS = "fast_tc_bwd_dq_pass"  # BWD_DQ_PASS builds: dQ by a pass over the forward list
 DQ_WAYS = ("atomic", "pass")     # how dQ is summed: reductions into float32 in the main kernel, or its own pass
-DQ_ENV = "ATTNBENCH_BWD_DQ"      # the way forced (tests, timing); default "atomic"
+DQ_ENV = "ATTNBENCH_BWD_DQ"      # the way forced (tests, timing); default: choose_dq's rule
 PREP_THREADS = 256  # BWD_PREP_THREADS, of the prep and convert kernels
 DEFAULT_SMEM = 48 * 1024
 
@@ -132,6 +133,18 @@ BWD_SHAPES_WG2: dict[int, tuple[BwdConfig, str]] = {
                                                        "of dQ each (145 KiB)"),
 }
 TWO_WG_MIN_KEYS = {64: 512, 128: 128}  # keys a query reads on average (pairs / T) from which two warpgroups win
+# dQ by its own pass wins below these keys a query (pairs / T): the pass recomputes S and dP (1.4x the
+# products) but drops the float32 accumulator, its zeroing, conversion and reductions. H100, wgmma main
+# loop, pass / atomic (docs/PERF.md "backward v6", results/train-bwd-v6-dq-ab-h100.csv), T=32768 and
+# 131072: D=64 0.56-0.81 up to dilated 512/2 (510 keys), streaming 4+1024 (1024) 1.02-1.03, window
+# 4096 1.12; D=128 0.62-0.95 up to 256 keys, dilated 512/2 1.02-1.03, streaming 4+1024 1.07
+DQ_PASS_MAX_KEYS = {64: 768, 128: 384}
+
+
+def choose_dq(D: int, keys_per_query: float | None) -> str:
+    """How dQ is summed where nothing forces it: its own pass below ``DQ_PASS_MAX_KEYS`` keys a query,
+    float32 reductions from there (and when the keys a query reads are not known)."""
+    return "pass" if keys_per_query is not None and keys_per_query < DQ_PASS_MAX_KEYS[D] else "atomic"
 
 
 def bwd_config(D: int, wgmma: bool = False, keys_per_query: float | None = None) -> BwdConfig:
@@ -251,12 +264,13 @@ def dq_pass_config(D: int, cfg: BwdConfig) -> BwdConfig:
     return BWD_SHAPES[D][0] if cfg.WG else cfg
 
 
-def forced_dq() -> str:
-    """How dQ is summed: $ATTNBENCH_BWD_DQ (one of DQ_WAYS), else "atomic"; BadInput otherwise."""
+def forced_dq() -> str | None:
+    """How dQ is summed: $ATTNBENCH_BWD_DQ (one of DQ_WAYS), else None (``choose_dq``'s rule);
+    BadInput otherwise."""
     import os
 
-    given = os.environ.get(DQ_ENV, "").strip() or "atomic"
-    if given not in DQ_WAYS:
+    given = os.environ.get(DQ_ENV, "").strip() or None
+    if given is not None and given not in DQ_WAYS:
         raise BadInput(f"{DQ_ENV}={given!r}: expected one of {', '.join(DQ_WAYS)}")
     return given
 
@@ -300,7 +314,8 @@ class Backward:
     arrays. ``split``: the most query tiles a work item walks (0: no key tile split; None: from
     $ATTNBENCH_BWD_SPLIT, else ``split_length`` for this GPU). ``dq``: "atomic" (dQ's sums by
     float32 reductions in the main kernel, converted after it) or "pass" (dQ by a query-tile-major
-    pass of its own over the forward list, no accumulator); None: $ATTNBENCH_BWD_DQ, else "atomic".
+    pass of its own over the forward list, no accumulator); None: $ATTNBENCH_BWD_DQ, else ``choose_dq``
+    (the pass below DQ_PASS_MAX_KEYS keys a query).
     ``wgmma``: the wgmma main loop (fast-tc on sm_90; ``choose_bwd_config``), else mma.sync's."""
 
     def __init__(self, prob: Problem, setup: dict | None = None, cfg: BwdConfig | None = None,
@@ -310,10 +325,12 @@ class Backward:
             raise BadInput(f"D={prob.D} is not supported by the backward of fast-tc "
                            f"(supports D in {', '.join(map(str, sorted(BWD_SHAPES)))})")
         self.prob = prob
-        self.dq_way = dq = forced_dq() if dq is None else dq
+        kpq = prob.mask.pairs / prob.mask.T
+        dq = forced_dq() if dq is None else dq
+        self.dq_way = dq = choose_dq(prob.D, kpq) if dq is None else dq
         if dq not in DQ_WAYS:
             raise BadInput(f"dq={dq!r}: expected one of {', '.join(DQ_WAYS)}")
-        self.cfg = cfg = cfg or choose_bwd_config(prob.D, wgmma, dq, prob.mask.pairs / prob.mask.T, fields)
+        self.cfg = cfg = cfg or choose_bwd_config(prob.D, wgmma, dq, kpq, fields)
         self.setup = setup = {} if setup is None else setup
         stride, inner = prob.mask.strided()
         self.stride, self.inner = stride, inner
@@ -536,8 +553,9 @@ def _builds_of(mask: Mask, D: int, dtype: str) -> list[tuple[str, dict]]:
     it runs after (mma.sync and wgmma shapes)."""
     from .fast_tc import KERNEL as FWD, choose_config, kernel_defines, lse_shape
 
-    wg = bwd_config(D, True, mask.pairs / mask.T)  # the shape Backward chooses for it
-    return [(KERNEL, bwd_defines(D, dtype, mask)), (KERNEL_WG, bwd_defines(D, dtype, mask, wg))] + [
+    kpq = mask.pairs / mask.T
+    wg, dq = bwd_config(D, True, kpq), choose_dq(D, kpq)  # what Backward chooses for it
+    return [(KERNEL, bwd_defines(D, dtype, mask, dq=dq)), (KERNEL_WG, bwd_defines(D, dtype, mask, wg, dq))] + [
         (FWD, {**kernel_defines(D, dtype, mask, lse_shape(choose_config(mask, D, wgmma))), "FWD_LSE": 1})
         for wgmma in (False, True)]
 
@@ -566,5 +584,5 @@ def gate_builds(masks) -> list[tuple[str, dict]]:
                    for b in _builds_of(mask, D, dtype))
 
 
-__all__ = ["BWD_SHAPES", "BWD_SHAPES_WG", "BWD_SHAPES_WG2", "TWO_WG_MIN_KEYS", "BwdConfig", "BwdSpec", "parse_bwd_config", "Backward", "choose_bwd_config", "FastTCBwdRunner", "backward", "build_backward", "bwd_defines",
+__all__ = ["BWD_SHAPES", "BWD_SHAPES_WG", "BWD_SHAPES_WG2", "TWO_WG_MIN_KEYS", "DQ_PASS_MAX_KEYS", "choose_dq", "BwdConfig", "BwdSpec", "parse_bwd_config", "Backward", "choose_bwd_config", "FastTCBwdRunner", "backward", "build_backward", "bwd_defines",
            "forward_lse", "gate_builds", "standard_builds"]

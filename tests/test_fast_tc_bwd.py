@@ -175,12 +175,47 @@ def test_the_dq_way_comes_from_the_environment(monkeypatch):
     from attnbench.fast_tc_bwd import DQ_ENV, forced_dq
 
     monkeypatch.delenv(DQ_ENV, raising=False)
-    assert forced_dq() == "atomic"
+    assert forced_dq() is None  # choose_dq's rule
     monkeypatch.setenv(DQ_ENV, "pass")
     assert forced_dq() == "pass"
     monkeypatch.setenv(DQ_ENV, "both")
     with pytest.raises(BadInput, match=DQ_ENV):
         forced_dq()
+
+
+def test_dq_takes_its_own_pass_where_a_query_reads_few_keys():
+    """choose_dq: the pass below DQ_PASS_MAX_KEYS keys a query (pairs / T), float32 reductions from there
+    and where the count is not known; the llm instances it sends each way."""
+    from attnbench.fast_tc_bwd import DQ_PASS_MAX_KEYS, choose_dq
+
+    for D in DIMS:
+        assert choose_dq(D, DQ_PASS_MAX_KEYS[D] - 1) == "pass" and choose_dq(D, DQ_PASS_MAX_KEYS[D]) == "atomic"
+        assert choose_dq(D, None) == "atomic"
+    T = 32768
+    masks = [i.mask(T) for i in LLM.instances]
+    ways = {(m.label(), D): choose_dq(D, m.pairs / T) for m in masks for D in DIMS}
+    for D in DIMS:
+        assert ways["streaming(sink=16,window=64)", D] == ways["block_diagonal(block=128)", D] == "pass"
+        assert ways["window(window=256)", D] == "pass"
+        assert ways["dense", D] == ways["window(window=4096)", D] == ways["streaming(sink=4,window=1024)", D] == "atomic"
+    assert ways["dilated(window=512,dilation=2)", 64] == "pass" and ways["dilated(window=512,dilation=2)", 128] == "atomic"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", [IMPL, SYNC_IMPL], ids=["fast-tc", "fast-tc-sync"])
+def test_the_runner_takes_the_dq_way_the_rule_gives(monkeypatch, impl):
+    from attnbench.fast_tc_bwd import DQ_ENV
+
+    monkeypatch.delenv(DQ_ENV, raising=False)
+    for pattern, params, way in (("streaming", dict(sink=16, window=64), "pass"), ("dense", {}, "atomic")):
+        mask = make_mask(pattern, 2048, True, **params)
+        prob = Problem(mask, 1, 2, 64, "bfloat16", pass_name="bwd")
+        q, k, v, do = _inputs(prob, seed=3)
+        runner = impl.prepare(prob, q, k, v, do=do)
+        assert runner.setup["bwd_dq"] == way
+        runner.poison()
+        runner.run()
+        _check_grads(prob, runner.grads, q, k, v, do)
 
 
 @pytest.mark.parametrize("D", DIMS)
@@ -224,9 +259,16 @@ def test_standard_builds_hold_the_backward_of_every_llm_instance():
     fwd = [d for n, d in builds if n == "fast_tc"]
     assert {d["HEAD_D"] for d in bwd} == set(DIMS) and {d["AB_F16"] for d in bwd} == {0, 1}
     assert all(d.get("FWD_LSE") == 1 for d in fwd) and {d.get("WG", 0) for d in fwd} == {0, 1}
+    from attnbench.fast_tc_bwd import choose_dq
+
+    wg = [d for n, d in builds if n == "fast_tc_bwd_wg"]
     for inst in LLM.instances:
         for D in DIMS:
-            assert bwd_defines(D, "bfloat16", inst.mask(LLM.build_T)) in bwd
+            m = inst.mask(LLM.build_T)
+            dq = choose_dq(D, m.pairs / m.T)  # the way the runner takes: its builds, main loop and pass
+            assert bwd_defines(D, "bfloat16", m, dq=dq) in bwd
+            assert bwd_defines(D, "bfloat16", m, bwd_config(D, True, m.pairs / m.T), dq) in wg
+    assert any(d.get("BWD_DQ_PASS") for d in bwd) and not all(d.get("BWD_DQ_PASS") for d in bwd)
     from attnbench import compile as kc
 
     every = kc.standard_builds()
