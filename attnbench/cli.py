@@ -530,7 +530,7 @@ def sweep(config, T_min, T_max, T, patterns, impls, dtypes, B, H, D, causal, out
     writer = ResultWriter(out, resume=resume, overwrite=overwrite, retry_failed=retry_failed,
                           warn=lambda msg: click.echo(f"warning: {msg}", err=True))
     ctx = sw.device_context(seed=seed, budget_s=budget or DEFAULT_BUDGET_S, command=command,
-                            progress=sw.Progress(), samples=samples)
+                            progress=sw.Progress(cost=sw.case_cost), samples=samples)
     writer.check_gpu(ctx.provenance["gpu"])
     if shard_text is not None:
         click.echo(f"shard {index}/{count}: {len(cases)} of the {planned} configurations", err=True)

@@ -237,10 +237,11 @@ def case_cost(case: Case) -> float:
     """An estimate of the seconds one configuration takes (its shard's share, not a measurement)."""
     try:
         mask = make_mask(case.inst.pattern, case.T, case.inst.causal, **case.inst.param_dict)
-    except BadInput:
-        return 1.0  # skipped at once
+        pairs = mask.pairs
+    except Exception:  # noqa: BLE001 - an estimate never stops a sweep: such a case is skipped at once
+        return 1.0
     rows = (case.Tq or case.T) / case.T  # a decode's queries: their share of the mask's pairs
-    return SHARD_FIXED_S + 4 * case.D * mask.pairs * rows * case.B * case.H / SHARD_FLOPS_PER_S
+    return SHARD_FIXED_S + 4 * case.D * pairs * rows * case.B * case.H / SHARD_FLOPS_PER_S
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -530,10 +531,14 @@ def run_sweep(cases: list[Case], impls: list[Impl], writer: ResultWriter, ctx: C
     """Run every configuration, writing its rows as soon as it finishes. Returns counts by
     status (and ``resumed``: rows the CSV already held), with the reasons of the others."""
     counts = Tally()
+    if ctx.progress and hasattr(ctx.progress, "plan"):
+        ctx.progress.plan(cases)
     for n, case in enumerate(cases):
         if ctx.progress:
             ctx.progress(n, len(cases), case)
         rows = run_case(case, impls, ctx, writer.is_done)
+        if ctx.progress and hasattr(ctx.progress, "finished"):
+            ctx.progress.finished(case, ran=bool(rows))
         counts["resumed"] += len(impls) - len(rows)
         writer.write(rows)
         for r in rows:
@@ -550,22 +555,53 @@ def _duration(s: float) -> str:
 
 class Progress:
     """One stderr line, rewritten in place on a terminal: configurations done / left, the time
-    spent, an estimate of the time left (the mean of the configurations done so far), current."""
+    spent, an estimate of the time left, current. The estimate: with ``cost`` (a Case's estimated
+    seconds, ``case_cost``) and the plan given (``plan``), the seconds the configurations that ran
+    took per estimated second, times the estimate of those left (so a sweep that starts with its
+    largest configurations, or resumes past some, is not extrapolated from them as if all were
+    alike); otherwise the mean of the configurations done so far."""
 
-    def __init__(self, stream=None, clock: Callable[[], float] | None = None):
+    def __init__(self, stream=None, clock: Callable[[], float] | None = None,
+                 cost: Callable[[Case], float] | None = None):
         import time
 
         self.stream = stream or sys.stderr
         self.tty = getattr(self.stream, "isatty", lambda: False)()
         self.clock = clock or time.monotonic
-        self.t0 = None
+        self.cost = cost
+        self.t0 = self.last = None
+        self.left_cost = None  # estimated seconds of the configurations not yet finished (with a plan)
+        self.ran_cost = self.ran_time = 0.0
+
+    def plan(self, cases: list[Case]) -> None:
+        if self.cost is not None:
+            self.left_cost = sum(self.cost(c) for c in cases)
+
+    def finished(self, case: Case, ran: bool) -> None:
+        """``case`` is done; ``ran``: its rows ran here (not all resumed from the CSV)."""
+        if self.left_cost is None or self.last is None:
+            return
+        c = self.cost(case)
+        self.left_cost -= c
+        if ran:
+            self.ran_cost += c
+            self.ran_time += self.clock() - self.last
+
+    def _eta(self, spent: float, done: int, total: int) -> float | None:
+        if not 0 < done < total:
+            return None
+        if self.left_cost is not None:
+            return self.ran_time / self.ran_cost * max(0.0, self.left_cost) if self.ran_cost > 0 else None
+        return spent / done * (total - done)
 
     def __call__(self, done: int, total: int, case: Case | None) -> None:
         now = self.clock()
         if self.t0 is None:
             self.t0 = now
+        self.last = now
         spent = now - self.t0
-        eta = f", about {_duration(spent / done * (total - done))} left" if 0 < done < total else ""
+        left = self._eta(spent, done, total)
+        eta = f", about {_duration(left)} left" if left is not None else ""
         what = case.describe() if case is not None else "finished"
         line = f"[{done}/{total} done, {total - done} left, {_duration(spent)} spent{eta}] {what}"
         if self.tty:

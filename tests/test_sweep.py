@@ -344,6 +344,34 @@ def test_progress_says_time_spent_and_an_estimate_of_what_is_left():
     assert lines[3].startswith("[3/3 done, 0 left, 1m30s spent] finished")
 
 
+def test_progress_weighs_its_estimate_by_each_configurations_estimated_cost():
+    """With a cost per configuration, the estimate is the seconds spent per estimated second on the
+    configurations that ran, times the estimate of those left; resumed ones count for neither."""
+    lines, t = [], iter([0.0, 0.0, 100.0, 100.0, 110.0, 110.0])
+
+    class Stream:
+        def write(self, s):
+            lines.append(s)
+
+        def flush(self):
+            pass
+
+    cases = sw.plan("seed", patterns=("dense",), T=(128, 256, 512, 1024))
+    cost = dict(zip(cases, (1.0, 10.0, 1.0, 4.0)))
+    p = sw.Progress(Stream(), clock=lambda: next(t), cost=cost.__getitem__)
+    p.plan(cases)
+    p(0, 4, cases[0])
+    p.finished(cases[0], ran=False)  # resumed: no time, no rate
+    p(1, 4, cases[1])
+    p.finished(cases[1], ran=True)  # 100 s for 10 estimated: 10 s each
+    p(2, 4, cases[2])
+    assert "about 0m50s left" in lines[-1]  # (1 + 4) estimated seconds left at 10 s each
+    p.finished(cases[2], ran=True)  # 10 s more for 1 estimated: 110 s per 11
+    p(3, 4, cases[3])
+    assert "about 0m40s left" in lines[-1]
+    assert "about" not in lines[0] and "about" not in lines[1]  # nothing ran yet: no estimate
+
+
 def test_the_bytes_floor_takes_the_better_of_copy_and_read_bandwidth():
     """A kernel that mostly reads can beat the copy bandwidth: the floor must not be below it."""
     import dataclasses
