@@ -1,8 +1,10 @@
 """float64 reference attention, straight from the pattern's mask (SPEC sections 1, 2, 4).
 
 Chunked over queries so that T = 4096 with B = 2, H = 4 runs in modest memory, on the CPU
-(numpy) or on the GPU (cupy): pass arrays of either library. Sparse patterns cost what
-their allowed pairs cost, so the gate runs at T = 131072 too.
+(numpy) or on the GPU (cupy): pass arrays of either library; a block of rows holds at most
+``default_chunk_bytes`` of float64 scores (more on a GPU with memory free, so dense causal at
+T = 131072 goes in blocks of tens of rows, not a few). Sparse patterns cost what their allowed
+pairs cost, so the gate runs at T = 131072 too.
 
 Serving shapes (SPEC section 1): k and v may hold H_kv heads (query head h reads key/value head
 h // (H // H_kv)), and q may hold Tq < Tk queries, at absolute positions Tk - Tq .. Tk - 1; in a
@@ -24,7 +26,7 @@ def _xp(a):
 
 
 def reference(q, k, v, mask: Mask, dtype: str = "float32", scale: float | None = None,
-              chunk_bytes: int = 1 << 28, tile: int = 128, cache_lens=None):
+              chunk_bytes: int | None = None, tile: int = 128, cache_lens=None):
     """Attention in float64 of storage arrays q [B, H, Tq, D], k and v [B, H_kv, T, D]; returns
     float64 [B, H, Tq, D].
 
@@ -34,6 +36,7 @@ def reference(q, k, v, mask: Mask, dtype: str = "float32", scale: float | None =
     counted and must equal the pattern's closed-form pair count, so a tile the list missed cannot
     pass unnoticed."""
     xp = _xp(q)
+    chunk_bytes = chunk_bytes or default_chunk_bytes(xp)
     B, H, Tq, D = q.shape
     H_kv, T = k.shape[1], k.shape[2]
     s = _check(mask, T, D, scale)
@@ -69,10 +72,11 @@ def reference(q, k, v, mask: Mask, dtype: str = "float32", scale: float | None =
 
 
 def reference_forward(q, k, v, mask: Mask, dtype: str = "float32", scale: float | None = None,
-                      chunk_bytes: int = 1 << 28, tile: int = 128):
+                      chunk_bytes: int | None = None, tile: int = 128):
     """``reference`` and the row log-sum-exp of the scaled scores (what a forward saves for its
     backward): (out [B, H, T, D], lse [B, H, T]), float64."""
     xp = _xp(q)
+    chunk_bytes = chunk_bytes or default_chunk_bytes(xp)
     B, H, T, D = q.shape
     s = _check(mask, T, D, scale)
     q64, k64, v64 = (_as64(xp, a, dtype) for a in (q, k, v))
@@ -85,7 +89,7 @@ def reference_forward(q, k, v, mask: Mask, dtype: str = "float32", scale: float 
 
 
 def reference_backward(q, k, v, do, mask: Mask, dtype: str = "float32", scale: float | None = None,
-                       chunk_bytes: int = 1 << 28, tile: int = 128):
+                       chunk_bytes: int | None = None, tile: int = 128):
     """The gradients of attention in float64 (SPEC section 3's backward), masked exactly like
     ``reference``: given storage arrays q, k, v and the output's gradient ``do`` [B, H, T, D],
     returns (dq, dk, dv, lse, delta): dq, dk, dv [B, H, T, D] and, per row, the log-sum-exp of
@@ -100,10 +104,11 @@ def reference_backward(q, k, v, do, mask: Mask, dtype: str = "float32", scale: f
 
 
 def reference_gradients(q, k, v, do, mask: Mask, dtype: str = "float32", scale: float | None = None,
-                        chunk_bytes: int = 1 << 28, tile: int = 128) -> dict:
+                        chunk_bytes: int | None = None, tile: int = 128) -> dict:
     """``reference_backward`` with the forward's output kept: a dict of float64 arrays ``out``, ``dq``,
     ``dk``, ``dv``, ``lse`` and ``delta`` (what a training step's gate compares: the output too)."""
     xp = _xp(q)
+    chunk_bytes = chunk_bytes or default_chunk_bytes(xp)
     B, H, T, D = q.shape
     s = _check(mask, T, D, scale)
     out, lse = reference_forward(q, k, v, mask, dtype, s, chunk_bytes, tile)
@@ -122,6 +127,23 @@ def reference_gradients(q, k, v, do, mask: Mask, dtype: str = "float32", scale: 
         dk[:, :, kidx] += xp.matmul(ds.swapaxes(-1, -2), qr) * s
         dv[:, :, kidx] += xp.matmul(p.swapaxes(-1, -2), dor)
     return {"out": out, "dq": dq, "dk": dk, "dv": dv, "lse": lse, "delta": delta}
+
+
+HOST_CHUNK = 1 << 28     # bytes of float64 scores a block of rows holds at once on the CPU
+DEVICE_CHUNK = (1 << 28, 1 << 31)  # on the GPU: a sixteenth of the free memory, within these bounds
+
+
+def default_chunk_bytes(xp, free: int | None = None) -> int:
+    """The float64 scores a block of rows may hold: HOST_CHUNK with numpy; with CuPy a sixteenth of
+    the device's free memory (``free``, else asked), within DEVICE_CHUNK. A block's few temporaries
+    of that size fit, and long rows (dense causal at T = 131072 reads 2^17 keys a row) go in blocks
+    of many rows, not a few rows per launch of every array operation."""
+    if xp is np:
+        return HOST_CHUNK
+    if free is None:
+        free = xp.cuda.runtime.memGetInfo()[0]
+    lo, hi = DEVICE_CHUNK
+    return int(min(hi, max(lo, free // 16)))
 
 
 def _check(mask: Mask, T: int, D: int, scale: float | None) -> float:

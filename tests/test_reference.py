@@ -123,3 +123,19 @@ def test_prefill_with_one_kv_head_per_query_head_is_the_plain_reference(name, pa
     q, k, v = (rng.standard_normal((1, 2, 16, 4)).astype(np.float32) for _ in range(3))
     m = make_mask(name, 16, True, **params)
     assert np.allclose(reference(q, k, v, m, tile=4), brute(q, k, v, m), rtol=1e-12, atol=1e-12)
+
+
+def test_the_block_of_rows_is_sized_by_the_memory_it_may_take():
+    """On the CPU a fixed 256 MiB of float64 scores; on a GPU a sixteenth of the free memory within
+    256 MiB and 2 GiB, so long rows go in blocks of many rows (numpy stands in for no GPU here: any
+    other array module is taken for CuPy)."""
+    import numpy as np
+
+    from attnbench.reference import DEVICE_CHUNK, HOST_CHUNK, default_chunk_bytes
+
+    assert default_chunk_bytes(np) == HOST_CHUNK == 1 << 28
+    gpu = object()
+    assert DEVICE_CHUNK == (1 << 28, 1 << 31)
+    assert default_chunk_bytes(gpu, free=8 << 30) == 512 << 20
+    assert default_chunk_bytes(gpu, free=80 << 30) == 1 << 31
+    assert default_chunk_bytes(gpu, free=1 << 30) == 1 << 28
