@@ -16,6 +16,11 @@ decode configuration's Tq = 1), gives every warp the same 16 rows and a slice of
 keys, so no warp multiplies padding rows (``BY_KEYS`` picks; by default the second wherever it takes
 the case). A pair with a single split stores its output from the split kernel; no merge runs.
 
+With ``CLASSES=1`` a strided pattern (dilated) with one query a sequence reads only the keys of that
+query's residue class: K and V rows the stride apart (the loader's row step, ``STRIDE``), the inner
+pattern's list and predicate in class coordinates (``by_class``), so the rows the pattern skips are
+not loaded. Off by default until it is timed (docs/PERF.md "decode v3").
+
 The shape (``DecodeConfig``: warps, key-tile size, stages, blocks per SM asked of the register
 allocator, the split count or what it is derived from, and which kernel) can be given for tuning: in a sweep by
 ``--decode-config SPEC`` (each adds a row per configuration, impl ``fast-decode[SPEC]``, timed with
@@ -58,7 +63,10 @@ class DecodeConfig:
     BN / NWARPS keys of each tile (kernels/decode_keys.cu, rows up to 16); 2: the second wherever the
     rows fit 16 and the shape allows it, else the first. ONE_PER_SM: with BLOCKS_PER_SM 0, when the
     SMs number at least ONE_PER_SM for each list (few sequences: long lists), one block per SM
-    instead of the wave's (0: never)."""
+    instead of the wave's (0: never). CLASSES 1: a strided pattern (dilated) with one query a
+    sequence reads only the keys of that query's residue class, rows STRIDE apart, by its inner
+    pattern's list and predicate in class coordinates, so the rows the pattern skips are never loaded
+    (0: every row of the tiles its list names, masked)."""
     NWARPS: int = 4
     BN: int = 64
     STAGES: int = 3
@@ -69,6 +77,7 @@ class DecodeConfig:
     MERGE: int = 0  # the merge in the last split was 4-14% slower at B=1 (docs/PERF.md "decode: the merge")
     BY_KEYS: int = 2
     ONE_PER_SM: int = 8  # B=1: 3-4% faster than two a SM on an H200 (docs/PERF.md "decode v2")
+    CLASSES: int = 0  # 1: see below (written and compiled, not yet timed: docs/PERF.md "decode v3")
 
     @property
     def rows(self) -> int:
@@ -119,7 +128,7 @@ class DecodeConfig:
 DECODE_FIELDS = tuple(f.name for f in fields(DecodeConfig))
 DECODE_LIMITS = {"NWARPS": (4, 16, 4), "BN": (16, 256, 16), "STAGES": (2, 8, 1), "MINB": (1, 16, 1),
                  "SPLITS": (0, 4096, 1), "BLOCKS_PER_SM": (0, 64, 1), "MIN_PER_SPLIT": (1, 4096, 1),
-                 "MERGE": (0, 1, 1), "BY_KEYS": (0, 2, 1), "ONE_PER_SM": (0, 1024, 1)}
+                 "MERGE": (0, 1, 1), "BY_KEYS": (0, 2, 1), "ONE_PER_SM": (0, 1024, 1), "CLASSES": (0, 1, 1)}
 DEFAULT = DecodeConfig()
 NWARPS, BN, STAGES = DEFAULT.NWARPS, DEFAULT.BN, DEFAULT.STAGES
 ROWS = DEFAULT.rows  # query rows of a block: query heads of a group x Tq
@@ -141,18 +150,20 @@ class DecodeSpec:
 
 
 def parse_decode_config(text: str, option: str = "--decode-config") -> DecodeSpec:
-    """'FIELD=N,...' of NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, BY_KEYS, ONE_PER_SM (any case; the
-    others at their defaults) or all by position from NWARPS,BN,STAGES; BadInput naming ``option``
-    and the limit."""
+    """'FIELD=N,...' of NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, BY_KEYS,
+    ONE_PER_SM, CLASSES (any case; the others at their defaults) or all by position from
+    NWARPS,BN,STAGES; BadInput naming ``option`` and the limit."""
     given = parse_fields(text, option, DecodeConfig, DECODE_LIMITS, min_positional=3)
     return DecodeSpec(tuple((f, given[f]) for f in DECODE_FIELDS if f in given))
 
 
-def kernel_defines(D: int, dtype: str, mask: Mask, cfg: DecodeConfig = DEFAULT, keys: bool = False) -> dict:
+def kernel_defines(D: int, dtype: str, mask: Mask, cfg: DecodeConfig = DEFAULT, keys: bool = False,
+                   stride: int = 1) -> dict:
     """The -D constants of kernels/decode.cu (kernels/decode_keys.cu when ``keys``: BN is then a warp's
-    slice of the tile): the head dimension, dtype, shape and the pattern."""
+    slice of the tile): the head dimension, dtype, shape and the pattern (with ``stride`` > 1, the
+    inner pattern of a residue class, one query a sequence: ``by_class``)."""
     bn = cfg.BN // cfg.NWARPS if keys else cfg.BN
-    d = dict(HEAD_D=D, BN=bn, NWARPS=cfg.NWARPS, STAGES=cfg.STAGES, MT=1, MINB=cfg.MINB, QREG=1, STRIDE=1)
+    d = dict(HEAD_D=D, BN=bn, NWARPS=cfg.NWARPS, STAGES=cfg.STAGES, MT=1, MINB=cfg.MINB, QREG=1, STRIDE=stride)
     if not keys:
         d["MERGE_LAST"] = cfg.MERGE
     return dict(d, AB_F16=int(dtype == "float16"), **pattern_defines(mask))
@@ -176,6 +187,22 @@ def split_count(longest: int, work: int, sms: int, cfg: DecodeConfig = DEFAULT, 
     else:
         per_split = max(cfg.MIN_PER_SPLIT, -(-longest * work // (cfg.BLOCKS_PER_SM * sms)))
     return per_split, max(1, -(-longest // per_split))
+
+
+def by_class(prob: Problem, cfg: DecodeConfig) -> tuple[int, Mask] | None:
+    """(stride, inner pattern) when fast-decode reads only the query's residue class (CLASSES 1, a
+    strided pattern, one query a sequence, and one inner predicate for every cache length), else None."""
+    r, inner = prob.mask.strided()
+    if not cfg.CLASSES or r == 1 or prob.q_len != 1:
+        return None
+    if any(inner.at(class_len(t, r)).device_defines() != inner.device_defines() for t in set(prob.lens)):
+        return None
+    return r, inner
+
+
+def class_len(Tk: int, r: int) -> int:
+    """Keys of the residue class of position Tk - 1 up to it (its position in the class, plus one)."""
+    return (Tk - 1) // r + 1
 
 
 @dataclass(frozen=True)
@@ -278,17 +305,20 @@ class FastDecode(Impl):
         setup["kernel"] = KEYS_KERNEL if keys else KERNEL
         lens = prob.lens
         order = sorted(set(lens))
-        lists = [decode_list(prob.mask.at(t), prob.q_len, cfg.BN) for t in order]
+        cls = by_class(prob, cfg)
+        stride, mask = cls or (1, prob.mask)  # the list and predicate of the query's residue class
+        setup["classes"] = stride
+        lists = [decode_list(mask.at(class_len(t, stride)), prob.q_len, cfg.BN) for t in order]
         setup["tiles_build_s"] = sum(x.build_s for x in lists)
         counts = np.array([x.entries.size for x in lists], np.int64)
         firsts = np.concatenate([[0], np.cumsum(counts)[:-1]])
         tent = np.concatenate([x.entries for x in lists] + [np.zeros(1, np.int32)])
         # one predicate for every cache length (``unsupported`` refuses patterns whose predicate or
         # table depends on it)
-        table = prob.mask.table
+        table = mask.table
         table = cupy.asarray(table if table is not None else np.zeros(1, np.int32), dtype=cupy.int32)
         with timed(setup, "compile_s"):
-            mod = get_module(setup["kernel"], kernel_defines(prob.D, prob.dtype, prob.mask, cfg, keys))
+            mod = get_module(setup["kernel"], kernel_defines(prob.D, prob.dtype, mask, cfg, keys, stride))
             split_k, merge_k = mod.get_function(KEYS_SPLIT if keys else SPLIT), mod.get_function(MERGE)
             smem = cfg.smem_bytes(prob.D, keys)
             if smem > 48 * 1024:
@@ -347,8 +377,15 @@ def standard_builds() -> list[tuple[str, dict]]:
                     builds.append(b)
     # the merge in the last split (MERGE=1), on the first instance
     builds.append((KERNEL, kernel_defines(128, "bfloat16", c.instances[0].mask(c.build_T), replace(DEFAULT, MERGE=1))))
+    # a residue class's keys (CLASSES=1) for the strided instances, both kernels
+    for inst in c.instances:
+        r, inner = inst.mask(c.build_T).strided()
+        if r > 1:
+            for keys in (False, True):
+                builds.append((KEYS_KERNEL if keys else KERNEL,
+                               kernel_defines(128, "bfloat16", inner, replace(DEFAULT, CLASSES=1), keys, r)))
     return builds
 
 
 __all__ = ["FastDecode", "IMPL", "DecodeConfig", "DecodeSpec", "parse_decode_config", "decode_list", "kernel_defines",
-           "split_count", "standard_builds"]
+           "split_count", "standard_builds", "by_class", "class_len"]

@@ -28,7 +28,7 @@
 #define DEC_ROWS BM  // the partial's rows a split: the whole tile's
 #include "tc/decode_common.cuh"
 
-static_assert(!WG && !TMA && STRIDE == 1 && MT == 1 && QREG == 1, "decode: mma.sync, cp.async, one m16 tile per warp");
+static_assert(!WG && !TMA && MT == 1 && QREG == 1, "decode: mma.sync, cp.async, one m16 tile per warp");
 
 typedef TcMmaSync TcMma;
 typedef TcLoadAsync<TcMma> TcLoad;
@@ -47,7 +47,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) decode_split(DECODE_
 
     TcLoad ld;
     ld.init(sm, gm, decode_work(blk));
-    tc_load_tile<TcMma::Layout, BM>(sm.q, q, 0, rows);  // Q's rows past the group's zero-filled
+    tc_load_tile<TcMma::Layout, BM, 1>(sm.q, q, 0, rows);  // Q's rows past the group's zero-filled
     tc_commit();
     TcTileList list;
     list.init_range(tent, blk.first, count);

@@ -26,7 +26,7 @@
 #include "tc/decode_common.cuh"
 
 #define KT (NWARPS * BN)  // keys of a list's tile: a stage
-static_assert(!WG && !TMA && STRIDE == 1 && MT == 1 && QREG == 1, "decode_keys: mma.sync, cp.async, one m16 tile");
+static_assert(!WG && !TMA && MT == 1 && QREG == 1, "decode_keys: mma.sync, cp.async, one m16 tile");
 static_assert(BN <= 32, "decode_keys: a warp's slice of 16 or 32 keys (idle slices skipped)");
 
 typedef TcMmaSync TcMma;
@@ -49,7 +49,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) decode_keys_split(DE
 
     TcLoad ld;
     ld.init(sm, gm, decode_work(blk));
-    tc_load_tile<TcRowLayout, RW>(sm.q, blk.q, 0, rows);  // rows past the group's zero-filled
+    tc_load_tile<TcRowLayout, RW, 1>(sm.q, blk.q, 0, rows);  // rows past the group's zero-filled
     tc_commit();
     TcTileList list;
     list.init_range(tent, blk.first, count);

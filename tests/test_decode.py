@@ -134,7 +134,7 @@ def test_the_gpu_check_step_sweeps_these_shapes():
     ("stages=4, bn=32", (("BN", 32), ("STAGES", 4))),
     ("BLOCKS_PER_SM=0,MIN_PER_SPLIT=2", (("BLOCKS_PER_SM", 0), ("MIN_PER_SPLIT", 2))),
     ("8,32,4", (("NWARPS", 8), ("BN", 32), ("STAGES", 4), ("MINB", 1), ("SPLITS", 0), ("BLOCKS_PER_SM", 0),
-                ("MIN_PER_SPLIT", 4), ("MERGE", 0), ("BY_KEYS", 2), ("ONE_PER_SM", 8))),
+                ("MIN_PER_SPLIT", 4), ("MERGE", 0), ("BY_KEYS", 2), ("ONE_PER_SM", 8), ("CLASSES", 0))),
     ("by_keys=0", (("BY_KEYS", 0),)),
 ])
 def test_a_decode_shape_parses_named_and_positional_forms(text, given):
@@ -148,7 +148,7 @@ def test_a_decode_shape_parses_named_and_positional_forms(text, given):
     ("STAGES=1", "STAGES=1 must be from 2 to 8"),
     ("SPLITS=-1", "SPLITS=-1 must be from 0 to 4096"),
     ("WG=1", "unknown field 'WG' (fields: NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, "
-             "BY_KEYS, ONE_PER_SM)"),
+             "BY_KEYS, ONE_PER_SM, CLASSES)"),
     ("BY_KEYS=3", "BY_KEYS=3 must be from 0 to 2"),
     ("SPLITS=4,SPLITS=8", "SPLITS given twice"),
 ])
@@ -344,3 +344,80 @@ def test_the_merge_in_the_last_split_matches_the_merge_launch_run_after_run(Tq, 
         outs[merge] = got
     for o in outs[1] + outs[0][1:]:
         assert np.array_equal(o, outs[0][0])
+
+
+# ---- CLASSES=1: a strided pattern's one query reads its residue class only ---------------------------
+@pytest.mark.parametrize("T", [1, 2, 3, 100, 4096, 4097])
+@pytest.mark.parametrize("params", [dict(window=512, dilation=2), dict(window=7, dilation=3)])
+def test_a_querys_residue_class_holds_every_key_it_reads(T, params):
+    """The kernel with STRIDE = r reads the keys c, c + r, ... (c = (T - 1) % r) up to T - 1 as the class's
+    positions 0 .. (T - 1) // r, by the inner pattern's list at that class length: mapped back, the
+    keys that list's last position allows are exactly the pattern's keys of position T - 1."""
+    from attnbench.decode import class_len
+
+    m = make_mask("dilated", T, True, **params)
+    r, inner = m.strided()
+    c, L = (T - 1) % r, class_len(T, r)
+    assert L == len(range(c, T, r))  # the class's keys up to T - 1
+    keys = inner.at(L).keys(np.array([L - 1]))
+    assert np.array_equal(c + r * keys, m.keys(np.array([T - 1])))
+    lst = decode_list(inner.at(L), 1)
+    assert set(lst.entries >> 1) == set(keys // BN)  # the tiles of those class positions, and no others
+
+
+def test_classes_apply_to_a_strided_pattern_with_one_query_only():
+    from attnbench.decode import DEFAULT, by_class
+
+    on = replace(DEFAULT, CLASSES=1)
+    dil = make_mask("dilated", 4096, True, window=512, dilation=2)
+    one = Problem(dil, 2, 32, 128, "bfloat16", H_kv=8, Tq=1)
+    r, inner = by_class(one, on)
+    assert r == 2 and inner.label() == "window(window=512)"
+    assert by_class(one, DEFAULT) is None  # CLASSES=0: every row of the tiles, masked
+    assert by_class(Problem(dil, 2, 32, 128, "bfloat16", H_kv=8, Tq=16), on) is None  # both classes' queries
+    assert by_class(Problem(make_mask("window", 4096, True, window=512), 2, 32, 128, "bfloat16", H_kv=8, Tq=1),
+                    on) is None  # no stride
+    ragged = Problem(dil, 3, 32, 128, "bfloat16", H_kv=8, Tq=1, cache_lens=(4096, 1001, 2050))
+    assert by_class(ragged, on)[0] == 2  # each sequence its own class
+    assert parse_decode_config("CLASSES=1").apply().CLASSES == 1
+    with pytest.raises(BadInput, match="CLASSES=2"):
+        parse_decode_config("CLASSES=2")
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("keys", [False, True])
+@pytest.mark.parametrize("D", [64, 128])
+def test_the_class_builds_compile_without_spills(arch, keys, D):
+    from attnbench.decode import DEFAULT
+
+    m = make_mask("dilated", 4096, True, window=512, dilation=2)
+    r, inner = m.strided()
+    for rep in compile_only(KEYS_KERNEL if keys else KERNEL,
+                            kernel_defines(D, "bfloat16", inner, replace(DEFAULT, CLASSES=1), keys, r), arch):
+        assert 0 < rep.registers <= 255 and (rep.spill_stores, rep.spill_loads) == (0, 0), rep
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("text", ["CLASSES=1", "CLASSES=1,BY_KEYS=0", "CLASSES=1,SPLITS=1", "CLASSES=1,SPLITS=16"])
+@pytest.mark.parametrize("params", [dict(window=512, dilation=2), dict(window=33, dilation=3)])
+def test_gate_of_the_residue_class_decode(text, params):
+    """CLASSES=1 on dilated decodes: one query a sequence, both kernels, one split and many, sequences of
+    every residue (ragged), both head dims; Tq=16 falls back to every row (the classes' queries differ)."""
+    from attnbench.check import gate
+
+    impl = IMPL.decode_variant(parse_decode_config(text))
+    mask = make_mask("dilated", 4096, True, **params)
+    for prob in (Problem(mask, 2, 32, 128, "bfloat16", H_kv=8, Tq=1),
+                 Problem(mask, 2, 8, 64, "float16", H_kv=2, Tq=1),
+                 Problem(mask, 4, 32, 128, "bfloat16", H_kv=8, Tq=1, cache_lens=(4096, 1001, 2050, 3)),
+                 Problem(mask, 2, 8, 64, "bfloat16", H_kv=2, Tq=16)):
+        runner = impl.prepare(prob, *_gate_inputs(prob))
+        assert runner.setup["classes"] == (params["dilation"] if prob.q_len == 1 else 1)
+        res = gate(impl, prob)
+        assert res.ok, (text, prob.q_len, res)
+
+
+def _gate_inputs(prob):
+    from attnbench.check import problem_inputs
+
+    return problem_inputs(prob, 7)

@@ -15,6 +15,7 @@
 //   DECODE_SPLIT_PARAMS: the split kernels' parameters (the host launches either alike);
 //   decode_block(...) -> DecodeBlock: the block's pair, split, rows, keys, Q slab, K/V and its stretch of
 //     the list (first entry in tent, count); from the arguments alone when the batch is not ragged;
+//     with STRIDE > 1 (one query a sequence) the keys and K/V of the query's residue class;
 //   decode_out_slab(Og, blk, H, Tq): the group's first output row;
 //   decode_part_rows / decode_part_lse(..., blk, H_kv): the split's partial rows and log-sum-exps;
 //   decode_work(blk): the loader's work item (TcLoadAsync::init);
@@ -57,13 +58,18 @@ __device__ __forceinline__ DecodeBlock decode_block(const u16* Qg, const u16* Kg
     d.b = blockIdx.z;
     d.group = H / H_kv;
     d.rows = d.group * Tq;
-    d.Tb = one_len ? Tk : lens[d.b];
+    const int Tfull = one_len ? Tk : lens[d.b];
+    // STRIDE > 1 (a strided pattern, one query a sequence: the host builds it so): the query at
+    // Tfull - 1 reads keys of its residue class c only, rows c, c + STRIDE, ... (the loader's row
+    // step), the class's first (Tfull - 1) / STRIDE + 1 keys, and is the class's last position
+    const int c = (Tfull - 1) % STRIDE;
+    d.Tb = (Tfull - 1) / STRIDE + 1;
     const int2 head = one_len ? make_int2(0, list_count) : lists[list_of[d.b]];  // (first entry, count)
     const int first = d.split * per_split;
     d.first = head.x + first;
     d.count = max(0, min(per_split, head.y - first));
     d.q = Qg + ((size_t)d.b * H + (size_t)d.kvh * d.group) * Tq * HEAD_D;
-    const size_t kv = ((size_t)d.b * H_kv + d.kvh) * (size_t)Tk * HEAD_D;
+    const size_t kv = (((size_t)d.b * H_kv + d.kvh) * (size_t)Tk + c) * HEAD_D;
     d.k = Kg + kv;
     d.v = Vg + kv;
     return d;

@@ -20,8 +20,8 @@
 //   refill(sm, gm, T, bar, st, st_fill, phase, ent_nx, nx, n) (static): waits for tile `it`
 //     (stage st), loads tile nx (entry ent_nx) into stage st_fill when nx < n;
 //   drain(): waits for what is left.
-//   tc_load_tile<Layout, ROWS>(dst, src, row0, T): rows [row0, row0 + ROWS) of a [T][HEAD_D]
-//     matrix whose rows lie STRIDE rows apart into a swizzled tile (any rows: Q, K or V).
+//   tc_load_tile<Layout, ROWS[, RS]>(dst, src, row0, T): rows [row0, row0 + ROWS) of a [T][HEAD_D]
+//     matrix whose rows lie RS (default STRIDE) rows apart into a swizzled tile (any rows: Q, K or V).
 #pragma once
 #include "tc/scheduler.cuh"
 
@@ -115,19 +115,20 @@ struct TcMmaSync {
 };
 
 // A thread copies chunk c = tid % CH of rows r0 + i * RSTEP (RSTEP = THREADS / CH, a multiple of 8,
-// so every one of its rows has the same swizzle and the addresses differ by constants).
-template <class Layout, int ROWS>
+// so every one of its rows has the same swizzle and the addresses differ by constants). RS: the
+// matrix's rows lie RS rows of HEAD_D apart (STRIDE: a residue class's; 1: rows that are not).
+template <class Layout, int ROWS, int RS = STRIDE>
 __device__ __forceinline__ void tc_load_tile(u32 dst, const u16* __restrict__ src, int row0, int T) {
     constexpr int RSTEP = THREADS / CH;
     static_assert(THREADS % CH == 0 && RSTEP % 8 == 0 && ROWS % RSTEP == 0,
                   "a tile's chunks must divide evenly among the threads, 8 rows apart");
     const int r0 = threadIdx.x / CH, c = threadIdx.x % CH;
     const u32 d0 = dst + Layout::template swz<ROWS>(r0, c);
-    const u16* g0 = src + (size_t)(row0 + r0) * (STRIDE * HEAD_D) + c * 8;
+    const u16* g0 = src + (size_t)(row0 + r0) * (RS * HEAD_D) + c * 8;
 #pragma unroll
     for (int i = 0; i < ROWS / RSTEP; ++i) {
         const bool ok = row0 + r0 + i * RSTEP < T;
-        tc_cp_async16(d0 + i * RSTEP * Layout::ROWB, ok ? g0 + (size_t)i * RSTEP * STRIDE * HEAD_D : src, ok ? 16 : 0);
+        tc_cp_async16(d0 + i * RSTEP * Layout::ROWB, ok ? g0 + (size_t)i * RSTEP * RS * HEAD_D : src, ok ? 16 : 0);
     }
 }
 
