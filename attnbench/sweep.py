@@ -47,6 +47,10 @@ class Case:
     Tq: int | None = None
     cache_lens: tuple[int, ...] | None = None
 
+    def configuration(self) -> "Case":
+        """This case with its pass left out: what a configuration's passes share (inputs, reference)."""
+        return replace(self, pass_name="fwd")
+
     def describe(self) -> str:
         lab = pattern_label(self.inst.pattern, self.inst.param_dict)
         return (f"{lab} {'causal' if self.inst.causal else 'non-causal'} T={self.T} B={self.B} H={self.H} "
@@ -265,7 +269,7 @@ def shard(cases: list[Case], index: int, count: int, cost: Callable[[Case], floa
         raise BadInput(f"shard {index} of {count}: the shard must be 1 to {max(count, 1)}")
     groups: dict = {}
     for c in cases:
-        groups.setdefault(replace(c, pass_name="fwd"), []).append(c)
+        groups.setdefault(c.configuration(), []).append(c)
     costs = {g: cost(g) * len(cs) for g, cs in groups.items()}  # its passes: alike enough for an estimate
     load = [0.0] * count
     owner = {}
@@ -273,7 +277,7 @@ def shard(cases: list[Case], index: int, count: int, cost: Callable[[Case], floa
         s = min(range(count), key=lambda i: (load[i], i))
         owner[key] = s
         load[s] += costs[key]
-    return [c for c in cases if owner[replace(c, pass_name="fwd")] == index - 1]
+    return [c for c in cases if owner[c.configuration()] == index - 1]
 
 
 def select_impls(names=(), tile_configs=(), decode_configs=(), bwd_configs=()) -> list[Impl]:
@@ -346,7 +350,7 @@ class ReferenceCache:
 
     @staticmethod
     def key_of(case: "Case", seed: int) -> tuple:
-        return replace(case, pass_name="fwd"), seed
+        return case.configuration(), seed
 
     def forget_unless(self, key) -> None:
         if key != self.key:
