@@ -16,10 +16,14 @@ decode configuration's Tq = 1), gives every warp the same 16 rows and a slice of
 keys, so no warp multiplies padding rows (``BY_KEYS`` picks; by default the second wherever it takes
 the case). A pair with a single split stores its output from the split kernel; no merge runs.
 
-With ``CLASSES=1`` a strided pattern (dilated) with one query a sequence reads only the keys of that
-query's residue class: K and V rows the stride apart (the loader's row step, ``STRIDE``), the inner
-pattern's list and predicate in class coordinates (``by_class``), so the rows the pattern skips are
-not loaded. Off by default until it is timed (docs/PERF.md "decode v3").
+A strided pattern (dilated) with one query a sequence reads only the keys of that query's residue
+class (``CLASSES=1``, the default): K and V rows the stride apart (the loader's row step, ``STRIDE``),
+the inner pattern's list and predicate in class coordinates (``by_class``), so the rows the pattern
+skips are not loaded (docs/PERF.md "decode v3").
+
+Short lists (at most ``SHORT_LIST_KEYS`` keys in 64-key tiles: the sparse patterns' few tiles) take
+32-key tiles (``BN_SHORT``): fewer keys loaded past the pattern's edges and more splits of a list,
+where latency, not bytes, sets the time (docs/PERF.md "decode v4").
 
 The shape (``DecodeConfig``: warps, key-tile size, stages, blocks per SM asked of the register
 allocator, the split count or what it is derived from, and which kernel) can be given for tuning: in a sweep by
@@ -66,7 +70,9 @@ class DecodeConfig:
     instead of the wave's (0: never). CLASSES 1: a strided pattern (dilated) with one query a
     sequence reads only the keys of that query's residue class, rows STRIDE apart, by its inner
     pattern's list and predicate in class coordinates, so the rows the pattern skips are never loaded
-    (0: every row of the tiles its list names, masked)."""
+    (0: every row of the tiles its list names, masked). BN_SHORT: with BN at its default (64), lists
+    of at most SHORT_LIST_KEYS keys (in BN-key tiles) take tiles of BN_SHORT keys instead where that
+    shape runs (0: never; ``for_list``)."""
     NWARPS: int = 4
     BN: int = 64
     STAGES: int = 3
@@ -77,7 +83,8 @@ class DecodeConfig:
     MERGE: int = 0  # the merge in the last split was 4-14% slower at B=1 (docs/PERF.md "decode: the merge")
     BY_KEYS: int = 2
     ONE_PER_SM: int = 8  # B=1: 3-4% faster than two a SM on an H200 (docs/PERF.md "decode v2")
-    CLASSES: int = 0  # 1: see below (written and compiled, not yet timed: docs/PERF.md "decode v3")
+    CLASSES: int = 1  # dilated B=64, Tq=1: 104.4 -> 61.3 us on an H100 (docs/PERF.md "decode v3")
+    BN_SHORT: int = 32  # streaming 16+64 B=64, Tq=1: 25.6 -> 19.6 us on an H100 (docs/PERF.md "decode v4")
 
     @property
     def rows(self) -> int:
@@ -118,6 +125,16 @@ class DecodeConfig:
             return f"{self.smem_bytes(D, keys)} bytes of shared memory at D={D}, above {MAX_SMEM}"
         return None
 
+    def for_list(self, longest_keys: int, rows: int, D: int) -> "DecodeConfig":
+        """The shape a problem of ``rows`` query rows a key/value head at head dimension D runs whose
+        longest list holds ``longest_keys`` keys in BN-key tiles: BN_SHORT-key tiles where BN is the
+        default's, BN_SHORT is set, the list is short and that shape builds for the rows; else this one."""
+        if not (self.BN_SHORT and self.BN == LONG_BN and longest_keys <= SHORT_LIST_KEYS):
+            return self
+        short = replace(self, BN=self.BN_SHORT)
+        keys = short.by_keys(rows, D)
+        return short if short.problem(D, keys) is None and rows <= short.tile_rows(keys) else self
+
     def by_keys(self, rows: int, D: int) -> bool:
         """Whether a group of ``rows`` query rows at head dimension D runs kernels/decode_keys.cu."""
         if self.BY_KEYS == 2:
@@ -128,8 +145,14 @@ class DecodeConfig:
 DECODE_FIELDS = tuple(f.name for f in fields(DecodeConfig))
 DECODE_LIMITS = {"NWARPS": (4, 16, 4), "BN": (16, 256, 16), "STAGES": (2, 8, 1), "MINB": (1, 16, 1),
                  "SPLITS": (0, 4096, 1), "BLOCKS_PER_SM": (0, 64, 1), "MIN_PER_SPLIT": (1, 4096, 1),
-                 "MERGE": (0, 1, 1), "BY_KEYS": (0, 2, 1), "ONE_PER_SM": (0, 1024, 1), "CLASSES": (0, 1, 1)}
+                 "MERGE": (0, 1, 1), "BY_KEYS": (0, 2, 1), "ONE_PER_SM": (0, 1024, 1), "CLASSES": (0, 1, 1),
+                 "BN_SHORT": (0, 256, 16)}
 DEFAULT = DecodeConfig()
+LONG_BN = DEFAULT.BN
+# lists of at most this many keys (in 64-key tiles) take BN_SHORT-key tiles. H100, Tq 1 and 16, BN=32 / BN=64:
+# streaming 16+64 0.76-0.90, streaming 4+1024 (about 1100 keys) 0.93-0.99, dilated 512/2 0.60-0.95, bigbird
+# 0.98-1.03; window 4096 (4111 keys) 1.00 at Tq=1 and 1.09 at Tq=16, dense at 131072 keys 1.14
+SHORT_LIST_KEYS = 2048
 NWARPS, BN, STAGES = DEFAULT.NWARPS, DEFAULT.BN, DEFAULT.STAGES
 ROWS = DEFAULT.rows  # query rows of a block: query heads of a group x Tq
 BLOCKS_PER_SM = DEFAULT.BLOCKS_PER_SM  # the splits aim at this many blocks per multiprocessor (0: one wave)
@@ -151,7 +174,7 @@ class DecodeSpec:
 
 def parse_decode_config(text: str, option: str = "--decode-config") -> DecodeSpec:
     """'FIELD=N,...' of NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, BY_KEYS,
-    ONE_PER_SM, CLASSES (any case; the others at their defaults) or all by position from
+    ONE_PER_SM, CLASSES, BN_SHORT (any case; the others at their defaults) or all by position from
     NWARPS,BN,STAGES; BadInput naming ``option`` and the limit."""
     given = parse_fields(text, option, DecodeConfig, DECODE_LIMITS, min_positional=3)
     return DecodeSpec(tuple((f, given[f]) for f in DECODE_FIELDS if f in given))
@@ -231,6 +254,23 @@ def decode_list(mask: Mask, Tq: int, BN: int = BN) -> DecodeList:
     return DecodeList(T, ent, time.perf_counter() - t0)
 
 
+def plan_lists(prob: Problem, cfg: DecodeConfig, order: list[int]) -> tuple[DecodeConfig, int, Mask, list[DecodeList]]:
+    """(shape, stride, mask, lists) a problem runs: the residue class's mask and stride where ``by_class``
+    takes it (else 1 and the problem's), the lists of the cache lengths ``order`` in BN-key tiles, then the
+    shape ``for_list`` gives for the longest of them (and the lists again in its tiles if they changed)."""
+    stride, mask = by_class(prob, cfg) or (1, prob.mask)  # the list and predicate of the query's residue class
+
+    def lists_of(bn: int) -> list[DecodeList]:
+        return [decode_list(mask.at(class_len(t, stride)), prob.q_len, bn) for t in order]
+
+    lists = lists_of(cfg.BN)
+    chosen = cfg.for_list(max((x.entries.size for x in lists), default=0) * cfg.BN,
+                          prob.H // prob.kv_heads * prob.q_len, prob.D)
+    if chosen.BN != cfg.BN:
+        lists = lists_of(chosen.BN)
+    return chosen, stride, mask, lists
+
+
 class DecodeRunner(Runner):
     def __init__(self, split, merge, grid, merge_grid, smem, args, merge_args, out, setup, D, threads=32 * NWARPS):
         self._split, self._merge = split, merge  # merge None: the split kernel stores the output
@@ -277,7 +317,7 @@ class FastDecode(Impl):
         why = one_predicate(prob)
         if why:
             return f"{self.name}: {why}"
-        cfg = self.shape()
+        cfg = self.shape()  # (short lists take BN_SHORT's tiles only where that shape runs: ``for_list``)
         rows = prob.H // prob.kv_heads * prob.q_len
         keys = cfg.by_keys(rows, prob.D)
         why = cfg.problem(prob.D, keys)
@@ -299,16 +339,13 @@ class FastDecode(Impl):
             raise BadInput(f"q {tuple(qa.shape)}, k {tuple(ka.shape)}, v {tuple(va.shape)}: expected q {prob.shape} "
                            f"and k, v {prob.kv_shape}")
         setup: dict = {}
-        cfg = self.shape()
+        lens = prob.lens
+        order = sorted(set(lens))
+        cfg, stride, mask, lists = plan_lists(prob, self.shape(), order)
         setup["decode_config"] = cfg.spec
         keys = cfg.by_keys(prob.H // prob.kv_heads * prob.q_len, prob.D)
         setup["kernel"] = KEYS_KERNEL if keys else KERNEL
-        lens = prob.lens
-        order = sorted(set(lens))
-        cls = by_class(prob, cfg)
-        stride, mask = cls or (1, prob.mask)  # the list and predicate of the query's residue class
         setup["classes"] = stride
-        lists = [decode_list(mask.at(class_len(t, stride)), prob.q_len, cfg.BN) for t in order]
         setup["tiles_build_s"] = sum(x.build_s for x in lists)
         counts = np.array([x.entries.size for x in lists], np.int64)
         firsts = np.concatenate([[0], np.cumsum(counts)[:-1]])
@@ -357,7 +394,7 @@ IMPL = register(FastDecode(
     family="attnbench",
     description="decoding on tensor cores: Tq queries at the end of each cache, grouped-query heads and ragged "
                 "batches, the key tiles the pattern allows split across blocks and merged by log-sum-exp; its shape "
-                f"({DEFAULT.spec}, SPLITS=0: derived) tunable by `sweep --decode-config FIELD=N,...` (a row per "
+                f"({DEFAULT.spec}, SPLITS=0: derived; lists of at most {SHORT_LIST_KEYS} keys in BN_SHORT-key tiles) tunable by `sweep --decode-config FIELD=N,...` (a row per "
                 f"shape) or {ENV}=FIELD=N,...",
     dtypes=("bfloat16", "float16"),
 ))
@@ -368,24 +405,32 @@ def standard_builds() -> list[tuple[str, dict]]:
     from .configs import get_config
 
     builds = []
+
+    def add(b):
+        if b not in builds:
+            builds.append(b)
+
     c = get_config("decode")
     for D in HEAD_DS:
         for inst in c.instances:
+            m = inst.mask(c.build_T)
             for keys in (False, True):
-                b = (KEYS_KERNEL if keys else KERNEL, kernel_defines(D, "bfloat16", inst.mask(c.build_T), keys=keys))
-                if b not in builds:
-                    builds.append(b)
+                add((KEYS_KERNEL if keys else KERNEL, kernel_defines(D, "bfloat16", m, keys=keys)))
+            for tq in c.Tqs:  # the shape each query length runs (short lists' tiles, a residue class)
+                prob = Problem(m, 1, c.H, D, "bfloat16", H_kv=c.H_kv, Tq=tq)
+                cfg, stride, mask, _ = plan_lists(prob, DEFAULT, [prob.T])
+                keys = cfg.by_keys(c.H // c.H_kv * tq, D)
+                add((KEYS_KERNEL if keys else KERNEL, kernel_defines(D, "bfloat16", mask, cfg, keys, stride)))
     # the merge in the last split (MERGE=1), on the first instance
-    builds.append((KERNEL, kernel_defines(128, "bfloat16", c.instances[0].mask(c.build_T), replace(DEFAULT, MERGE=1))))
+    add((KERNEL, kernel_defines(128, "bfloat16", c.instances[0].mask(c.build_T), replace(DEFAULT, MERGE=1))))
     # a residue class's keys (CLASSES=1) for the strided instances, both kernels
     for inst in c.instances:
         r, inner = inst.mask(c.build_T).strided()
         if r > 1:
             for keys in (False, True):
-                builds.append((KEYS_KERNEL if keys else KERNEL,
-                               kernel_defines(128, "bfloat16", inner, replace(DEFAULT, CLASSES=1), keys, r)))
+                add((KEYS_KERNEL if keys else KERNEL, kernel_defines(128, "bfloat16", inner, DEFAULT, keys, r)))
     return builds
 
 
 __all__ = ["FastDecode", "IMPL", "DecodeConfig", "DecodeSpec", "parse_decode_config", "decode_list", "kernel_defines",
-           "split_count", "standard_builds", "by_class", "class_len"]
+           "split_count", "standard_builds", "by_class", "class_len", "plan_lists", "SHORT_LIST_KEYS", "LONG_BN"]

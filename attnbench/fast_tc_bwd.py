@@ -133,6 +133,11 @@ BWD_SHAPES_WG2: dict[int, tuple[BwdConfig, str]] = {
                                                        "of dQ each (145 KiB)"),
 }
 TWO_WG_MIN_KEYS = {64: 512, 128: 128}  # keys a query reads on average (pairs / T) from which two warpgroups win
+# ... when dQ is summed in the main loop. With dQ's own pass (``choose_dq``) the main loop has no dQ
+# loads or reductions for two warpgroups to halve, and one wins: H100, --pass bwd, one / two
+# (results/train-bwd-v7-wg-ab-h100.csv, docs/PERF.md "backward v7"), D=128, T=32768 and 131072:
+# bigbird 0.80 and 0.81, window 256 0.89 and 0.90, block_diagonal 128 0.91 and 0.93; D=64 window 256
+# two / one 1.24 and 1.26
 # dQ by its own pass wins below these keys a query (pairs / T): the pass recomputes S and dP (1.4x the
 # products) but drops the float32 accumulator, its zeroing, conversion and reductions. H100, wgmma main
 # loop, pass / atomic (docs/PERF.md "backward v6", results/train-bwd-v6-dq-ab-h100.csv), T=32768 and
@@ -147,12 +152,14 @@ def choose_dq(D: int, keys_per_query: float | None) -> str:
     return "pass" if keys_per_query is not None and keys_per_query < DQ_PASS_MAX_KEYS[D] else "atomic"
 
 
-def bwd_config(D: int, wgmma: bool = False, keys_per_query: float | None = None) -> BwdConfig:
+def bwd_config(D: int, wgmma: bool = False, keys_per_query: float | None = None, dq: str = "atomic") -> BwdConfig:
     """The backward's shape at head dimension D: mma.sync's, or the wgmma main loop's (sm_90) for a
-    pattern whose queries read ``keys_per_query`` keys on average (None: as many as dense's)."""
+    pattern whose queries read ``keys_per_query`` keys on average (None: as many as dense's): two
+    warpgroups from TWO_WG_MIN_KEYS when dQ is summed in the main loop (``dq`` "atomic"), one when dQ
+    has its own pass (no dQ loads or reductions for two to halve)."""
     if not wgmma:
         return BWD_SHAPES[D][0]
-    two = keys_per_query is None or keys_per_query >= TWO_WG_MIN_KEYS[D]
+    two = (keys_per_query is None or keys_per_query >= TWO_WG_MIN_KEYS[D]) and dq != "pass"
     return (BWD_SHAPES_WG2 if two else BWD_SHAPES_WG)[D][0]
 
 
@@ -248,7 +255,7 @@ def choose_bwd_config(D: int, wgmma: bool, dq: str = "atomic", keys_per_query: f
     warpgroups by ``keys_per_query`` (``bwd_config``); mma.sync's otherwise; the fields
     $ATTNBENCH_BWD_SHAPE names replaced, then those ``fields`` names (a ``BwdSpec``'s). (dQ by its
     own pass, ``dq`` "pass", runs on mma.sync's shape for D either way: ``dq_pass_config``.)"""
-    cfg = dataclasses.replace(bwd_config(D, wgmma, keys_per_query), **{**forced_shape(), **(fields or {})})
+    cfg = dataclasses.replace(bwd_config(D, wgmma, keys_per_query, dq), **{**forced_shape(), **(fields or {})})
     # what the kernels' static_asserts take: whole warpgroups, on wgmma one or two (two split dQ's
     # 64-column panels at D=128, its 32-column halves at D=64)
     ok = (4, 8)
@@ -554,7 +561,8 @@ def _builds_of(mask: Mask, D: int, dtype: str) -> list[tuple[str, dict]]:
     from .fast_tc import KERNEL as FWD, choose_config, kernel_defines, lse_shape
 
     kpq = mask.pairs / mask.T
-    wg, dq = bwd_config(D, True, kpq), choose_dq(D, kpq)  # what Backward chooses for it
+    dq = choose_dq(D, kpq)
+    wg = bwd_config(D, True, kpq, dq)  # what Backward chooses for it
     return [(KERNEL, bwd_defines(D, dtype, mask, dq=dq)), (KERNEL_WG, bwd_defines(D, dtype, mask, wg, dq))] + [
         (FWD, {**kernel_defines(D, dtype, mask, lse_shape(choose_config(mask, D, wgmma))), "FWD_LSE": 1})
         for wgmma in (False, True)]

@@ -134,7 +134,8 @@ def test_the_gpu_check_step_sweeps_these_shapes():
     ("stages=4, bn=32", (("BN", 32), ("STAGES", 4))),
     ("BLOCKS_PER_SM=0,MIN_PER_SPLIT=2", (("BLOCKS_PER_SM", 0), ("MIN_PER_SPLIT", 2))),
     ("8,32,4", (("NWARPS", 8), ("BN", 32), ("STAGES", 4), ("MINB", 1), ("SPLITS", 0), ("BLOCKS_PER_SM", 0),
-                ("MIN_PER_SPLIT", 4), ("MERGE", 0), ("BY_KEYS", 2), ("ONE_PER_SM", 8), ("CLASSES", 0))),
+                ("MIN_PER_SPLIT", 4), ("MERGE", 0), ("BY_KEYS", 2), ("ONE_PER_SM", 8), ("CLASSES", 1),
+                ("BN_SHORT", 32))),
     ("by_keys=0", (("BY_KEYS", 0),)),
 ])
 def test_a_decode_shape_parses_named_and_positional_forms(text, given):
@@ -148,7 +149,7 @@ def test_a_decode_shape_parses_named_and_positional_forms(text, given):
     ("STAGES=1", "STAGES=1 must be from 2 to 8"),
     ("SPLITS=-1", "SPLITS=-1 must be from 0 to 4096"),
     ("WG=1", "unknown field 'WG' (fields: NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, "
-             "BY_KEYS, ONE_PER_SM, CLASSES)"),
+             "BY_KEYS, ONE_PER_SM, CLASSES, BN_SHORT)"),
     ("BY_KEYS=3", "BY_KEYS=3 must be from 0 to 2"),
     ("SPLITS=4,SPLITS=8", "SPLITS given twice"),
 ])
@@ -314,7 +315,8 @@ def test_blocks_per_sm_0_takes_the_devices_occupancy():
     _, k, v = random_inputs(prob.kv_shape, prob.dtype, 2)
     setup = impl.prepare(prob, q, k, v).setup
     assert 1 <= setup["blocks_per_sm"] <= 4  # 100 KiB of shared memory a block at D=128: 2 on an H100 or H200
-    assert setup["decode_config"].endswith("BLOCKS_PER_SM=0,MIN_PER_SPLIT=4,MERGE=0,BY_KEYS=2,ONE_PER_SM=8")
+    assert "BN=64,STAGES=3," in setup["decode_config"]  # a long list: 64-key tiles
+    assert "BLOCKS_PER_SM=0,MIN_PER_SPLIT=4,MERGE=0,BY_KEYS=2,ONE_PER_SM=8" in setup["decode_config"]
     assert setup["kernel"] == "decode_keys"  # 4 rows a group
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
     assert 8 * 8 * setup["splits"] <= setup["blocks_per_sm"] * sms  # one wave
@@ -365,6 +367,35 @@ def test_a_querys_residue_class_holds_every_key_it_reads(T, params):
     assert set(lst.entries >> 1) == set(keys // BN)  # the tiles of those class positions, and no others
 
 
+# ---- BN_SHORT: short lists in 32-key tiles ------------------------------------------------------------
+def test_short_lists_take_short_tiles_and_long_ones_keep_64():
+    """for_list: BN_SHORT where BN is the default's and the list holds at most SHORT_LIST_KEYS keys; a BN
+    given, or BN_SHORT=0, keeps the tiles as given; plan_lists builds the lists in the tiles it runs."""
+    from attnbench.decode import DEFAULT, LONG_BN, SHORT_LIST_KEYS, plan_lists
+
+    assert DEFAULT.BN == LONG_BN == 64 and DEFAULT.BN_SHORT == 32
+    assert DEFAULT.for_list(SHORT_LIST_KEYS, 4, 128).BN == 32 and DEFAULT.for_list(SHORT_LIST_KEYS + 64, 4, 128).BN == 64
+    assert DEFAULT.for_list(64, 64, 64).BN == 32  # Tq=16 against 4 heads: the rows kernel at 32-key tiles
+    assert replace(DEFAULT, BN_SHORT=0).for_list(64, 4, 128).BN == 64
+    assert replace(DEFAULT, BN=128).for_list(64, 4, 128).BN == 128  # a BN given is kept
+    # where the short shape does not run, the long one stays: the key slices of BY_KEYS=1 need 64 keys
+    # among 4 warps, and 16 warps load 64 rows a pass
+    assert replace(DEFAULT, BY_KEYS=1).for_list(64, 4, 128).BN == 64
+    assert replace(DEFAULT, NWARPS=16).for_list(64, 4, 64).BN == 64
+    cases = {"streaming": (dict(sink=16, window=64), 32), "window": (dict(window=4096), 64),
+             "dense": ({}, 64), "bigbird": ({}, 32)}
+    for name, (params, bn) in cases.items():
+        prob = Problem(make_mask(name, 32768, True, **params), 2, 32, 128, "bfloat16", H_kv=8, Tq=16)
+        cfg, stride, mask, lists = plan_lists(prob, DEFAULT, [prob.T])
+        assert cfg.BN == bn, name
+        want = decode_list(prob.mask, 16, bn).entries
+        assert stride == 1 and np.array_equal(lists[0].entries, want), name
+    # dilated with one query: its residue class (2 apart), 512 class positions in 32-key tiles
+    prob = Problem(make_mask("dilated", 32768, True, window=512, dilation=2), 2, 32, 128, "bfloat16", H_kv=8, Tq=1)
+    cfg, stride, mask, lists = plan_lists(prob, DEFAULT, [prob.T])
+    assert (cfg.BN, stride, lists[0].entries.size) == (32, 2, 16)
+
+
 def test_classes_apply_to_a_strided_pattern_with_one_query_only():
     from attnbench.decode import DEFAULT, by_class
 
@@ -373,7 +404,7 @@ def test_classes_apply_to_a_strided_pattern_with_one_query_only():
     one = Problem(dil, 2, 32, 128, "bfloat16", H_kv=8, Tq=1)
     r, inner = by_class(one, on)
     assert r == 2 and inner.label() == "window(window=512)"
-    assert by_class(one, DEFAULT) is None  # CLASSES=0: every row of the tiles, masked
+    assert by_class(one, replace(DEFAULT, CLASSES=0)) is None  # every row of the tiles, masked
     assert by_class(Problem(dil, 2, 32, 128, "bfloat16", H_kv=8, Tq=16), on) is None  # both classes' queries
     assert by_class(Problem(make_mask("window", 4096, True, window=512), 2, 32, 128, "bfloat16", H_kv=8, Tq=1),
                     on) is None  # no stride
@@ -398,7 +429,8 @@ def test_the_class_builds_compile_without_spills(arch, keys, D):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("text", ["CLASSES=1", "CLASSES=1,BY_KEYS=0", "CLASSES=1,SPLITS=1", "CLASSES=1,SPLITS=16"])
+@pytest.mark.parametrize("text", ["CLASSES=1", "CLASSES=1,BY_KEYS=0", "CLASSES=1,SPLITS=1", "CLASSES=1,SPLITS=16",
+                                  "CLASSES=1,BN_SHORT=0"])
 @pytest.mark.parametrize("params", [dict(window=512, dilation=2), dict(window=33, dilation=3)])
 def test_gate_of_the_residue_class_decode(text, params):
     """CLASSES=1 on dilated decodes: one query a sequence, both kernels, one split and many, sequences of

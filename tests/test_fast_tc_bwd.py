@@ -19,7 +19,7 @@ import pytest
 from attnbench.compile import compile_only, source
 from attnbench.configs import LLM
 from attnbench.fast_tc import IMPL, SYNC_IMPL, choose_config, kernel_defines
-from attnbench.fast_tc_bwd import (BWD_SHAPES, BWD_SHAPES_WG, BWD_SHAPES_WG2, bwd_config, bwd_defines, choose_bwd_config,
+from attnbench.fast_tc_bwd import (BWD_SHAPES, BWD_SHAPES_WG, BWD_SHAPES_WG2, TWO_WG_MIN_KEYS, bwd_config, bwd_defines, choose_bwd_config,
                                   standard_builds)
 from attnbench.impls import Problem, get_impl
 from attnbench.patterns import PATTERNS, BadInput, make_mask
@@ -89,7 +89,10 @@ def test_fast_tc_takes_the_wgmma_backward_on_sm_90_and_mma_sync_otherwise():
     for D in DIMS:
         assert choose_bwd_config(D, True).WG == 1 and choose_bwd_config(D, True) == BWD_SHAPES_WG2[D][0]
         assert choose_bwd_config(D, False) == BWD_SHAPES[D][0] and not BWD_SHAPES[D][0].WG
-        assert choose_bwd_config(D, True, "pass") == choose_bwd_config(D, True)
+        # dQ's own pass leaves the main loop nothing of dQ's for two warpgroups to halve: one, whatever the keys
+        assert choose_bwd_config(D, True, "pass") == BWD_SHAPES_WG[D][0]
+        assert choose_bwd_config(D, True, "pass", keys_per_query=256) == BWD_SHAPES_WG[D][0]
+        assert choose_bwd_config(D, True, "atomic", keys_per_query=TWO_WG_MIN_KEYS[D]) == BWD_SHAPES_WG2[D][0]
         for wg in (True, False):
             assert dq_pass_config(D, choose_bwd_config(D, wg, "pass")) == BWD_SHAPES[D][0]
         assert choose_bwd_config(D, True).BM == 64  # every warpgroup's query tile
@@ -267,7 +270,7 @@ def test_standard_builds_hold_the_backward_of_every_llm_instance():
             m = inst.mask(LLM.build_T)
             dq = choose_dq(D, m.pairs / m.T)  # the way the runner takes: its builds, main loop and pass
             assert bwd_defines(D, "bfloat16", m, dq=dq) in bwd
-            assert bwd_defines(D, "bfloat16", m, bwd_config(D, True, m.pairs / m.T), dq) in wg
+            assert bwd_defines(D, "bfloat16", m, bwd_config(D, True, m.pairs / m.T, dq), dq) in wg
     assert any(d.get("BWD_DQ_PASS") for d in bwd) and not all(d.get("BWD_DQ_PASS") for d in bwd)
     from attnbench import compile as kc
 
