@@ -110,28 +110,24 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) decode_split(DECODE_
     __threadfence();
     const int splits = gridDim.x;
     const size_t base = ((size_t)b * H_kv + kvh) * splits;
-    // a warp per row: its splits' largest log-sum-exp and 1 / the sum of the weights
-    __shared__ float row_mx[BM], row_inv[BM];
-    for (int r = warp; r < rows; r += NWARPS) {
-        float mx = AB_NEG_INF;
-        for (int sp = lane; sp < splits; sp += 32) mx = fmaxf(mx, __ldcg(Lp + (base + sp) * BM + r));
-        for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        float den = 0.f;
+    // a row's splits' largest log-sum-exp and the sum of their weights, in split order as decode_merge
+    // sums them, so that both merges give the same bits
+    __shared__ float row_mx[BM], row_den[BM];
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+        float mx = AB_NEG_INF, den = 0.f;
+        for (int sp = 0; sp < splits; ++sp) mx = fmaxf(mx, __ldcg(Lp + (base + sp) * BM + r));
         if (mx != AB_NEG_INF)
-            for (int sp = lane; sp < splits; sp += 32) {
+            for (int sp = 0; sp < splits; ++sp) {
                 const float lse = __ldcg(Lp + (base + sp) * BM + r);
                 if (lse != AB_NEG_INF) den += tc_exp2(lse - mx);
             }
-        for (int o = 16; o; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
-        if (lane == 0) {
-            row_mx[r] = mx;
-            row_inv[r] = den > 0.f ? 1.f / den : 0.f;
-        }
+        row_mx[r] = mx;
+        row_den[r] = den;
     }
     __syncthreads();
     for (int e = threadIdx.x; e < rows * HEAD_D; e += blockDim.x) {
         const int r = e / HEAD_D, d = e % HEAD_D;
-        const float mx = row_mx[r];
+        const float mx = row_mx[r], den = row_den[r];
         float num = 0.f;
         if (mx != AB_NEG_INF) {
 #pragma unroll 4
@@ -140,7 +136,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) decode_split(DECODE_
                 if (lse != AB_NEG_INF) num += tc_exp2(lse - mx) * __ldcg(Op + ((base + sp) * BM + r) * HEAD_D + d);
             }
         }
-        og[e] = decode_to_u16(num * row_inv[r]);
+        og[e] = decode_to_u16(den > 0.f ? num / den : 0.f);
     }
     if (threadIdx.x == 0) *ticket = 0;  // for the next launch
 }
