@@ -630,10 +630,10 @@ def test_the_backward_stage_by_stage(T, causal, D, wgmma):
     ref_o, _ = reference_forward(q, k, v, mask, dtype)
     rdq, rdk, rdv, rlse, rdelta = reference_backward(q, k, v, do, mask, dtype)
     errs = {}
-    for wgmma in (False, True):
-        o, lse = fb.forward_lse(mask, q, k, v, dtype=dtype, wgmma=wgmma)
-        errs[f"o{int(wgmma)}"] = rel_error(to_float32(o, dtype), ref_o)
-        errs[f"lse{int(wgmma)}"] = float(cupy.abs(lse.astype(cupy.float64) - rlse).max())
+    for wg in (False, True):  # both forwards; the backward below on the parameter's main loop
+        o, lse = fb.forward_lse(mask, q, k, v, dtype=dtype, wgmma=wg)
+        errs[f"o{int(wg)}"] = rel_error(to_float32(o, dtype), ref_o)
+        errs[f"lse{int(wg)}"] = float(cupy.abs(lse.astype(cupy.float64) - rlse).max())
     bw = fb.Backward(prob, wgmma=wgmma and IMPL.uses_wgmma())
     grads = tuple(cupy.full(prob.shape, 0x7FC0, dtype=q.dtype) for _ in range(3))
     ld, acc, dkv = bw.scratch()
@@ -642,7 +642,8 @@ def test_the_backward_stage_by_stage(T, causal, D, wgmma):
     errs["ld.lse2"] = float(cupy.abs(ld[..., 0].astype(cupy.float64) - rlse * 1.4426950408889634).max())
     delta16 = (to_float32(do, dtype).astype(cupy.float64) * to_float32(o, dtype)).sum(-1)
     errs["ld.delta"] = float(cupy.abs(ld[..., 1] - delta16).max())
-    errs["acc zeroed"] = float(cupy.abs(acc).max())
+    # dQ's float32 accumulator, zeroed by prep; with dQ's own pass there is none (a one-element stand-in)
+    errs["acc zeroed"] = float(cupy.abs(acc).max()) if bw.dq_way == "atomic" else float(acc.size != 1)
     if bw.n_split:
         errs["acc zeroed"] = max(errs["acc zeroed"], float(cupy.abs(dkv).max()))
     main()
