@@ -100,7 +100,9 @@ def instances(config: str, patterns: tuple[str, ...] = (), causal: bool | None =
     """Pattern instances of a sweep. With no parameter option, the config's own list (a pattern
     named that the config does not hold: at its defaults). With some, for each pattern the product
     of the given values of the parameters it takes (defaults for the rest): custom's ``--expr`` is
-    an axis, its named integers (``--param``) one value that every expression takes."""
+    an axis, its named integers (``--param``) one value that every expression takes; a pattern that
+    takes none of the options given keeps the config's own instances (``--window 256 --pattern window
+    --pattern custom``: the config's custom expressions, not custom's default)."""
     cfg = get_config(config)
     for name in patterns:
         get_pattern(name)
@@ -125,6 +127,9 @@ def instances(config: str, patterns: tuple[str, ...] = (), causal: bool | None =
         out = []
         for name in chosen:
             takes = [p.name for p in get_pattern(name).params if p.name in given]
+            if not takes:  # no option given is this pattern's: as without options
+                out += [i for i in cfg.instances if i.pattern == name] or [Instance.make(name, cfg.causal)]
+                continue
             for values in itertools.product(*(given[p] for p in takes)):
                 out.append(Instance.make(name, cfg.causal, **dict(zip(takes, values))))
     if causal is not None:

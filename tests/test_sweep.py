@@ -84,6 +84,23 @@ def test_parameter_options_take_the_product_per_pattern():
     assert not any(i.causal for i in sw.instances("seed", ("window",), causal=False))
 
 
+def test_a_pattern_no_option_applies_to_keeps_the_configs_instances():
+    """--window 256 beside --pattern custom and --pattern bigbird: window takes the option; custom and
+    bigbird take none of it and sweep the config's own instances (custom's three expressions), as they
+    would without the option."""
+    from attnbench.configs import get_config
+
+    insts = sw.instances("training", ("window", "custom", "bigbird"), window=(256,))
+    own = [i for i in get_config("training").instances if i.pattern in ("custom", "bigbird")]
+    assert [i.param_dict for i in insts if i.pattern == "window"] == [{"window": 256}]
+    assert [i for i in insts if i.pattern != "window"] == [i for i in own if i.pattern == "custom"] + [
+        i for i in own if i.pattern == "bigbird"]
+    assert len([i for i in insts if i.pattern == "custom"]) == 3
+    # a pattern the config does not hold: at its defaults
+    assert [i.param_dict for i in sw.instances("decode", ("custom",), window=(256,))] == [
+        sw.Instance.make("custom", True).param_dict]
+
+
 @pytest.mark.parametrize("kw, match", [
     (dict(T_min=512, T_max=256), "T-min"),
     (dict(T_min=300, T_max=500), "power of two"),
