@@ -83,8 +83,8 @@ class DecodeConfig:
     MERGE: int = 0  # the merge in the last split was 4-14% slower at B=1 (docs/PERF.md "decode: the merge")
     BY_KEYS: int = 2
     ONE_PER_SM: int = 8  # B=1: 3-4% faster than two a SM on an H200 (docs/PERF.md "decode v2")
-    CLASSES: int = 1  # dilated B=64, Tq=1: 104.4 -> 61.3 us on an H100 (docs/PERF.md "decode v3")
-    BN_SHORT: int = 32  # streaming 16+64 B=64, Tq=1: 25.6 -> 19.6 us on an H100 (docs/PERF.md "decode v4")
+    CLASSES: int = 1  # dilated B=64, Tq=1: 104.7 -> 61.3 us on an H100 (docs/PERF.md "decode v3")
+    BN_SHORT: int = 32  # streaming 16+64 B=64, Tq=1: 25.3 -> 19.6 us on an H100 (docs/PERF.md "decode v4")
 
     @property
     def rows(self) -> int:
@@ -149,9 +149,10 @@ DECODE_LIMITS = {"NWARPS": (4, 16, 4), "BN": (16, 256, 16), "STAGES": (2, 8, 1),
                  "BN_SHORT": (0, 256, 16)}
 DEFAULT = DecodeConfig()
 LONG_BN = DEFAULT.BN
-# lists of at most this many keys (in 64-key tiles) take BN_SHORT-key tiles. H100, Tq 1 and 16, BN=32 / BN=64:
-# streaming 16+64 0.76-0.90, streaming 4+1024 (about 1100 keys) 0.93-0.99, dilated 512/2 0.60-0.95, bigbird
-# 0.98-1.03; window 4096 (4111 keys) 1.00 at Tq=1 and 1.09 at Tq=16, dense at 131072 keys 1.14
+# lists of at most this many keys (in 64-key tiles) take BN_SHORT-key tiles. H100, B 1 to 64, Tq 1 and 16, BN=32 /
+# BN=64 (results/decode-v4-tiles-ab-h100.csv): streaming 16+64 0.77-1.00, streaming 4+1024 (about 1100 keys)
+# 0.93-0.99, dilated 512/2 0.92-1.00, bigbird 0.99-1.05; window 4096 (4111 keys) 1.00 at Tq=1 and 1.09 at
+# Tq=16, dense at 131072 keys 1.14
 SHORT_LIST_KEYS = 2048
 NWARPS, BN, STAGES = DEFAULT.NWARPS, DEFAULT.BN, DEFAULT.STAGES
 ROWS = DEFAULT.rows  # query rows of a block: query heads of a group x Tq
