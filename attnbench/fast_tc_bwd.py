@@ -144,6 +144,9 @@ TWO_WG_MIN_KEYS = {64: 512, 128: 128}  # keys a query reads on average (pairs / 
 # 131072: D=64 0.56-0.81 up to dilated 512/2 (510 keys), streaming 4+1024 (1024) 1.02-1.03, window
 # 4096 1.12; D=128 0.62-0.95 up to 256 keys, dilated 512/2 1.02-1.03, streaming 4+1024 1.07
 DQ_PASS_MAX_KEYS = {64: 768, 128: 384}
+# with dQ's own pass, the pass computes each row's (lse log2 e, delta) and the prep launch goes (it read
+# O and dO once more): docs/PERF.md "backward v8"
+PASS_STATS = True
 
 
 def choose_dq(D: int, keys_per_query: float | None) -> str:
@@ -208,16 +211,18 @@ def forced_shape() -> dict:
 @dataclass(frozen=True)
 class BwdFields:
     """The backward's fields a shape variant may fix (``--bwd-config``): the main kernel's NWARPS,
-    STAGES and MINB, and DQ (0: dQ's sums by float32 reductions, 1: dQ by its own pass); the
-    defaults are those of the positional form."""
+    STAGES and MINB, DQ (0: dQ's sums by float32 reductions, 1: dQ by its own pass) and STATS (with
+    dQ's own pass, 1: the pass computes the rows' (lse log2 e, delta) and runs first, no prep launch
+    unless a key tile is split; 0: prep computes them); the defaults are those of the positional form."""
     NWARPS: int = 8
     STAGES: int = 2
     MINB: int = 1
     DQ: int = 0
+    STATS: int = 1
 
 
 BWD_FIELDS = tuple(f.name for f in dataclasses.fields(BwdFields))
-BWD_LIMITS = {"NWARPS": (4, 8, 4), "STAGES": (2, 4, 1), "MINB": (1, 4, 1), "DQ": (0, 1, 1)}
+BWD_LIMITS = {"NWARPS": (4, 8, 4), "STAGES": (2, 4, 1), "MINB": (1, 4, 1), "DQ": (0, 1, 1), "STATS": (0, 1, 1)}
 
 
 @dataclass(frozen=True)
@@ -231,13 +236,19 @@ class BwdSpec:
     @property
     def shape(self) -> dict:
         """The main kernel's fields given (what $ATTNBENCH_BWD_SHAPE would replace)."""
-        return {k: v for k, v in self.given if k != "DQ"}
+        return {k: v for k, v in self.given if k not in ("DQ", "STATS")}
 
     @property
     def dq(self) -> str | None:
         """The dQ way given (DQ_WAYS), None when not."""
         d = dict(self.given).get("DQ")
         return None if d is None else DQ_WAYS[d]
+
+    @property
+    def stats(self) -> bool | None:
+        """Whether dQ's pass computes the rows' stats (STATS), None when not given."""
+        d = dict(self.given).get("STATS")
+        return None if d is None else bool(d)
 
 
 def parse_bwd_config(text: str, option: str = "--bwd-config") -> BwdSpec:
@@ -294,9 +305,11 @@ def forced_split() -> int | None:
     return int(given)
 
 
-def bwd_defines(D: int, dtype: str, mask: Mask, cfg: BwdConfig | None = None, dq: str = "atomic") -> dict:
+def bwd_defines(D: int, dtype: str, mask: Mask, cfg: BwdConfig | None = None, dq: str = "atomic",
+                stats: bool = True) -> dict:
     """The -D constants of kernels/fast_tc_bwd.cu for a head dimension, dtype and pattern (the inner
-    pattern and its stride when the pattern is strided); ``dq`` "pass" adds BWD_DQ_PASS."""
+    pattern and its stride when the pattern is strided); ``dq`` "pass" adds BWD_DQ_PASS, and with
+    ``stats`` BWD_PASS_STATS (the pass computes the rows' lse log2 e and delta)."""
     cfg = cfg or bwd_config(D)
     stride, inner = mask.strided()
     d = dict(HEAD_D=D, BN=cfg.BN, NWARPS=cfg.NWARPS, STAGES=cfg.STAGES, MT=1, MINB=cfg.MINB, QREG=0,
@@ -305,6 +318,8 @@ def bwd_defines(D: int, dtype: str, mask: Mask, cfg: BwdConfig | None = None, dq
         d["WG"] = 1
     if dq == "pass":
         d["BWD_DQ_PASS"] = 1
+        if stats:
+            d["BWD_PASS_STATS"] = 1
     d.update(pattern_defines(inner.tile_predicate(cfg.BM, cfg.BN)))
     return d
 
@@ -326,7 +341,8 @@ class Backward:
     ``wgmma``: the wgmma main loop (fast-tc on sm_90; ``choose_bwd_config``), else mma.sync's."""
 
     def __init__(self, prob: Problem, setup: dict | None = None, cfg: BwdConfig | None = None,
-                 split: int | None = None, dq: str | None = None, wgmma: bool = False, fields: dict | None = None):
+                 split: int | None = None, dq: str | None = None, wgmma: bool = False, fields: dict | None = None,
+                 stats: bool | None = None):
         check_dtype(prob.dtype)
         if prob.D not in BWD_SHAPES:
             raise BadInput(f"D={prob.D} is not supported by the backward of fast-tc "
@@ -360,20 +376,24 @@ class Backward:
         if self.n_items * self.heads >= 2 ** 31:
             raise BadInput(f"{self.n_items} work items x {self.heads} heads and classes exceed the grid (2^31 blocks)")
         setup["bwd_dq"] = dq
+        # with dQ's own pass: the pass computes the rows' stats and runs before the main kernel
+        self.stats = dq == "pass" and (PASS_STATS if stats is None else stats)
+        if dq == "pass":
+            setup["bwd_pass_stats"] = int(self.stats)
         if dq == "pass":  # the forward list at the dQ pass's tiles, on the device (built above on mma.sync)
             self.pcfg = pcfg = dq_pass_config(prob.D, cfg)
             self.fwd_tiles = tile_list(inner, pcfg.BM, pcfg.BN).device()
             setup["bwd_dq_tile_config"] = pcfg.spec
         self.table = table_array(inner)
         with timed(setup, "compile_s"):
-            mod = get_module(cfg.kernel, bwd_defines(prob.D, prob.dtype, prob.mask, cfg, dq), cfg.arch)
+            mod = get_module(cfg.kernel, bwd_defines(prob.D, prob.dtype, prob.mask, cfg, dq, self.stats), cfg.arch)
             self.main, self.prep, self.dq = (mod.get_function(x) for x in (MAIN, PREP, DQ))
             self.smem = cfg.smem_bytes(prob.D)
             if self.smem > DEFAULT_SMEM:
                 self.main.max_dynamic_shared_size_bytes = self.smem
             if dq == "pass":
-                pmod = mod if pcfg is cfg else get_module(pcfg.kernel, bwd_defines(prob.D, prob.dtype, prob.mask, pcfg, dq),
-                                                          pcfg.arch)
+                pmod = mod if pcfg is cfg else get_module(pcfg.kernel, bwd_defines(prob.D, prob.dtype, prob.mask, pcfg, dq,
+                                                                                   self.stats), pcfg.arch)
                 self.dq_pass = pmod.get_function(DQ_PASS)
                 self.dq_smem = pcfg.dq_pass_smem_bytes(prob.D)
                 if self.dq_smem > DEFAULT_SMEM:
@@ -406,7 +426,9 @@ class Backward:
     def launches(self, q, k, v, o, lse, do, dq, dk, dv, ld, dq_acc, dkv_acc) -> list[Launch]:
         """prep, main, convert on these storage arrays (lse float32 [B, H, T]; ld, dq_acc, dkv_acc:
         ``scratch``); with the dQ pass: prep, main, the pass, and the convert only when a key tile
-        is split (it converts nothing else)."""
+        is split (it converts nothing else); with the pass computing the rows' stats (``stats``): the
+        pass, then main, prep only when a key tile is split (to zero its accumulators), the convert
+        likewise."""
         prob, cfg = self.prob, self.cfg
         B, H, T, D = prob.shape
         rows, srows = B * H * T, self.split_rows
@@ -423,12 +445,21 @@ class Backward:
                       (dq_acc, dq, np.float32(scale), np.int64(n8), dkv_acc, it.split_kt, dk, dv, np.int32(B * H),
                        np.int32(T), np.int64(s8)))
         if self.dq_way == "atomic":
-            return [prep, main, conv]
+            return self._order([("prep", prep), ("main", main), ("convert", conv)])
         ft = self.fwd_tiles
         dq_pass = Launch(self.dq_pass, (ft.heads.shape[0], B * H, min(self.stride, T)), (self.pcfg.threads,), self.dq_smem,
                          (q, k, v, do, ld, dq, ft.heads, ft.entries, np.int32(T), np.float32(scale * LOG2E),
-                          np.float32(scale), self.table))
-        return [prep, main, dq_pass] + ([conv] if s8 else [])
+                          np.float32(scale), self.table, o, lse))
+        split = [("prep", prep)] if s8 else []
+        tail = [("convert", conv)] if s8 else []
+        if self.stats:  # the pass writes the stats the main kernel reads: before it
+            return self._order(split + [("dq_pass", dq_pass), ("main", main)] + tail)
+        return self._order([("prep", prep), ("main", main), ("dq_pass", dq_pass)] + tail)
+
+    def _order(self, named: list) -> list[Launch]:
+        """The launches in order; their names in ``setup["bwd_launches"]``."""
+        self.setup["bwd_launches"] = ",".join(n for n, _ in named)
+        return [ln for _, ln in named]
 
 
 class FastTCBwdRunner(Runner):
@@ -471,7 +502,7 @@ def build_backward(impl: FastTC, prob: Problem, q, k, v, do, cfg: TileConfig | N
     fwd = forward_launch(prob, fcfg, (q, k, v), o, lse, setup)
     spec = impl.bwd  # a --bwd-config variant's fields (None: as chosen)
     bwd = Backward(prob, setup, wgmma=impl.uses_wgmma(), dq=spec.dq if spec else None,
-                   fields=spec.shape if spec else None)
+                   fields=spec.shape if spec else None, stats=spec.stats if spec else None)
     grads = tuple(cupy.empty(prob.shape, dtype=q.dtype) for _ in range(3))
     launches = bwd.launches(q, k, v, o, lse, do, *grads, *bwd.scratch())
     with_fwd = prob.pass_name == "fwd+bwd"
@@ -563,7 +594,8 @@ def _builds_of(mask: Mask, D: int, dtype: str) -> list[tuple[str, dict]]:
     kpq = mask.pairs / mask.T
     dq = choose_dq(D, kpq)
     wg = bwd_config(D, True, kpq, dq)  # what Backward chooses for it
-    return [(KERNEL, bwd_defines(D, dtype, mask, dq=dq)), (KERNEL_WG, bwd_defines(D, dtype, mask, wg, dq))] + [
+    return [(KERNEL, bwd_defines(D, dtype, mask, dq=dq, stats=PASS_STATS)),
+            (KERNEL_WG, bwd_defines(D, dtype, mask, wg, dq, PASS_STATS))] + [
         (FWD, {**kernel_defines(D, dtype, mask, lse_shape(choose_config(mask, D, wgmma))), "FWD_LSE": 1})
         for wgmma in (False, True)]
 

@@ -167,16 +167,53 @@ fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
 }
 
 #if BWD_DQ_PASS
+#ifndef BWD_PASS_STATS
+#define BWD_PASS_STATS 0
+#endif
+// A warp's 16 rows' (lse2, delta) computed here (BWD_PASS_STATS; prep's work, so that the pass runs
+// first and no prep launch reads O and dO again): two lanes a row (lane 2 i + h: row row0 + i, the
+// h-th half of its columns) take delta = rowsum(dO * O) from global memory (dO's rows are being
+// loaded into shared memory beside it, so from L2) and lse * log2 e, store them in LD for the main
+// kernel that follows, and hand rows g and g + 8 to the lanes of the mma layout. Past T: (+inf, 0),
+// as tc_bwd_row_stats.
+__device__ __forceinline__ void tc_bwd_pass_stats(const u16* __restrict__ o, const u16* __restrict__ dO,
+                                                  const float* __restrict__ lse, float2* __restrict__ ld, int row0,
+                                                  int T, int lane, int g, float2& ra, float2& rb) {
+    const int r = row0 + (lane >> 1), h = lane & 1;
+    float d = 0.f, l2 = __int_as_float(0x7f800000);
+    if (r < T) {
+        const size_t at = (size_t)r * STRIDE * HEAD_D + h * (HEAD_D / 2);
+#pragma unroll
+        for (int c = 0; c < HEAD_D / 2; c += 8) {
+            const uint4 a = *reinterpret_cast<const uint4*>(o + at + c);
+            const uint4 b = *reinterpret_cast<const uint4*>(dO + at + c);
+            const u32 av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const float2 x = tc_unpack(av[i]), y = tc_unpack(bv[i]);
+                d = fmaf(x.x, y.x, fmaf(x.y, y.y, d));
+            }
+        }
+        l2 = lse[(size_t)r * STRIDE] * TC_LOG2E;
+    }
+    d += __shfl_xor_sync(0xffffffffu, d, 1);
+    if (r < T && h == 0) ld[(size_t)r * STRIDE] = make_float2(l2, d);
+    ra = make_float2(__shfl_sync(0xffffffffu, l2, 2 * g), __shfl_sync(0xffffffffu, d, 2 * g));
+    rb = make_float2(__shfl_sync(0xffffffffu, l2, 2 * g + 16), __shfl_sync(0xffffffffu, d, 2 * g + 16));
+}
+
 // dQ query-tile-major over the forward list (its grid and order, tc_block_work): the block keeps its
-// Q and dO tiles and its rows' (lse2, delta), streams the K and V tiles of its list through the
-// forward's stages and, per tile, recomputes S, P, dP and dS as the main kernel does and adds
-// dS K to dQ in registers; dQ (times the scale) stored once in the storage dtype. One barrier a
-// tile (the refill's): nothing is staged.
+// Q and dO tiles and its rows' (lse2, delta) (read from prep's LD, or with BWD_PASS_STATS computed
+// here and stored in LD for the main kernel, launched after this one), streams the K and V tiles of
+// its list through the forward's stages and, per tile, recomputes S, P, dP and dS as the main
+// kernel does and adds dS K to dQ in registers; dQ (times the scale) stored once in the storage
+// dtype. One barrier a tile (the refill's): nothing is staged.
 extern "C" __global__ void __launch_bounds__(THREADS, MINB)
 fast_tc_bwd_dq_pass(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* __restrict__ Vg,
-                    const u16* __restrict__ dOg, const float2* __restrict__ LD, u16* __restrict__ dQg,
+                    const u16* __restrict__ dOg, float2* __restrict__ LD, u16* __restrict__ dQg,
                     const int4* __restrict__ thead, const int* __restrict__ tent, int T_all, float scale_log2,
-                    float scale, const int* __restrict__ table) {
+                    float scale, const int* __restrict__ table, const u16* __restrict__ Og,
+                    const float* __restrict__ Lg) {
     extern __shared__ __align__(1024) unsigned char smem[];
     const TcWork w = tc_block_work(T_all);
     const int qt = w.qt, T = w.T;
@@ -202,8 +239,13 @@ fast_tc_bwd_dq_pass(const u16* __restrict__ Qg, const u16* __restrict__ Kg, cons
     lk.first_tiles(list);
 
     const int row0 = qt * BM + warp * 16;
-    const float2* ld = LD + (size_t)w.bh * T_all + blockIdx.z;  // the class's rows (tc_block_work's grid)
+    float2* ld = LD + (size_t)w.bh * T_all + blockIdx.z;  // the class's rows (tc_block_work's grid)
+#if BWD_PASS_STATS
+    float2 ra, rb;
+    tc_bwd_pass_stats(Og + w.base, dOg + w.base, Lg + (size_t)w.bh * T_all + blockIdx.z, ld, row0, T, lane, g, ra, rb);
+#else
     const float2 ra = tc_bwd_row_stats(ld, row0 + g, T), rb = tc_bwd_row_stats(ld, row0 + g + 8, T);
+#endif
     const u32 aQ = sm.q + warp * 16 * BWD_ROWB + tc_lane_a(lane, BWD_ROWB);
     const u32 aO = sO + warp * 16 * BWD_ROWB + tc_lane_a(lane, BWD_ROWB);
     const u32 nK = sm.k + tc_lane_n(lane, BWD_ROWB), nV = sm.v + tc_lane_n(lane, BWD_ROWB);

@@ -139,11 +139,14 @@ def test_the_backwards_shape_fields_come_from_the_environment(monkeypatch):
     ("dilated", 4096, True, dict(window=512, dilation=2)), ("bigbird", 4096, True, {}),
     ("prefix_lm", 4096, False, dict(prefix=1000)),
 ])
-def test_the_dq_pass_builds_compile_without_spills(arch, D, pattern, T, causal, params):
-    """BWD_DQ_PASS: the main kernel without dQ, prep without its accumulator, and the pass itself."""
+@pytest.mark.parametrize("stats", [True, False], ids=["pass-stats", "prep-stats"])
+def test_the_dq_pass_builds_compile_without_spills(arch, D, pattern, T, causal, params, stats):
+    """BWD_DQ_PASS: the main kernel without dQ, prep without its accumulator, and the pass itself (with
+    BWD_PASS_STATS computing the rows' lse log2 e and delta, or reading prep's)."""
     mask = make_mask(pattern, T, causal, **params)
-    d = bwd_defines(D, "bfloat16", mask, dq="pass")
+    d = bwd_defines(D, "bfloat16", mask, dq="pass", stats=stats)
     assert d["BWD_DQ_PASS"] == 1 and "BWD_DQ_PASS" not in bwd_defines(D, "bfloat16", mask)
+    assert d.get("BWD_PASS_STATS", 0) == int(stats) and "BWD_PASS_STATS" not in bwd_defines(D, "bfloat16", mask)
     reports = compile_only("fast_tc_bwd", d, arch)
     assert sorted(r.kernel for r in reports) == sorted(BWD_KERNELS + ["fast_tc_bwd_dq_pass"])
     for r in reports:
@@ -634,10 +637,11 @@ def test_the_backward_stage_by_stage(T, causal, D, wgmma):
         o, lse = fb.forward_lse(mask, q, k, v, dtype=dtype, wgmma=wg)
         errs[f"o{int(wg)}"] = rel_error(to_float32(o, dtype), ref_o)
         errs[f"lse{int(wg)}"] = float(cupy.abs(lse.astype(cupy.float64) - rlse).max())
-    bw = fb.Backward(prob, wgmma=wgmma and IMPL.uses_wgmma())
+    bw = fb.Backward(prob, wgmma=wgmma and IMPL.uses_wgmma(), stats=False)  # prep's stats, checked on their own
     grads = tuple(cupy.full(prob.shape, 0x7FC0, dtype=q.dtype) for _ in range(3))
     ld, acc, dkv = bw.scratch()
-    prep, main, conv = bw.launches(q, k, v, o, lse, do, *grads, ld, acc, dkv)
+    prep, *rest = bw.launches(q, k, v, o, lse, do, *grads, ld, acc, dkv)  # then main and convert, or dQ's pass
+    assert bw.setup["bwd_launches"].startswith("prep,main")
     prep()
     errs["ld.lse2"] = float(cupy.abs(ld[..., 0].astype(cupy.float64) - rlse * 1.4426950408889634).max())
     delta16 = (to_float32(do, dtype).astype(cupy.float64) * to_float32(o, dtype)).sum(-1)
@@ -646,8 +650,8 @@ def test_the_backward_stage_by_stage(T, causal, D, wgmma):
     errs["acc zeroed"] = float(cupy.abs(acc).max()) if bw.dq_way == "atomic" else float(acc.size != 1)
     if bw.n_split:
         errs["acc zeroed"] = max(errs["acc zeroed"], float(cupy.abs(dkv).max()))
-    main()
-    conv()
+    for ln in rest:
+        ln()
     for name, got, want in zip(("dq", "dk", "dv"), grads, (rdq, rdk, rdv)):
         errs[name] = rel_error(to_float32(got, dtype), want)
         g = to_float32(got, dtype).astype(cupy.float64)
@@ -665,9 +669,13 @@ def test_bwd_config_parses_fields_and_refuses_bad_ones_by_name():
     assert str(s) == "DQ=1" and s.dq == "pass" and s.shape == {}
     s = parse_bwd_config("NWARPS=4,MINB=2,DQ=0")
     assert str(s) == "NWARPS=4,MINB=2,DQ=0" and s.dq == "atomic" and s.shape == {"NWARPS": 4, "MINB": 2}
-    assert parse_bwd_config("NWARPS=8").dq is None
+    assert parse_bwd_config("NWARPS=8").dq is None and parse_bwd_config("NWARPS=8").stats is None
+    s = parse_bwd_config("DQ=1,STATS=0")
+    assert s.dq == "pass" and s.stats is False and s.shape == {}
+    assert parse_bwd_config("4,2,2,1").stats is True  # the positional form's default
     for bad, words in (("DQ=2", "DQ=2 must be 0 or 1"), ("NWARPS=6", "NWARPS=6 must be a multiple of 4"),
-                       ("BN=64", "unknown field 'BN'"), ("8,2", "positional form takes 4 to 4")):
+                       ("BN=64", "unknown field 'BN'"), ("8,2", "positional form takes 4 to 5"),
+                       ("STATS=2", "STATS=2 must be 0 or 1")):
         with pytest.raises(BadInput, match="--bwd-config") as e:
             parse_bwd_config(bad)
         assert words in str(e.value)
@@ -701,7 +709,8 @@ def test_the_variants_fields_win_over_the_environments(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("text, dq, nwarps", [("DQ=1", "pass", None), ("NWARPS=4,MINB=2,DQ=1", "pass", 4),
-                                              ("NWARPS=8,MINB=1,DQ=0", "atomic", 8)])
+                                              ("NWARPS=8,MINB=1,DQ=0", "atomic", 8), ("DQ=1,STATS=0", "pass", None),
+                                              ("DQ=1,STATS=1", "pass", None)])
 def test_a_bwd_variant_runs_its_fields_and_matches_the_reference(text, dq, nwarps):
     from attnbench.fast_tc_bwd import parse_bwd_config
 
@@ -713,6 +722,11 @@ def test_a_bwd_variant_runs_its_fields_and_matches_the_reference(text, dq, nwarp
     assert runner.setup["bwd_dq"] == dq
     if nwarps is not None:
         assert runner.setup["bwd_tile_config"].startswith(f"NWARPS={nwarps},")
+    # the launches in order: with the pass computing the stats it goes first and no prep runs
+    # (nothing is split at this size)
+    want = {"atomic": "prep,main,convert", "pass": "dq_pass,main" if "STATS=0" not in text else "prep,main,dq_pass"}
+    assert runner.setup["bwd_launches"] == want[dq]
+    assert runner.setup.get("bwd_pass_stats") == (None if dq == "atomic" else int("STATS=0" not in text))
     runner.poison()
     runner.run()
     _check_grads(prob, runner.grads, q, k, v_, do)
