@@ -144,8 +144,10 @@ TWO_WG_MIN_KEYS = {64: 512, 128: 128}  # keys a query reads on average (pairs / 
 # 131072: D=64 0.56-0.81 up to dilated 512/2 (510 keys), streaming 4+1024 (1024) 1.02-1.03, window
 # 4096 1.12; D=128 0.62-0.95 up to 256 keys, dilated 512/2 1.02-1.03, streaming 4+1024 1.07
 DQ_PASS_MAX_KEYS = {64: 768, 128: 384}
-# with dQ's own pass, the pass computes each row's (lse log2 e, delta) and the prep launch goes (it read
-# O and dO once more): docs/PERF.md "backward v8"
+# with dQ's own pass and no key tile split, the pass computes each row's (lse log2 e, delta) and the prep
+# launch goes (it read O and dO once more). H100, --pass bwd, pass / prep (results/train-bwd-v8-stats-ab-h100.csv,
+# docs/PERF.md "backward v8"): block_diagonal 16 and 128 0.92-0.98, dilated 512/2 (D=64) 0.96, window 256
+# 0.95 (D=64) and 1.00 (D=128); with a split key tile (streaming 16+64, bigbird: their tile 0) 1.05-1.13
 PASS_STATS = True
 
 
@@ -376,8 +378,10 @@ class Backward:
         if self.n_items * self.heads >= 2 ** 31:
             raise BadInput(f"{self.n_items} work items x {self.heads} heads and classes exceed the grid (2^31 blocks)")
         setup["bwd_dq"] = dq
-        # with dQ's own pass: the pass computes the rows' stats and runs before the main kernel
-        self.stats = dq == "pass" and (PASS_STATS if stats is None else stats)
+        # with dQ's own pass: the pass computes the rows' stats and runs before the main kernel, where
+        # no key tile is split (a split one needs prep to zero its accumulators, and prep's stats then
+        # come free: the pass reading O again was 5-13% slower on streaming 16+64 and bigbird)
+        self.stats = dq == "pass" and (PASS_STATS and self.n_split == 0 if stats is None else stats)
         if dq == "pass":
             setup["bwd_pass_stats"] = int(self.stats)
         if dq == "pass":  # the forward list at the dQ pass's tiles, on the device (built above on mma.sync)

@@ -711,8 +711,11 @@ def test_the_variants_fields_win_over_the_environments(monkeypatch):
 @pytest.mark.parametrize("text, dq, nwarps", [("DQ=1", "pass", None), ("NWARPS=4,MINB=2,DQ=1", "pass", 4),
                                               ("NWARPS=8,MINB=1,DQ=0", "atomic", 8), ("DQ=1,STATS=0", "pass", None),
                                               ("DQ=1,STATS=1", "pass", None)])
-def test_a_bwd_variant_runs_its_fields_and_matches_the_reference(text, dq, nwarps):
-    from attnbench.fast_tc_bwd import parse_bwd_config
+@pytest.mark.parametrize("split", ["", "0"], ids=["split-as-chosen", "nothing-split"])
+def test_a_bwd_variant_runs_its_fields_and_matches_the_reference(monkeypatch, text, dq, nwarps, split):
+    from attnbench.fast_tc_bwd import SPLIT_ENV, parse_bwd_config
+
+    monkeypatch.setenv(SPLIT_ENV, split)  # "": the split the GPU gets (the sink's key tile 0 is split)
 
     v = IMPL.bwd_variant(parse_bwd_config(text))
     mask = make_mask("streaming", 777, True, sink=16, window=64)
@@ -722,11 +725,16 @@ def test_a_bwd_variant_runs_its_fields_and_matches_the_reference(text, dq, nwarp
     assert runner.setup["bwd_dq"] == dq
     if nwarps is not None:
         assert runner.setup["bwd_tile_config"].startswith(f"NWARPS={nwarps},")
-    # the launches in order: with the pass computing the stats it goes first and no prep runs
-    # (nothing is split at this size)
-    want = {"atomic": "prep,main,convert", "pass": "dq_pass,main" if "STATS=0" not in text else "prep,main,dq_pass"}
-    assert runner.setup["bwd_launches"] == want[dq]
-    assert runner.setup.get("bwd_pass_stats") == (None if dq == "atomic" else int("STATS=0" not in text))
+    # the launches in order: where the pass computes the stats (STATS=1, or by default where nothing is
+    # split) it goes first, and prep runs only to zero a split key tile's accumulators
+    cut = runner.setup["bwd_split_tiles"] > 0
+    assert not (cut and split == "0")
+    stats = dq == "pass" and ("STATS=1" in text or ("STATS=0" not in text and not cut))
+    want = ("prep,main,convert" if dq == "atomic" else
+            ("prep," if cut else "") + "dq_pass,main" + (",convert" if cut else "") if stats else
+            "prep,main,dq_pass" + (",convert" if cut else ""))
+    assert runner.setup["bwd_launches"] == want
+    assert runner.setup.get("bwd_pass_stats") == (None if dq == "atomic" else int(stats))
     runner.poison()
     runner.run()
     _check_grads(prob, runner.grads, q, k, v_, do)
