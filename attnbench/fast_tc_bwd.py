@@ -382,9 +382,8 @@ class Backward:
         # no key tile is split (a split one needs prep to zero its accumulators, and prep's stats then
         # come free: the pass reading O again was 5-13% slower on streaming 16+64 and bigbird)
         self.stats = dq == "pass" and (PASS_STATS and self.n_split == 0 if stats is None else stats)
-        if dq == "pass":
-            setup["bwd_pass_stats"] = int(self.stats)
         if dq == "pass":  # the forward list at the dQ pass's tiles, on the device (built above on mma.sync)
+            setup["bwd_pass_stats"] = int(self.stats)
             self.pcfg = pcfg = dq_pass_config(prob.D, cfg)
             self.fwd_tiles = tile_list(inner, pcfg.BM, pcfg.BN).device()
             setup["bwd_dq_tile_config"] = pcfg.spec
@@ -597,9 +596,10 @@ def _builds_of(mask: Mask, D: int, dtype: str) -> list[tuple[str, dict]]:
 
     kpq = mask.pairs / mask.T
     dq = choose_dq(D, kpq)
-    wg = bwd_config(D, True, kpq, dq)  # what Backward chooses for it
-    return [(KERNEL, bwd_defines(D, dtype, mask, dq=dq, stats=PASS_STATS)),
-            (KERNEL_WG, bwd_defines(D, dtype, mask, wg, dq, PASS_STATS))] + [
+    wg = bwd_config(D, True, kpq, dq)  # what Backward chooses for it (the pass's stats: where no key tile
+    stats = (True, False) if dq == "pass" else (True,)  # is split, which the GPU's size decides: both)
+    return [b for st in stats for b in ((KERNEL, bwd_defines(D, dtype, mask, dq=dq, stats=st)),
+                                        (KERNEL_WG, bwd_defines(D, dtype, mask, wg, dq, st)))] + [
         (FWD, {**kernel_defines(D, dtype, mask, lse_shape(choose_config(mask, D, wgmma))), "FWD_LSE": 1})
         for wgmma in (False, True)]
 
