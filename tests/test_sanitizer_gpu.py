@@ -25,6 +25,24 @@ def test_kernels_are_sanitizer_clean(impl, tool):
     assert m and m.group(1) == m.group(2) != "0", out[-2000:]
 
 
+@pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer not on PATH")
+@pytest.mark.parametrize("tq", [1, 16])
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
+def test_fast_decode_is_sanitizer_clean(tool, tq):
+    """fast-decode on every pattern through the gate, grouped heads (8 over 2), one query and sixteen: the
+    short lists' 32-key tiles (T 77 and 1000), the 64-key tiles and the key-slice kernel of a long list
+    (dense and window at T=4096, Tq=1), the merge launch and a dilated query's residue class."""
+    cmd = ["compute-sanitizer", "--tool", tool, "--error-exitcode", "17", sys.executable, "-m", "attnbench.cli",
+           "check", "--impl", "fast-decode", "--T", "77", "--T", "1000", "--T", "4096", "--Tq", str(tq),
+           "--D", "64", "--B", "2", "--H", "8", "--H-kv", "2"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=dict(os.environ))
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    assert "ERROR SUMMARY: 0 errors" in out or "RACECHECK SUMMARY: 0 hazards" in out, out[-2000:]
+    m = re.search(r"checked (\d+), passed (\d+), failed 0", out)
+    assert m and int(m.group(2)) > 0, out[-2000:]
+
+
 # fast-tc's backward (fwd+bwd: the forward with the log-sum-exp, prep, main, dQ conversion) on small
 # cases: odd T, a partial last tile, non-causal keys past T, a strided pattern, both head dims; and
 # once more with the lists cut into items of one query tile (split key tiles: their float32 dK and
