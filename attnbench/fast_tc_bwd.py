@@ -64,6 +64,13 @@ class BwdConfig:
     MINB: int    # blocks per multiprocessor asked of the register allocator
     WG: int = 0  # 1: the main kernel on Hopper's warpgroup MMA (kernels/fast_tc_bwd_wg.cu, sm_90a),
     #              NWARPS / 4 warpgroups of 64 keys each on one 64-row query tile
+    PAIRS: int = 1  # two warpgroups at D=64 with dQ summed in the main loop: 1, dQ of two query tiles at
+    #                 a time, a tile a warpgroup (two staged dS^T); 0, both compute one tile's panel and
+    #                 each reduces half its columns
+
+    def paired(self, D: int, dq: str = "atomic") -> bool:
+        """Whether the wgmma main loop takes its query tiles two at a time for dQ (BWG_DQ_PAIRED)."""
+        return bool(self.WG and self.PAIRS and self.NWARPS == 8 and D == 64 and dq != "pass")
 
     @property
     def BN(self) -> int:
@@ -88,11 +95,12 @@ class BwdConfig:
         """The target it needs beyond what CuPy picks for the device (None: any)."""
         return WG_ARCH if self.WG else None
 
-    def smem_bytes(self, D: int) -> int:
-        """K and V, STAGES Q and dO tiles, the staged P and dS (WG: dS alone, and STAGES rows of
-        the query tile's (lse2, delta))."""
+    def smem_bytes(self, D: int, dq: str = "atomic") -> int:
+        """K and V, STAGES Q and dO tiles, the staged P and dS (WG: dS alone, twice where ``paired``,
+        and STAGES rows of the query tile's (lse2, delta))."""
         if self.WG:
-            return 2 * D * (2 * self.BN + 2 * self.STAGES * self.BM) + 2 * self.BM * self.BN + 8 * self.STAGES * self.BM
+            ds = 2 * self.BM * self.BN * (2 if self.paired(D, dq) else 1)
+            return 2 * D * (2 * self.BN + 2 * self.STAGES * self.BM) + ds + 8 * self.STAGES * self.BM
         return 2 * D * (2 * self.BN + 2 * self.STAGES * self.BM) + 2 * 2 * self.BM * self.BN
 
     def dq_pass_smem_bytes(self, D: int) -> int:
@@ -101,7 +109,8 @@ class BwdConfig:
 
     @property
     def spec(self) -> str:
-        return f"NWARPS={self.NWARPS},BN={self.BN},STAGES={self.STAGES},MINB={self.MINB}" + (",WG=1" if self.WG else "")
+        return (f"NWARPS={self.NWARPS},BN={self.BN},STAGES={self.STAGES},MINB={self.MINB}" + (",WG=1" if self.WG else "")
+                + ("" if self.PAIRS else ",PAIRS=0"))
 
 
 # per head dimension: (shape, why). Registers (sm_80 / sm_90, NVRTC 13): D=64 198-206, D=128
@@ -127,8 +136,8 @@ BWD_SHAPES_WG: dict[int, tuple[BwdConfig, str]] = {
                                                        "(105 KiB): 2 blocks per SM, dK and dV 128 registers a thread"),
 }
 BWD_SHAPES_WG2: dict[int, tuple[BwdConfig, str]] = {
-    64: (BwdConfig(NWARPS=8, STAGES=2, MINB=1, WG=1), "two warpgroups on 128-key tiles, both computing dQ's "
-                                                      "panel, each reducing half its columns (81 KiB)"),
+    64: (BwdConfig(NWARPS=8, STAGES=2, MINB=1, WG=1), "two warpgroups on 128-key tiles, dQ of two query tiles "
+                                                      "at a time, one a warpgroup (97 KiB)"),
     128: (BwdConfig(NWARPS=8, STAGES=2, MINB=1, WG=1), "two warpgroups on 128-key tiles, a 64-column panel "
                                                        "of dQ each (145 KiB)"),
 }
@@ -215,16 +224,20 @@ class BwdFields:
     """The backward's fields a shape variant may fix (``--bwd-config``): the main kernel's NWARPS,
     STAGES and MINB, DQ (0: dQ's sums by float32 reductions, 1: dQ by its own pass) and STATS (with
     dQ's own pass, 1: the pass computes the rows' (lse log2 e, delta) and runs first, no prep launch
-    unless a key tile is split; 0: prep computes them); the defaults are those of the positional form."""
+    unless a key tile is split; 0: prep computes them) and PAIRS (two warpgroups at D=64, dQ summed in
+    the main loop: 1, two query tiles' dQ at a time, one a warpgroup; 0, one tile's by both, each
+    reducing half); the defaults are those of the positional form."""
     NWARPS: int = 8
     STAGES: int = 2
     MINB: int = 1
     DQ: int = 0
     STATS: int = 1
+    PAIRS: int = 1
 
 
 BWD_FIELDS = tuple(f.name for f in dataclasses.fields(BwdFields))
-BWD_LIMITS = {"NWARPS": (4, 8, 4), "STAGES": (2, 4, 1), "MINB": (1, 4, 1), "DQ": (0, 1, 1), "STATS": (0, 1, 1)}
+BWD_LIMITS = {"NWARPS": (4, 8, 4), "STAGES": (2, 4, 1), "MINB": (1, 4, 1), "DQ": (0, 1, 1), "STATS": (0, 1, 1),
+              "PAIRS": (0, 1, 1)}
 
 
 @dataclass(frozen=True)
@@ -318,6 +331,8 @@ def bwd_defines(D: int, dtype: str, mask: Mask, cfg: BwdConfig | None = None, dq
              AB_F16=int(dtype == "float16"), STRIDE=stride)
     if cfg.WG:
         d["WG"] = 1
+        if not cfg.PAIRS:
+            d["BWD_DQ_PAIRS"] = 0
     if dq == "pass":
         d["BWD_DQ_PASS"] = 1
         if stats:
@@ -391,7 +406,7 @@ class Backward:
         with timed(setup, "compile_s"):
             mod = get_module(cfg.kernel, bwd_defines(prob.D, prob.dtype, prob.mask, cfg, dq, self.stats), cfg.arch)
             self.main, self.prep, self.dq = (mod.get_function(x) for x in (MAIN, PREP, DQ))
-            self.smem = cfg.smem_bytes(prob.D)
+            self.smem = cfg.smem_bytes(prob.D, dq)
             if self.smem > DEFAULT_SMEM:
                 self.main.max_dynamic_shared_size_bytes = self.smem
             if dq == "pass":

@@ -12,7 +12,8 @@
 // of dV += P^T dO, issued at once; dS^T = P^T (dP^T - delta) once dP^T lands, packed for
 // dK += dS^T Q, issued, and staged in shared memory while the products run; then, every warp's
 // dS^T staged, dQ += dS K by 64 columns, added to the float32 accumulator. Two barriers a tile (the
-// refill's, the staged dS^T's). BWD_DQ_PASS 1: no dQ here, one barrier a tile; dQ comes from
+// refill's, the staged dS^T's); two warpgroups at D = 64 (BWG_DQ_PAIRED) stage two tiles' dS^T and
+// then take one tile's dQ each: three barriers a pair. BWD_DQ_PASS 1: no dQ here, one barrier a tile; dQ comes from
 // fast_tc_bwd.cu's fast_tc_bwd_dq_pass (a launch of the mma.sync build, query-major over the
 // forward list, no accumulator).
 #include "tc/config.cuh"
@@ -59,6 +60,9 @@ fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
     const bool edge = kt * BN + BN > T;  // keys >= T in the tile: masked on every query tile
     const int key0 = kt * BN + warp * 16;
     const u32 lds0 = sm.ld + 16 * t4;
+#if BWG_DQ_PAIRED
+    int qt_prev = 0;  // the pair's first tile
+#endif
 
     for (int it = 0; it < n; ++it) {
         int st;
@@ -77,7 +81,20 @@ fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
         tc_bwg_dscores(dp, pa, lds);  // dS^T
         tc_bwg_pack(pd, dp);
         tc_bwg_kv(dk, pd, op.qn + so);  // dK += dS^T Q
-#if !BWD_DQ_PASS
+#if BWG_DQ_PAIRED
+        tc_bwg_stage(sm.ds + (it & 1) * BWG_DSB, pd, warp, g, t4);  // tile `it` of its pair
+        wg_wait<0>();  // dV and dK done reading the stage before the next step refills it
+        if ((it & 1) || it == n - 1) {
+            wg_fence_smem();
+            __syncthreads();  // the pair's dS^T staged by every warp
+            if (it & 1)  // warpgroup w: the pair's tile w, all its columns
+                tc_bwg_dq_tile(dq, op, op.ds + wg * (BWG_DSB >> 4), (wg ? qt : qt_prev) * BWG_QT + (warp & 3) * 16, T,
+                               g, t4);
+            else  // a list's odd last tile: both compute it, each reduces half
+                tc_bwg_dq(dq, op, wg, qt * BWG_QT + (warp & 3) * 16, T, g, t4);
+        }
+        qt_prev = qt;
+#elif !BWD_DQ_PASS
         tc_bwg_stage(sm.ds, pd, warp, g, t4);
         wg_wait<0>();
         wg_fence_smem();

@@ -112,8 +112,24 @@ def test_the_wgmma_backwards_smem_fits_its_blocks_per_sm():
     for D, kpq in itertools.product(DIMS, (None, 1)):
         cfg = bwd_config(D, True, kpq)
         kv, q = 2 * D * cfg.BN, 2 * D * cfg.BM
-        assert cfg.smem_bytes(D) == 2 * kv + 2 * cfg.STAGES * q + 2 * cfg.BM * cfg.BN + cfg.STAGES * cfg.BM * 8
+        bufs = 2 if (D, cfg.NWARPS) == (64, 8) else 1  # two warpgroups at D=64 stage two tiles' dS^T for dQ
+        assert cfg.paired(D) == (bufs == 2) and not cfg.paired(D, "pass")
+        assert cfg.smem_bytes(D) == 2 * kv + 2 * cfg.STAGES * q + bufs * 2 * cfg.BM * cfg.BN + cfg.STAGES * cfg.BM * 8
+        assert cfg.smem_bytes(D, "pass") == cfg.smem_bytes(D) - (bufs - 1) * 2 * cfg.BM * cfg.BN
         assert cfg.MINB * (cfg.smem_bytes(D) + 1024) <= 228 * 1024
+
+
+def test_pairs_0_builds_the_halves_and_names_itself():
+    """PAIRS=0 (two warpgroups at D=64 both computing one tile's dQ panel) is a define of its own and a
+    field of the shape's name; the default (pairs) adds no define, and D=128 ignores it."""
+    from attnbench.fast_tc_bwd import parse_bwd_config
+
+    mask = make_mask("dense", 1000, True)
+    cfg = choose_bwd_config(64, True, fields=parse_bwd_config("PAIRS=0").shape)
+    assert cfg.spec == "NWARPS=8,BN=128,STAGES=2,MINB=1,WG=1,PAIRS=0" and not cfg.paired(64)
+    assert bwd_defines(64, "bfloat16", mask, cfg)["BWD_DQ_PAIRS"] == 0
+    assert "BWD_DQ_PAIRS" not in bwd_defines(64, "bfloat16", mask, bwd_config(64, True))
+    assert cfg.smem_bytes(64) == bwd_config(64, True).smem_bytes(64) - 2 * 64 * 128
 
 
 def test_the_backwards_shape_fields_come_from_the_environment(monkeypatch):
@@ -674,8 +690,8 @@ def test_bwd_config_parses_fields_and_refuses_bad_ones_by_name():
     assert s.dq == "pass" and s.stats is False and s.shape == {}
     assert parse_bwd_config("4,2,2,1").stats is True  # the positional form's default
     for bad, words in (("DQ=2", "DQ=2 must be 0 or 1"), ("NWARPS=6", "NWARPS=6 must be a multiple of 4"),
-                       ("BN=64", "unknown field 'BN'"), ("8,2", "positional form takes 4 to 5"),
-                       ("STATS=2", "STATS=2 must be 0 or 1")):
+                       ("BN=64", "unknown field 'BN'"), ("8,2", "positional form takes 4 to 6"),
+                       ("STATS=2", "STATS=2 must be 0 or 1"), ("PAIRS=2", "PAIRS=2 must be 0 or 1")):
         with pytest.raises(BadInput, match="--bwd-config") as e:
             parse_bwd_config(bad)
         assert words in str(e.value)
@@ -709,7 +725,8 @@ def test_the_variants_fields_win_over_the_environments(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("text, dq, nwarps", [("DQ=1", "pass", None), ("NWARPS=4,MINB=2,DQ=1", "pass", 4),
-                                              ("NWARPS=8,MINB=1,DQ=0", "atomic", 8), ("DQ=1,STATS=0", "pass", None),
+                                              ("NWARPS=8,MINB=1,DQ=0", "atomic", 8),
+                                              ("NWARPS=8,MINB=1,DQ=0,PAIRS=0", "atomic", 8), ("DQ=1,STATS=0", "pass", None),
                                               ("DQ=1,STATS=1", "pass", None)])
 @pytest.mark.parametrize("split", ["", "0"], ids=["split-as-chosen", "nothing-split"])
 def test_a_bwd_variant_runs_its_fields_and_matches_the_reference(monkeypatch, text, dq, nwarps, split):

@@ -37,6 +37,8 @@
 //     B = Q), one commit group.
 //   tc_bwg_pack(a, x), tc_bwg_stage(s, a, warp, g, t4): a fragment packed as A operands; dS^T staged.
 //   tc_bwg_dq(dq, op, wg, row0, T, g, t4): dQ's rows of the tile += dS K, a 64-column panel at a time.
+//   tc_bwg_dq_tile(dq, op, ds, row0, T, g, t4): (BWG_DQ_PAIRED) one tile's dQ rows += dS K, the whole
+//     panel by one warpgroup, from the dS^T buffer at descriptor word ds.
 #pragma once
 #include "tc/common.cuh"
 #include "tc/scheduler.cuh"
@@ -50,6 +52,17 @@
 // dQ's panels: one warpgroup takes all; several split them, one 64-column panel each; two at
 // HEAD_D = 64 share the one panel, each computing it and reducing half its columns
 #define BWG_DQ_HALVES (BWG_NWG == 2 && HEAD_D == 64)
+// ... or, with BWD_DQ_PAIRS (the default), they take a list's query tiles two at a time: dS^T of the
+// pair's first tile staged in one buffer, the second's in another, then warpgroup w computes and
+// reduces all of tile w's dQ (the halves above only for a list's odd last tile): no product done
+// twice, one barrier fewer a pair
+#ifndef BWD_DQ_PASS
+#define BWD_DQ_PASS 0
+#endif
+#ifndef BWD_DQ_PAIRS
+#define BWD_DQ_PAIRS 1
+#endif
+#define BWG_DQ_PAIRED (BWG_DQ_HALVES && BWD_DQ_PAIRS && !BWD_DQ_PASS)
 static_assert(WG && !TMA && NWARPS % 4 == 0 && BN == 64 * BWG_NWG &&
               (BWG_NWG == 1 || HEAD_D == 64 * BWG_NWG || BWG_DQ_HALVES),
               "wgmma backward: BN = 64 keys a warpgroup, cp.async loads; several warpgroups split dQ by 64-column "
@@ -57,7 +70,9 @@ static_assert(WG && !TMA && NWARPS % 4 == 0 && BN == 64 * BWG_NWG &&
 
 #define BWG_QBYTES (BWG_QT * HEAD_D * 2)  // a Q or dO tile
 #define BWG_LDB (BWG_QT * 8)              // a stage's (lse2, delta) rows
-#define BWG_SMEM_BYTES (2 * TILE_BYTES + 2 * STAGES * BWG_QBYTES + BN * BWG_QT * 2 + STAGES * BWG_LDB)
+#define BWG_DSB (BN * BWG_QT * 2)          // a staged dS^T
+#define BWG_DS_BUFS (BWG_DQ_PAIRED ? 2 : 1)
+#define BWG_SMEM_BYTES (2 * TILE_BYTES + 2 * STAGES * BWG_QBYTES + BWG_DS_BUFS * BWG_DSB + STAGES * BWG_LDB)
 
 typedef float TcBwgRows[BWG_QT / 8][4];  // a warp's [16 keys][64 queries] fragment: S^T, P^T, dP^T, dS^T
 typedef u32 TcBwgFrag[BWG_QT / 16][4];   // the same packed as the A operands of its k-steps
@@ -65,7 +80,7 @@ typedef u32 TcBwgFrag[BWG_QT / 16][4];   // the same packed as the A operands of
 struct TcBwgSmem {
     u32 k, v;  // the key tile's K and V
     u32 q, o;  // the Q and dO stages (stage s at + s * BWG_QBYTES)
-    u32 ds;    // dS^T staged for dQ
+    u32 ds;    // dS^T staged for dQ (BWG_DS_BUFS buffers, BWG_DSB bytes apart)
     u32 ld;    // the (lse2, delta) stages (stage s at + s * BWG_LDB)
 };
 
@@ -76,7 +91,7 @@ __device__ __forceinline__ TcBwgSmem tc_bwg_smem(const void* smem) {
     s.q = s.v + TILE_BYTES;
     s.o = s.q + STAGES * BWG_QBYTES;
     s.ds = s.o + STAGES * BWG_QBYTES;
-    s.ld = s.ds + BN * BWG_QT * 2;
+    s.ld = s.ds + BWG_DS_BUFS * BWG_DSB;
     return s;
 }
 
@@ -285,4 +300,19 @@ __device__ __forceinline__ void tc_bwg_dq(float* __restrict__ dq, const TcBwgOps
             tc_bwd_dq_add<32>(dq, reinterpret_cast<const float(&)[4][4]>(c[4]), 32, row0, T, g, t4);
         }
     }
+}
+
+// BWG_DQ_PAIRED: dQ rows row0 + g, + 8 of one query tile += dS K over the tile's BN keys, the whole
+// 64-column panel by this warpgroup: A = dS from the dS^T staged at descriptor word ds (M-major),
+// B = K (N-major)
+__device__ __forceinline__ void tc_bwg_dq_tile(float* __restrict__ dq, const TcBwgOps& op, u32 ds, int row0, int T,
+                                               int g, int t4) {
+    float c[8][4];
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+        wg_tt64(c, wg_desc_of(ds + ((kk * 16 * 128) >> 4)), wg_desc_of(op.kn + ((kk * 16 * 128) >> 4)), kk);
+    wg_commit();
+    wg_wait<0>();
+    tc_bwd_dq_add<64>(dq, c, 0, row0, T, g, t4);
 }
