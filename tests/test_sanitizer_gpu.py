@@ -32,9 +32,11 @@ def test_fast_decode_is_sanitizer_clean(tool, tq):
     """fast-decode on every pattern through the gate, grouped heads (8 over 2), one query and sixteen: the
     short lists' 32-key tiles (T 77 and 1000), the 64-key tiles and the key-slice kernel of a long list
     (dense and window at T=4096, Tq=1), the merge launch and a dilated query's residue class."""
-    cmd = ["compute-sanitizer", "--tool", tool, "--error-exitcode", "17", sys.executable, "-m", "attnbench.cli",
-           "check", "--impl", "fast-decode", "--T", "77", "--T", "1000", "--T", "4096", "--Tq", str(tq),
-           "--D", "64", "--B", "2", "--H", "8", "--H-kv", "2"]
+    # CuPy's own kernels left out: the tile classification's flatnonzero (classify.py) runs CuPy's scan, whose
+    # racecheck warnings are its own
+    cmd = ["compute-sanitizer", "--tool", tool, "--error-exitcode", "17", "--kernel-name-exclude", "kns=cupy_",
+           sys.executable, "-m", "attnbench.cli", "check", "--impl", "fast-decode", "--T", "77", "--T", "1000",
+           "--T", "4096", "--Tq", str(tq), "--D", "64", "--B", "2", "--H", "8", "--H-kv", "2"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=dict(os.environ))
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
