@@ -122,8 +122,8 @@ BWD_SHAPES: dict[int, tuple[BwdConfig, str]] = {
 }
 # the wgmma main loop's (sm_90), measured (docs/PERF.md "backward v3" to "backward v5"): one warpgroup
 # a block on the mma.sync loop's 64 x 64 tiles and lists, or two sharing each 64-row query tile on
-# 128-key tiles (dQ summed over 128 keys before its reductions: a 64-column panel each at D=128, the
-# panel's 32-column halves at D=64). Two halve the Q / dO loads and dQ reductions per key but fill
+# 128-key tiles (dQ summed over 128 keys before its reductions: a 64-column panel each at D=128; at
+# D=64 a query tile each of a pair, since v9, PAIRS). Two halve the Q / dO loads and dQ reductions per key but fill
 # a 128-key tile where one fills 64; they win where each query reads many keys on average:
 # TWO_WG_MIN_KEYS. H200, T=32768, two / one: D=128 dense 0.68, window 4096 0.75, document 0.59,
 # window 256 0.95, streaming 16+64 1.05; D=64 dense 0.92, document 0.77, window 4096 0.93,
@@ -283,7 +283,7 @@ def choose_bwd_config(D: int, wgmma: bool, dq: str = "atomic", keys_per_query: f
     own pass, ``dq`` "pass", runs on mma.sync's shape for D either way: ``dq_pass_config``.)"""
     cfg = dataclasses.replace(bwd_config(D, wgmma, keys_per_query, dq), **{**forced_shape(), **(fields or {})})
     # what the kernels' static_asserts take: whole warpgroups, on wgmma one or two (two split dQ's
-    # 64-column panels at D=128, its 32-column halves at D=64)
+    # 64-column panels at D=128; at D=64 a pair's query tiles, or with PAIRS=0 a panel's 32-column halves)
     ok = (4, 8)
     if cfg.NWARPS not in ok:
         raise BadInput(f"{SHAPE_ENV}: NWARPS={cfg.NWARPS} does not build for the {'wgmma' if cfg.WG else 'mma.sync'} "
