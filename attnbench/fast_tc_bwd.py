@@ -445,8 +445,8 @@ class Backward:
         """prep, main, convert on these storage arrays (lse float32 [B, H, T]; ld, dq_acc, dkv_acc:
         ``scratch``); with the dQ pass: prep, main, the pass, and the convert only when a key tile
         is split (it converts nothing else); with the pass computing the rows' stats (``stats``): the
-        pass, then main, prep only when a key tile is split (to zero its accumulators), the convert
-        likewise."""
+        pass, then main; when a key tile is split, prep before them on no row but the split tiles'
+        accumulators ("zero": it reads no O or dO), and the convert after."""
         prob, cfg = self.prob, self.cfg
         B, H, T, D = prob.shape
         rows, srows = B * H * T, self.split_rows
@@ -468,10 +468,12 @@ class Backward:
         dq_pass = Launch(self.dq_pass, (ft.heads.shape[0], B * H, min(self.stride, T)), (self.pcfg.threads,), self.dq_smem,
                          (q, k, v, do, ld, dq, ft.heads, ft.entries, np.int32(T), np.float32(scale * LOG2E),
                           np.float32(scale), self.table, o, lse))
-        split = [("prep", prep)] if s8 else []
         tail = [("convert", conv)] if s8 else []
-        if self.stats:  # the pass writes the stats the main kernel reads: before it
-            return self._order(split + [("dq_pass", dq_pass), ("main", main)] + tail)
+        if self.stats:  # the pass writes the stats the main kernel reads: before it; prep on no row but
+            # the split key tiles' accumulators, to zero them
+            zero = Launch(self.prep, (-(-srows // per_block),), (PREP_THREADS,), 0,
+                          (o, do, lse, ld, dq_acc, np.int32(0), dkv_acc, np.int32(srows)))
+            return self._order(([("zero", zero)] if s8 else []) + [("dq_pass", dq_pass), ("main", main)] + tail)
         return self._order([("prep", prep), ("main", main), ("dq_pass", dq_pass)] + tail)
 
     def _order(self, named: list) -> list[Launch]:

@@ -743,12 +743,12 @@ def test_a_bwd_variant_runs_its_fields_and_matches_the_reference(monkeypatch, te
     if nwarps is not None:
         assert runner.setup["bwd_tile_config"].startswith(f"NWARPS={nwarps},")
     # the launches in order: where the pass computes the stats (STATS=1, or by default where nothing is
-    # split) it goes first, and prep runs only to zero a split key tile's accumulators
+    # split) it goes first, and prep runs on no row, only to zero a split key tile's accumulators ("zero")
     cut = runner.setup["bwd_split_tiles"] > 0
     assert not (cut and split == "0")
     stats = dq == "pass" and ("STATS=1" in text or ("STATS=0" not in text and not cut))
     want = ("prep,main,convert" if dq == "atomic" else
-            ("prep," if cut else "") + "dq_pass,main" + (",convert" if cut else "") if stats else
+            ("zero," if cut else "") + "dq_pass,main" + (",convert" if cut else "") if stats else
             "prep,main,dq_pass" + (",convert" if cut else ""))
     assert runner.setup["bwd_launches"] == want
     assert runner.setup.get("bwd_pass_stats") == (None if dq == "atomic" else int(stats))
