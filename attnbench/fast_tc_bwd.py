@@ -158,6 +158,11 @@ DQ_PASS_MAX_KEYS = {64: 768, 128: 384}
 # docs/PERF.md "backward v8"): block_diagonal 16 and 128 0.92-0.98, dilated 512/2 (D=64) 0.96, window 256
 # 0.95 (D=64) and 1.00 (D=128); with a split key tile (streaming 16+64, bigbird: their tile 0) 1.05-1.13
 PASS_STATS = True
+# ... and where a key tile is split, at these D: prep then runs on no row, only zeroing the split tiles'
+# accumulators ("zero"). H100, --pass bwd, pass's stats with zero / prep (results/train-bwd-v10-zero-ab-h100.csv,
+# docs/PERF.md "backward v10"), T=32768 and 131072: D=64 streaming 16+64, bigbird and the custom twin
+# 0.95-0.97; D=128 1.00-1.01 (the pass reading O costs there what prep's read saved)
+PASS_STATS_SPLIT = {64: True, 128: False}
 
 
 def choose_dq(D: int, keys_per_query: float | None) -> str:
@@ -394,9 +399,10 @@ class Backward:
             raise BadInput(f"{self.n_items} work items x {self.heads} heads and classes exceed the grid (2^31 blocks)")
         setup["bwd_dq"] = dq
         # with dQ's own pass: the pass computes the rows' stats and runs before the main kernel, where
-        # no key tile is split (a split one needs prep to zero its accumulators, and prep's stats then
-        # come free: the pass reading O again was 5-13% slower on streaming 16+64 and bigbird)
-        self.stats = dq == "pass" and (PASS_STATS and self.n_split == 0 if stats is None else stats)
+        # no key tile is split, or at the D of PASS_STATS_SPLIT (a split tile's accumulators zeroed by
+        # prep on no row); elsewhere prep computes them
+        self.stats = dq == "pass" and (PASS_STATS and (self.n_split == 0 or PASS_STATS_SPLIT[prob.D])
+                                       if stats is None else stats)
         if dq == "pass":  # the forward list at the dQ pass's tiles, on the device (built above on mma.sync)
             setup["bwd_pass_stats"] = int(self.stats)
             self.pcfg = pcfg = dq_pass_config(prob.D, cfg)
