@@ -491,7 +491,8 @@ def compile_cmd(archs, hashes, gate_builds):
               help="fast-tc's backward with fields fixed: NWARPS (4: one warpgroup, 8: two), STAGES, MINB of its "
                    "main kernel, DQ (0: dQ's sums by float32 reductions, 1: dQ by its own pass) and STATS (with the pass, "
                    "1: it computes the rows' lse and delta and runs first, no prep; 0: prep does) and PAIRS (two "
-                   "warpgroups at D=64: 1, dQ of two query tiles at a time, one a warpgroup; 0, one tile's by both) "
+                   "warpgroups at D=64: 1, dQ of two query tiles at a time, one a warpgroup; 2, the same with dQ's "
+                   "products in flight through the next pair's first tile; 0, one tile's by both) "
                    "as FIELD=N,...; "
                    "each adds a row per bwd / fwd+bwd configuration for fast-tc and fast-tc-sync, named e.g. "
                    "fast-tc[bwd:DQ=1], timed with the others (repeatable)")

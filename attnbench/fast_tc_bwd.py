@@ -65,8 +65,9 @@ class BwdConfig:
     WG: int = 0  # 1: the main kernel on Hopper's warpgroup MMA (kernels/fast_tc_bwd_wg.cu, sm_90a),
     #              NWARPS / 4 warpgroups of 64 keys each on one 64-row query tile
     PAIRS: int = 1  # two warpgroups at D=64 with dQ summed in the main loop: 1, dQ of two query tiles at
-    #                 a time, a tile a warpgroup (two staged dS^T); 0, both compute one tile's panel and
-    #                 each reduces half its columns
+    #                 a time, a tile a warpgroup (two staged dS^T); 2, the same with the pair's dQ products
+    #                 in flight through the next pair's first tile (four staged dS^T); 0, both compute one
+    #                 tile's panel and each reduces half its columns
 
     def paired(self, D: int, dq: str = "atomic") -> bool:
         """Whether the wgmma main loop takes its query tiles two at a time for dQ (BWG_DQ_PAIRED)."""
@@ -99,7 +100,7 @@ class BwdConfig:
         """K and V, STAGES Q and dO tiles, the staged P and dS (WG: dS alone, twice where ``paired``,
         and STAGES rows of the query tile's (lse2, delta))."""
         if self.WG:
-            ds = 2 * self.BM * self.BN * (2 if self.paired(D, dq) else 1)
+            ds = 2 * self.BM * self.BN * (2 * self.PAIRS if self.paired(D, dq) else 1)
             return 2 * D * (2 * self.BN + 2 * self.STAGES * self.BM) + ds + 8 * self.STAGES * self.BM
         return 2 * D * (2 * self.BN + 2 * self.STAGES * self.BM) + 2 * 2 * self.BM * self.BN
 
@@ -110,7 +111,7 @@ class BwdConfig:
     @property
     def spec(self) -> str:
         return (f"NWARPS={self.NWARPS},BN={self.BN},STAGES={self.STAGES},MINB={self.MINB}" + (",WG=1" if self.WG else "")
-                + ("" if self.PAIRS else ",PAIRS=0"))
+                + ("" if self.PAIRS == 1 else f",PAIRS={self.PAIRS}"))
 
 
 # per head dimension: (shape, why). Registers (sm_80 / sm_90, NVRTC 13): D=64 198-206, D=128
@@ -209,17 +210,19 @@ SHAPE_ENV = "ATTNBENCH_BWD_SHAPE"  # fields of the chosen shape replaced, e.g. "
 
 
 def forced_shape() -> dict:
-    """The fields $ATTNBENCH_BWD_SHAPE replaces ("NWARPS=4,STAGES=2,MINB=2"; empty: none); BadInput
-    naming the entry that is no FIELD=count of NWARPS, STAGES, MINB."""
+    """The fields $ATTNBENCH_BWD_SHAPE replaces ("NWARPS=4,STAGES=2,MINB=2,PAIRS=2"; empty: none);
+    BadInput naming the entry that is no FIELD=count of NWARPS, STAGES, MINB (N >= 1) or PAIRS (0 to 2)."""
     import os
 
     given = os.environ.get(SHAPE_ENV, "").strip()
     out = {}
     for part in filter(None, (x.strip() for x in given.split(","))):
         name, _, value = part.partition("=")
-        if name not in ("NWARPS", "STAGES", "MINB") or not value.isdigit() or int(value) < 1:
+        lo, hi = (0, 2) if name == "PAIRS" else (1, None)
+        if (name not in ("NWARPS", "STAGES", "MINB", "PAIRS") or not value.isdigit() or int(value) < lo
+                or (hi is not None and int(value) > hi)):
             raise BadInput(f"{SHAPE_ENV}={given!r}: {part!r} is no FIELD=N with FIELD one of NWARPS, STAGES, MINB "
-                           f"and N >= 1")
+                           f"(N >= 1) or PAIRS (N from 0 to 2)")
         out[name] = int(value)
     return out
 
@@ -230,8 +233,9 @@ class BwdFields:
     STAGES and MINB, DQ (0: dQ's sums by float32 reductions, 1: dQ by its own pass) and STATS (with
     dQ's own pass, 1: the pass computes the rows' (lse log2 e, delta) and runs first, no prep launch
     unless a key tile is split; 0: prep computes them) and PAIRS (two warpgroups at D=64, dQ summed in
-    the main loop: 1, two query tiles' dQ at a time, one a warpgroup; 0, one tile's by both, each
-    reducing half); the defaults are those of the positional form."""
+    the main loop: 1, two query tiles' dQ at a time, one a warpgroup; 2, the same with dQ's products
+    in flight through the next pair's first tile; 0, one tile's by both, each reducing half); the
+    defaults are those of the positional form."""
     NWARPS: int = 8
     STAGES: int = 2
     MINB: int = 1
@@ -242,7 +246,7 @@ class BwdFields:
 
 BWD_FIELDS = tuple(f.name for f in dataclasses.fields(BwdFields))
 BWD_LIMITS = {"NWARPS": (4, 8, 4), "STAGES": (2, 4, 1), "MINB": (1, 4, 1), "DQ": (0, 1, 1), "STATS": (0, 1, 1),
-              "PAIRS": (0, 1, 1)}
+              "PAIRS": (0, 2, 1)}
 
 
 @dataclass(frozen=True)
@@ -336,8 +340,8 @@ def bwd_defines(D: int, dtype: str, mask: Mask, cfg: BwdConfig | None = None, dq
              AB_F16=int(dtype == "float16"), STRIDE=stride)
     if cfg.WG:
         d["WG"] = 1
-        if not cfg.PAIRS:
-            d["BWD_DQ_PAIRS"] = 0
+        if cfg.PAIRS != 1:
+            d["BWD_DQ_PAIRS"] = cfg.PAIRS
     if dq == "pass":
         d["BWD_DQ_PASS"] = 1
         if stats:

@@ -22,6 +22,23 @@
 #include "tc/bwd_wgmma.cuh"
 #include "tc/bwd_prep.cuh"
 
+// tile `it` of the walk up to its S^T, landed and masked (dP^T on its way): its query tile; so, lds: its
+// stage's descriptor offset and (lse2, delta) rows
+template <class P>
+__device__ __forceinline__ int tc_bwg_front(TcBwgWalk& walk, const TcBwgSmem& sm, const TcBwgSrc& src, TcTileList& list,
+                                            const int* __restrict__ tent, int T, int it, int n, const TcBwgOps& op,
+                                            const P& pat, bool edge, int key0, u32 lds0, int g, int t4, TcBwgRows& s,
+                                            TcBwgRows& dp, u32& so, u32& lds) {
+    int st;
+    const int ent = walk.step(sm, src, list, tent, T, it, n, st);
+    const int qt = tc_entry_tile(ent);
+    so = (u32)st * (BWG_QBYTES >> 4);
+    lds = lds0 + st * BWG_LDB;
+    tc_bwg_scores(s, dp, op, st);  // S^T landed, dP^T on its way
+    if ((ent & 1) || edge) tc_bwg_mask(s, pat, key0, qt * BWG_QT, T, g, t4);
+    return qt;
+}
+
 // the parameters of fast_tc_bwd.cu's main kernel, in its order: the host launches either the same way
 extern "C" __global__ void __launch_bounds__(THREADS, MINB)
 fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* __restrict__ Vg,
@@ -60,27 +77,64 @@ fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
     const bool edge = kt * BN + BN > T;  // keys >= T in the tile: masked on every query tile
     const int key0 = kt * BN + warp * 16;
     const u32 lds0 = sm.ld + 16 * t4;
+#if BWG_DQ_PIPE
+    float cq[8][4];   // the last pair's dQ sums, in flight
+    int dq_row = 0;   // their rows
+#endif
+#if BWG_DQ_PIPE
+    // a pipelined tile: dS^T staged in its pair's buffers (pair it / 2: set (it / 2) % 2 of two)
+    // with `take`, the last pair's dQ sums reduced once S^T lands (their group is older than S^T's)
+    auto ptile = [&](int it, bool take) -> int {
+        TcBwgRows s, dp;
+        TcBwgFrag pd;
+        u32 so, lds;
+        const int qt = tc_bwg_front(walk, sm, src, list, tent, T, it, n, op, pat, edge, key0, lds0, g, t4, s, dp, so, lds);
+        if (take) tc_bwd_dq_add<64>(dq, cq, 0, dq_row, T, g, t4);
+        TC_BWG_PRODUCTS(s, dp, pd, dk, dv, op, so, lds, scale_log2);
+        tc_bwg_stage(sm.ds + ((it >> 1) & 1) * 2 * BWG_DSB + (it & 1) * BWG_DSB, pd, warp, g, t4);
+        wg_wait<0>();  // dV and dK done reading the stage before the next step refills it
+        return qt;
+    };
+    const int pairs = n >> 1;
+    int qa = 0, qb = 0;  // the staged pair's tiles
+    if (pairs > 0) {
+        qa = ptile(0, false);
+        qb = ptile(1, false);
+        wg_fence_smem();
+        __syncthreads();  // pair 0's dS^T staged by every warp
+    }
+    // pair p staged: warpgroup w issues tile w's dQ, which runs through the next step's barrier and the
+    // next S^T; the loop's code from issue to reduction is straight, so the compiler keeps wgmma async
+    for (int p = 0; p + 1 < pairs; ++p) {
+        tc_bwg_dq_issue(cq, op, op.ds + ((((p & 1) * 2 + wg) * BWG_DSB) >> 4));
+        dq_row = (wg ? qb : qa) * BWG_QT + (warp & 3) * 16;
+        qa = ptile(2 * p + 2, true);
+        qb = ptile(2 * p + 3, false);
+        wg_fence_smem();
+        __syncthreads();  // pair p + 1's dS^T staged; every warpgroup's pair-p dQ landed
+    }
+    if (pairs > 0)  // the last pair's dQ, at once
+        tc_bwg_dq_tile(dq, op, op.ds + (((((pairs - 1) & 1) * 2 + wg) * BWG_DSB) >> 4),
+                       (wg ? qb : qa) * BWG_QT + (warp & 3) * 16, T, g, t4);
+    if (n & 1) {  // a list's odd last tile: both compute it, each reduces half
+        const int qt = ptile(n - 1, false);
+        wg_fence_smem();
+        __syncthreads();
+        TcBwgOps o = op;
+        o.ds += ((pairs & 1) * 2 * BWG_DSB) >> 4;
+        tc_bwg_dq(dq, o, wg, qt * BWG_QT + (warp & 3) * 16, T, g, t4);
+    }
+#else
 #if BWG_DQ_PAIRED
     int qt_prev = 0;  // the pair's first tile
 #endif
 
     for (int it = 0; it < n; ++it) {
-        int st;
-        const int ent = walk.step(sm, src, list, tent, T, it, n, st);
-        const int qt = tc_entry_tile(ent);
-        const u32 so = (u32)st * (BWG_QBYTES >> 4), lds = lds0 + st * BWG_LDB;
-
         TcBwgRows s, dp;
-        TcBwgFrag pa, pd;
-        tc_bwg_scores(s, dp, op, st);  // S^T landed, dP^T on its way
-        if ((ent & 1) || edge) tc_bwg_mask(s, pat, key0, qt * BWG_QT, T, g, t4);
-        tc_bwg_probs(s, lds, scale_log2);  // P^T
-        tc_bwg_pack(pa, s);
-        tc_bwg_kv(dv, pa, op.on + so);  // dV += P^T dO
-        wg_wait<1>();  // dP^T
-        tc_bwg_dscores(dp, pa, lds);  // dS^T
-        tc_bwg_pack(pd, dp);
-        tc_bwg_kv(dk, pd, op.qn + so);  // dK += dS^T Q
+        TcBwgFrag pd;
+        u32 so, lds;
+        const int qt = tc_bwg_front(walk, sm, src, list, tent, T, it, n, op, pat, edge, key0, lds0, g, t4, s, dp, so, lds);
+        TC_BWG_PRODUCTS(s, dp, pd, dk, dv, op, so, lds, scale_log2);  // dV and dK issued, dS^T packed in pd
 #if BWG_DQ_PAIRED
         tc_bwg_stage(sm.ds + (it & 1) * BWG_DSB, pd, warp, g, t4);  // tile `it` of its pair
         wg_wait<0>();  // dV and dK done reading the stage before the next step refills it
@@ -104,6 +158,7 @@ fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
         wg_wait<0>();  // dV and dK done reading the stage before the next step refills it
 #endif
     }
+#endif
     tc_wait<0>();
     tc_bwd_finish(dKg, dVg, dKVacc, dk, dv, kts, w, cls, BH, T_all, scale, warp, g, t4);
 }

@@ -119,9 +119,10 @@ def test_the_wgmma_backwards_smem_fits_its_blocks_per_sm():
         assert cfg.MINB * (cfg.smem_bytes(D) + 1024) <= 228 * 1024
 
 
-def test_pairs_0_builds_the_halves_and_names_itself():
-    """PAIRS=0 (two warpgroups at D=64 both computing one tile's dQ panel) is a define of its own and a
-    field of the shape's name; the default (pairs) adds no define, and D=128 ignores it."""
+def test_pairs_0_and_2_build_their_own_and_name_themselves():
+    """PAIRS=0 (two warpgroups at D=64 both computing one tile's dQ panel) and 2 (pairs, their dQ products
+    in flight a tile longer) are defines of their own and fields of the shape's name; the default
+    (pairs) adds no define."""
     from attnbench.fast_tc_bwd import parse_bwd_config
 
     mask = make_mask("dense", 1000, True)
@@ -130,6 +131,10 @@ def test_pairs_0_builds_the_halves_and_names_itself():
     assert bwd_defines(64, "bfloat16", mask, cfg)["BWD_DQ_PAIRS"] == 0
     assert "BWD_DQ_PAIRS" not in bwd_defines(64, "bfloat16", mask, bwd_config(64, True))
     assert cfg.smem_bytes(64) == bwd_config(64, True).smem_bytes(64) - 2 * 64 * 128
+    pipe = choose_bwd_config(64, True, fields=parse_bwd_config("PAIRS=2").shape)  # two sets of the pair's dS^T
+    assert pipe.spec.endswith(",PAIRS=2") and pipe.paired(64)
+    assert bwd_defines(64, "bfloat16", mask, pipe)["BWD_DQ_PAIRS"] == 2
+    assert pipe.smem_bytes(64) == bwd_config(64, True).smem_bytes(64) + 2 * 2 * 64 * 128
 
 
 def test_the_backwards_shape_fields_come_from_the_environment(monkeypatch):
@@ -142,7 +147,9 @@ def test_the_backwards_shape_fields_come_from_the_environment(monkeypatch):
     assert (cfg.NWARPS, cfg.MINB, cfg.BN, cfg.BM, cfg.WG, cfg.STAGES) == (8, 1, 128, 64, 1, BWD_SHAPES_WG[128][0].STAGES)
     assert cfg.threads == 256 and cfg.spec == "NWARPS=8,BN=128,STAGES=2,MINB=1,WG=1"
     assert choose_bwd_config(64, True, keys_per_query=1).spec == "NWARPS=8,BN=128,STAGES=2,MINB=1,WG=1"
-    for bad in ("NWARPS=0", "BN=64", "NWARPS", "MINB=two", "NWARPS=12", "NWARPS=6"):
+    monkeypatch.setenv(SHAPE_ENV, "NWARPS=8,MINB=1,PAIRS=2")
+    assert choose_bwd_config(64, True).spec == "NWARPS=8,BN=128,STAGES=2,MINB=1,WG=1,PAIRS=2"
+    for bad in ("NWARPS=0", "BN=64", "NWARPS", "MINB=two", "NWARPS=12", "NWARPS=6", "PAIRS=3"):
         monkeypatch.setenv(SHAPE_ENV, bad)
         with pytest.raises(BadInput, match=SHAPE_ENV):
             choose_bwd_config(64, True)
@@ -465,8 +472,9 @@ def test_gradients_match_the_reference_with_split_lists(monkeypatch, pattern, ca
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("D,shape", [(128, "NWARPS=4,MINB=2"), (128, "NWARPS=8,MINB=1"), (64, "NWARPS=8,MINB=1"),
-                                     (64, "NWARPS=4,MINB=2")],
-                         ids=["D128-one-warpgroup", "D128-two-warpgroups", "D64-two-warpgroups", "D64-one-warpgroup"])
+                                     (64, "NWARPS=8,MINB=1,PAIRS=2"), (64, "NWARPS=4,MINB=2")],
+                         ids=["D128-one-warpgroup", "D128-two-warpgroups", "D64-two-warpgroups",
+                              "D64-two-warpgroups-dq-in-flight", "D64-one-warpgroup"])
 @pytest.mark.parametrize("pattern,causal,params,T", [
     ("dense", True, {}, 1000), ("streaming", True, dict(sink=16, window=64), 777),
     ("document", False, dict(doc_lens=(1, 300, 476)), 777), ("dilated", False, dict(window=33, dilation=3), 1000),
@@ -691,7 +699,7 @@ def test_bwd_config_parses_fields_and_refuses_bad_ones_by_name():
     assert parse_bwd_config("4,2,2,1").stats is True  # the positional form's default
     for bad, words in (("DQ=2", "DQ=2 must be 0 or 1"), ("NWARPS=6", "NWARPS=6 must be a multiple of 4"),
                        ("BN=64", "unknown field 'BN'"), ("8,2", "positional form takes 4 to 6"),
-                       ("STATS=2", "STATS=2 must be 0 or 1"), ("PAIRS=2", "PAIRS=2 must be 0 or 1")):
+                       ("STATS=2", "STATS=2 must be 0 or 1"), ("PAIRS=3", "PAIRS=3 must be from 0 to 2")):
         with pytest.raises(BadInput, match="--bwd-config") as e:
             parse_bwd_config(bad)
         assert words in str(e.value)
@@ -726,7 +734,8 @@ def test_the_variants_fields_win_over_the_environments(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("text, dq, nwarps", [("DQ=1", "pass", None), ("NWARPS=4,MINB=2,DQ=1", "pass", 4),
                                               ("NWARPS=8,MINB=1,DQ=0", "atomic", 8),
-                                              ("NWARPS=8,MINB=1,DQ=0,PAIRS=0", "atomic", 8), ("DQ=1,STATS=0", "pass", None),
+                                              ("NWARPS=8,MINB=1,DQ=0,PAIRS=0", "atomic", 8),
+                                              ("NWARPS=8,MINB=1,DQ=0,PAIRS=2", "atomic", 8), ("DQ=1,STATS=0", "pass", None),
                                               ("DQ=1,STATS=1", "pass", None)])
 @pytest.mark.parametrize("split", ["", "0"], ids=["split-as-chosen", "nothing-split"])
 def test_a_bwd_variant_runs_its_fields_and_matches_the_reference(monkeypatch, text, dq, nwarps, split):

@@ -50,7 +50,9 @@ def test_fast_decode_is_sanitizer_clean(tool, tq):
 # once more with the lists cut into items of one query tile (split key tiles: their float32 dK and
 # dV rows zeroed by prep, summed by the main kernel, converted after dQ), so with dQ's own pass, and
 # with two warpgroups on 128-key tiles at both head dims; dQ's way forced each way (the default takes the
-# pass for the short lists here), with two warpgroups too (on sm_90 the wgmma main loop without dQ)
+# pass for the short lists here), with two warpgroups too (on sm_90 the wgmma main loop without dQ); and
+# two warpgroups at D=64 with their dQ products in flight a tile longer (PAIRS=2; dense T=600 walks lists
+# of up to 10 query tiles, so several pairs a list)
 BACKWARD_RUNS = """
 import os
 import cupy
@@ -61,11 +63,15 @@ from attnbench.patterns import make_mask
 n = 0
 for impl, split, dq, shape in (("fast-tc", "", "", ""), ("fast-tc-sync", "", "", ""), ("fast-tc", "1", "", ""),
                                ("fast-tc", "1", "pass", ""), ("fast-tc", "", "", "NWARPS=8,MINB=1"),
-                               ("fast-tc", "", "atomic", ""), ("fast-tc", "", "pass", "NWARPS=8,MINB=1")):
+                               ("fast-tc", "", "atomic", ""), ("fast-tc", "", "pass", "NWARPS=8,MINB=1"),
+                               ("fast-tc", "", "atomic", "NWARPS=8,MINB=1,PAIRS=2"),
+                               ("fast-tc", "1", "atomic", "NWARPS=8,MINB=1,PAIRS=2")):
     os.environ[SPLIT_ENV] = split  # 1: every key tile visited twice or more split, its dK and dV summed
     os.environ[DQ_ENV] = dq  # pass: dQ by its own pass over the forward list; atomic: float32 reductions
-    os.environ[SHAPE_ENV] = shape  # two warpgroups on 128-key tiles (D=128's own shape; at D=64 dQ's halves)
-    for pattern, T, causal, params in (("dense", 100, True, {}), ("streaming", 77, True, dict(sink=4, window=16)),
+    os.environ[SHAPE_ENV] = shape  # two warpgroups on 128-key tiles (D=128's own shape; at D=64 dQ in pairs,
+    #                                with PAIRS=2 their products in flight a tile longer)
+    for pattern, T, causal, params in (("dense", 100, True, {}), ("dense", 600, True, {}),
+                                       ("streaming", 77, True, dict(sink=4, window=16)),
                                        ("window", 64, False, dict(window=8)),
                                        ("dilated", 77, False, dict(window=8, dilation=3)),
                                        ("dilated", 400, True, dict(window=70, dilation=3))):
@@ -88,4 +94,4 @@ def test_backward_kernels_are_sanitizer_clean(tool):
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     assert "ERROR SUMMARY: 0 errors" in out or "RACECHECK SUMMARY: 0 hazards" in out, out[-2000:]
-    assert "backward runs 70" in out, out[-2000:]
+    assert "backward runs 108" in out, out[-2000:]

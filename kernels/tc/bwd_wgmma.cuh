@@ -36,9 +36,12 @@
 //   tc_bwg_kv(acc, a, b): issues acc += A B for A's 4 k-steps (dV: A = P^T, B = dO; dK: A = dS^T,
 //     B = Q), one commit group.
 //   tc_bwg_pack(a, x), tc_bwg_stage(s, a, warp, g, t4): a fragment packed as A operands; dS^T staged.
+//   TC_BWG_PRODUCTS(s, dp, pd, dk, dv, op, so, lds, scale_log2): probs, dV issued, dscores, dK issued (the
+//     above in a tile's order once S^T landed), dS^T packed in pd.
 //   tc_bwg_dq(dq, op, wg, row0, T, g, t4): dQ's rows of the tile += dS K, a 64-column panel at a time.
 //   tc_bwg_dq_tile(dq, op, ds, row0, T, g, t4): (BWG_DQ_PAIRED) one tile's dQ rows += dS K, the whole
-//     panel by one warpgroup, from the dS^T buffer at descriptor word ds.
+//     panel by one warpgroup, from the dS^T buffer at descriptor word ds; tc_bwg_dq_issue(c, op, ds) its
+//     products alone, into c (BWG_DQ_PIPE: reduced a tile later).
 #pragma once
 #include "tc/common.cuh"
 #include "tc/scheduler.cuh"
@@ -63,6 +66,10 @@
 #define BWD_DQ_PAIRS 1
 #endif
 #define BWG_DQ_PAIRED (BWG_DQ_HALVES && BWD_DQ_PAIRS && !BWD_DQ_PASS)
+// BWD_DQ_PAIRS 2 (BWG_DQ_PIPE): a pair's dQ products left in flight through the next pair's first tile
+// (its barrier, refill and S^T) and reduced once that S^T lands; two sets of the pair's buffers in
+// turn, so that no warp restages one a warpgroup's products may still read
+#define BWG_DQ_PIPE (BWG_DQ_PAIRED && BWD_DQ_PAIRS == 2)
 static_assert(WG && !TMA && NWARPS % 4 == 0 && BN == 64 * BWG_NWG &&
               (BWG_NWG == 1 || HEAD_D == 64 * BWG_NWG || BWG_DQ_HALVES),
               "wgmma backward: BN = 64 keys a warpgroup, cp.async loads; several warpgroups split dQ by 64-column "
@@ -71,7 +78,7 @@ static_assert(WG && !TMA && NWARPS % 4 == 0 && BN == 64 * BWG_NWG &&
 #define BWG_QBYTES (BWG_QT * HEAD_D * 2)  // a Q or dO tile
 #define BWG_LDB (BWG_QT * 8)              // a stage's (lse2, delta) rows
 #define BWG_DSB (BN * BWG_QT * 2)          // a staged dS^T
-#define BWG_DS_BUFS (BWG_DQ_PAIRED ? 2 : 1)
+#define BWG_DS_BUFS (BWG_DQ_PIPE ? 4 : BWG_DQ_PAIRED ? 2 : 1)
 #define BWG_SMEM_BYTES (2 * TILE_BYTES + 2 * STAGES * BWG_QBYTES + BWG_DS_BUFS * BWG_DSB + STAGES * BWG_LDB)
 
 typedef float TcBwgRows[BWG_QT / 8][4];  // a warp's [16 keys][64 queries] fragment: S^T, P^T, dP^T, dS^T
@@ -302,17 +309,38 @@ __device__ __forceinline__ void tc_bwg_dq(float* __restrict__ dq, const TcBwgOps
     }
 }
 
-// BWG_DQ_PAIRED: dQ rows row0 + g, + 8 of one query tile += dS K over the tile's BN keys, the whole
-// 64-column panel by this warpgroup: A = dS from the dS^T staged at descriptor word ds (M-major),
-// B = K (N-major)
-__device__ __forceinline__ void tc_bwg_dq_tile(float* __restrict__ dq, const TcBwgOps& op, u32 ds, int row0, int T,
-                                               int g, int t4) {
-    float c[8][4];
+// BWG_DQ_PAIRED: one query tile's dQ rows (this warp's 16) of dS K over the tile's BN keys into c, the
+// whole 64-column panel by this warpgroup: A = dS from the dS^T staged at descriptor word ds (M-major),
+// B = K (N-major); one commit group
+__device__ __forceinline__ void tc_bwg_dq_issue(float (&c)[8][4], const TcBwgOps& op, u32 ds) {
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk)
         wg_tt64(c, wg_desc_of(ds + ((kk * 16 * 128) >> 4)), wg_desc_of(op.kn + ((kk * 16 * 128) >> 4)), kk);
     wg_commit();
+}
+
+// ... issued, waited for and added to dQ's rows row0 + g, + 8
+__device__ __forceinline__ void tc_bwg_dq_tile(float* __restrict__ dq, const TcBwgOps& op, u32 ds, int row0, int T,
+                                               int g, int t4) {
+    float c[8][4];
+    tc_bwg_dq_issue(c, op, ds);
     wg_wait<0>();
     tc_bwd_dq_add<64>(dq, c, 0, row0, T, g, t4);
 }
+
+// a tile's products once S^T has landed (and been masked): P^T, dV += P^T dO issued; dP^T waited for, dS^T
+// packed into pd, dK += dS^T Q issued (so: the stage's descriptor offset, lds its (lse2, delta) rows). A
+// macro, not a function: the main loops' code stays token for token what it was (as a function, NVVM
+// numbered the registers of the dQ-pass builds otherwise, and their cubins changed)
+#define TC_BWG_PRODUCTS(s, dp, pd, dk, dv, op, so, lds, scale_log2) \
+    do {                                                            \
+        TcBwgFrag pa_;                                              \
+        tc_bwg_probs(s, lds, scale_log2);                           \
+        tc_bwg_pack(pa_, s);                                        \
+        tc_bwg_kv(dv, pa_, (op).on + (so));                         \
+        wg_wait<1>();                                               \
+        tc_bwg_dscores(dp, pa_, lds);                               \
+        tc_bwg_pack(pd, dp);                                        \
+        tc_bwg_kv(dk, pd, (op).qn + (so));                          \
+    } while (0)
