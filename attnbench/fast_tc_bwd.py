@@ -218,11 +218,11 @@ def forced_shape() -> dict:
     out = {}
     for part in filter(None, (x.strip() for x in given.split(","))):
         name, _, value = part.partition("=")
-        lo, hi = (0, 2) if name == "PAIRS" else (1, None)
+        lo, hi = BWD_LIMITS["PAIRS"][:2] if name == "PAIRS" else (1, None)
         if (name not in ("NWARPS", "STAGES", "MINB", "PAIRS") or not value.isdigit() or int(value) < lo
                 or (hi is not None and int(value) > hi)):
             raise BadInput(f"{SHAPE_ENV}={given!r}: {part!r} is no FIELD=N with FIELD one of NWARPS, STAGES, MINB "
-                           f"(N >= 1) or PAIRS (N from 0 to 2)")
+                           f"(N >= 1) or PAIRS (N from {BWD_LIMITS['PAIRS'][0]} to {BWD_LIMITS['PAIRS'][1]})")
         out[name] = int(value)
     return out
 
@@ -232,7 +232,7 @@ class BwdFields:
     """The backward's fields a shape variant may fix (``--bwd-config``): the main kernel's NWARPS,
     STAGES and MINB, DQ (0: dQ's sums by float32 reductions, 1: dQ by its own pass) and STATS (with
     dQ's own pass, 1: the pass computes the rows' (lse log2 e, delta) and runs first, no prep launch
-    unless a key tile is split; 0: prep computes them) and PAIRS (two warpgroups at D=64, dQ summed in
+    reading O and dO; 0: prep computes them) and PAIRS (two warpgroups at D=64, dQ summed in
     the main loop: 1, two query tiles' dQ at a time, one a warpgroup; 2, the same with dQ's products
     in flight through the next pair's first tile; 0, one tile's by both, each reducing half); the
     defaults are those of the positional form."""
@@ -276,7 +276,7 @@ class BwdSpec:
 
 
 def parse_bwd_config(text: str, option: str = "--bwd-config") -> BwdSpec:
-    """'FIELD=N,...' of NWARPS, STAGES, MINB, DQ (any case; the others as fast-tc chooses them) or all
+    """'FIELD=N,...' of BwdFields' fields (any case; the others as fast-tc chooses them) or all
     by position; BadInput naming ``option`` and the limit."""
     from .fast_tc import parse_fields
 
@@ -463,8 +463,11 @@ class Backward:
         per_block = PREP_THREADS // (D // 8)
         scale = prob.softmax_scale
         it = self.items
-        prep = Launch(self.prep, (-(-max(rows, srows) // per_block),), (PREP_THREADS,), 0,
-                      (o, do, lse, ld, dq_acc, np.int32(rows), dkv_acc, np.int32(srows)))
+        def prep_on(n: int) -> Launch:  # prep on n rows' stats (and dQ's zeroing), beside the split rows'
+            return Launch(self.prep, (-(-max(n, srows) // per_block),), (PREP_THREADS,), 0,
+                          (o, do, lse, ld, dq_acc, np.int32(n), dkv_acc, np.int32(srows)))
+
+        prep = prep_on(rows)
         main = Launch(self.main, (self.n_items * self.heads,), (cfg.threads,), self.smem,
                       (q, k, v, do, ld, dq_acc, dk, dv, it.heads, it.tiles, self.tiles.entries, dkv_acc,
                        np.int32(B * H), np.int32(T), np.float32(scale * LOG2E), np.float32(scale), self.table))
@@ -481,9 +484,7 @@ class Backward:
         tail = [("convert", conv)] if s8 else []
         if self.stats:  # the pass writes the stats the main kernel reads: before it; prep on no row but
             # the split key tiles' accumulators, to zero them
-            zero = Launch(self.prep, (-(-srows // per_block),), (PREP_THREADS,), 0,
-                          (o, do, lse, ld, dq_acc, np.int32(0), dkv_acc, np.int32(srows)))
-            return self._order(([("zero", zero)] if s8 else []) + [("dq_pass", dq_pass), ("main", main)] + tail)
+            return self._order(([("zero", prep_on(0))] if s8 else []) + [("dq_pass", dq_pass), ("main", main)] + tail)
         return self._order([("prep", prep), ("main", main), ("dq_pass", dq_pass)] + tail)
 
     def _order(self, named: list) -> list[Launch]:
