@@ -580,18 +580,26 @@ def merge(csv_paths, out, replace):
               help=TILE_CONFIG_HELP + " (fast-tc and fast-tc-sync)")
 @click.option("--decode-config", "decode_config", default=None, metavar="SPEC",
               help=DECODE_CONFIG_HELP.split(";")[0] + ") (fast-decode)")
+@click.option("--bwd-config", "bwd_config", default=None, metavar="SPEC",
+              help="fast-tc's backward with fields fixed, as `sweep --bwd-config` takes them (with --pass bwd "
+                   "or fwd+bwd)")
+@click.option("--pass", "pass_name", type=click.Choice(PASSES), default="fwd", help=PASS_HELP
+              + "; a pass of several launches profiles each of them")
 @click.option("--seed", type=int, default=1, show_default=True, help="seed of the random inputs")
 @serving_options()
 @friendly
-def profile_cmd(impl, pattern, T, B, H, D, dtype, causal, tile_config, decode_config, seed, **kw):
-    """One launch of one case for Nsight Compute: prepare, gate, a warm-up launch, then one launch
-    inside the NVTX range profile/<impl>, e.g. `ncu --nvtx --nvtx-include "profile/" --set full
-    attnbench profile --pattern window --window 256`. Exit 1 when the gate fails (nothing profiled)."""
+def profile_cmd(impl, pattern, T, B, H, D, dtype, causal, tile_config, decode_config, bwd_config, pass_name, seed,
+                **kw):
+    """One run of one case for Nsight Compute: prepare, gate, a warm-up run, then one run inside the
+    NVTX range profile/<impl>, e.g. `ncu --nvtx --nvtx-include "profile/" --set full
+    attnbench profile --pattern window --window 256` (a backward's run is several launches: give ncu
+    their count). Exit 1 when the gate fails (nothing profiled)."""
     from .devtools import PROFILE_RANGE, profile_launch
     from .impls import get_impl
 
     specs = tile_specs([tile_config] if tile_config is not None else [])
     dspecs = decode_specs([decode_config] if decode_config is not None else [])
+    bspecs = bwd_specs([bwd_config] if bwd_config is not None else [])
     serving = serving_given(kw)
     im = get_impl(impl)
     for spec in specs:
@@ -604,11 +612,21 @@ def profile_cmd(impl, pattern, T, B, H, D, dtype, causal, tile_config, decode_co
         if variant is None:
             raise BadInput(f"--decode-config: impl={im.name} takes no decode shape (fast-decode does)")
         im = variant
-    prob = serving_problem(make_mask(pattern, T, causal, **pattern_params(kw)), B, H, D, dtype, serving)
+    if bspecs and pass_name == "fwd":
+        raise BadInput("--bwd-config: the backward's fields need --pass bwd or fwd+bwd")
+    for spec in bspecs:
+        variant = im.bwd_variant(spec)
+        if variant is None:
+            raise BadInput(f"--bwd-config: impl={im.name} takes no backward shape (fast-tc and fast-tc-sync do)")
+        im = variant
+    prob = serving_problem(make_mask(pattern, T, causal, **pattern_params(kw)), B, H, D, dtype, serving,
+                           pass_name=pass_name)
     res, setup = profile_launch(im, prob, seed)
     what = (f"{im.name} {prob.mask.label()} {'causal' if causal else 'non-causal'} T={T} B={B} H={H} D={D} "
             f"{dtype}" + (f" H_kv={prob.kv_heads}" if prob.kv_heads != H else "")
             + (f" Tq={prob.q_len}" if prob.q_len != T else "")
+            + (f" pass {pass_name}" if pass_name != "fwd" else "")
+            + (f" backward {setup['bwd_tile_config']} ({setup['bwd_launches']})" if "bwd_launches" in setup else "")
             + (f" tile {setup['tile_config']}" if "tile_config" in setup else "")
             + (f" decode {setup['decode_config']} ({setup['kernel']}, {setup['splits']} splits)"
                if "decode_config" in setup else ""))

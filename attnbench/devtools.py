@@ -9,7 +9,7 @@ import platform
 import statistics
 from typing import Callable
 
-from .check import GateResult, judge, problem_inputs
+from .check import GateResult, grad_inputs, judge, problem_inputs
 from .configs import get_config
 from .errors import BadInput
 from .impls import Impl, Problem
@@ -44,16 +44,17 @@ def _device_inputs(shape, dtype, seed):
 
 def profile_launch(impl: Impl, prob: Problem, seed: int = 1, *, inputs: Callable = _device_inputs,
                    nvtx=None, synchronize: Callable[[], None] = _synchronize) -> tuple[GateResult, dict]:
-    """Prepare ``impl`` on random inputs of ``prob``, gate it (one launch) and, when it passes, run a
-    warm-up launch, then one launch inside the NVTX range ``profile`` / ``<impl name>``, for
+    """Prepare ``impl`` on random inputs of ``prob`` (a backward pass: and the output's gradient), gate
+    it (one run) and, when it passes, run a warm-up, then one run (its launches) inside the NVTX range ``profile`` / ``<impl name>``, for
     ``ncu --nvtx --nvtx-include "profile/"``. Returns the gate's result and the runner's setup.
     BadInput before anything runs when the implementation cannot run the problem here or there is
     no NVTX."""
     impl.require(prob)
     nvtx = nvtx if nvtx is not None else nvtx_module()
     q, k, v = problem_inputs(prob, seed, inputs)  # (k and v at H_kv heads where it is smaller)
-    runner = impl.prepare(prob, q, k, v)
-    res = judge(impl, prob, runner, q, k, v)
+    grad = grad_inputs(prob, seed, inputs)  # a backward pass: the output's gradient
+    runner = impl.prepare(prob, q, k, v, **grad)
+    res = judge(impl, prob, runner, q, k, v, **grad)
     if not res.ok:
         return res, dict(getattr(runner, "setup", {}) or {})
     runner.run()  # warm-up

@@ -48,7 +48,9 @@ KERNEL = "fast_tc_bwd"
 KERNEL_WG = "fast_tc_bwd_wg"  # the same kernels, the main one on wgmma (sm_90a)
 MAIN, PREP, DQ = "fast_tc_bwd", "fast_tc_bwd_prep", "fast_tc_bwd_dq"
 DQ_PASS = "fast_tc_bwd_dq_pass"  # BWD_DQ_PASS builds: dQ by a pass over the forward list
-DQ_WAYS = ("atomic", "pass")     # how dQ is summed: reductions into float32 in the main kernel, or its own pass
+FUSED = "fast_tc_bwd_fused"      # BWD_FUSED builds (wgmma, one warpgroup): the main loop's items and the pass's blocks
+DQ_WAYS = ("atomic", "pass", "fused")  # how dQ is summed: reductions into float32 in the main kernel, its own
+# pass, or that pass's blocks in the main kernel's launch, ordered beside the items that read the same tiles
 DQ_ENV = "ATTNBENCH_BWD_DQ"      # the way forced (tests, timing); default: choose_dq's rule
 PREP_THREADS = 256  # BWD_PREP_THREADS, of the prep and convert kernels
 DEFAULT_SMEM = 48 * 1024
@@ -71,7 +73,7 @@ class BwdConfig:
 
     def paired(self, D: int, dq: str = "atomic") -> bool:
         """Whether the wgmma main loop takes its query tiles two at a time for dQ (BWG_DQ_PAIRED)."""
-        return bool(self.WG and self.PAIRS and self.NWARPS == 8 and D == 64 and dq != "pass")
+        return bool(self.WG and self.PAIRS and self.NWARPS == 8 and D == 64 and dq == "atomic")
 
     @property
     def BN(self) -> int:
@@ -159,11 +161,19 @@ DQ_PASS_MAX_KEYS = {64: 768, 128: 384}
 # docs/PERF.md "backward v8"): block_diagonal 16 and 128 0.92-0.98, dilated 512/2 (D=64) 0.96, window 256
 # 0.95 (D=64) and 1.00 (D=128); with a split key tile (streaming 16+64, bigbird: their tile 0) 1.05-1.13
 PASS_STATS = True
+# ... reading O and dO (STATS): 1, from global memory before the block's first tile; 2, from shared
+# memory, O's tile copied beside Q and dO into the K stage the loop refills first
+PASS_STATS_FROM = 2
+# dQ's pass: a warp skips dP's and dQ's products on a tile's 16-key blocks where its P is all zero (SKIP),
+# at these D. H100, --pass bwd, T=32768, skip / not (docs/PERF.md "backward v12"): D=128 streaming 16+64
+# and its custom twin 0.97, the other pass instances 0.99-1.01; D=64 0.90-0.99 slower (172 registers
+# against 162: two blocks a multiprocessor instead of three)
+PASS_SKIP = {64: 0, 128: 1}
 # ... and where a key tile is split, at these D: prep then runs on no row, only zeroing the split tiles'
 # accumulators ("zero"). H100, --pass bwd, pass's stats with zero / prep (results/train-bwd-v10-zero-ab-h100.csv,
 # docs/PERF.md "backward v10"), T=32768 and 131072: D=64 streaming 16+64, bigbird and the custom twin
 # 0.95-0.97; D=128 1.00-1.01 (the pass reading O costs there what prep's read saved)
-PASS_STATS_SPLIT = {64: True, 128: False}
+PASS_STATS_SPLIT = {64: True, 128: True}
 
 
 def choose_dq(D: int, keys_per_query: float | None) -> str:
@@ -179,30 +189,33 @@ def bwd_config(D: int, wgmma: bool = False, keys_per_query: float | None = None,
     has its own pass (no dQ loads or reductions for two to halve)."""
     if not wgmma:
         return BWD_SHAPES[D][0]
-    two = (keys_per_query is None or keys_per_query >= TWO_WG_MIN_KEYS[D]) and dq != "pass"
+    two = (keys_per_query is None or keys_per_query >= TWO_WG_MIN_KEYS[D]) and dq == "atomic"
     return (BWD_SHAPES_WG2 if two else BWD_SHAPES_WG)[D][0]
 
 
 # ---- work items: the transposed lists cut so that every block's walk is short --------------------
-SPLIT_WAVES = 4  # the items of all heads and classes fill about this many waves of the GPU's blocks
+SPLIT_WAVES = 1  # the items of all heads and classes fill about this many waves of the GPU's blocks: one
+# since v12 (H100, --pass bwd, --bwd-config WAVES=1 against 4, docs/PERF.md "backward v12"): the split
+# instances 0.97-0.99 (streaming 16+64 and 4+1024, bigbird, the custom twin), no other instance moved by
+# more than 1% (fewer items of a split key tile: fewer float32 additions of its dK and dV)
 SPLIT_MIN = 8    # query tiles an item walks at least (a split item pays its K / V loads and dK / dV atomics)
 SPLIT_ENV = "ATTNBENCH_BWD_SPLIT"  # L forced (0: nothing split), for tests and timing experiments
 
 
-def split_length(entries: int, longest: int, heads: int, slots: int) -> int:
+def split_length(entries: int, longest: int, heads: int, slots: int, waves: int = SPLIT_WAVES) -> int:
     """L, the most query tiles one work item walks, for a transposed list of ``entries`` entries
     whose longest key tile has ``longest``, run on ``heads`` (B * H * residue classes) copies at
     once by a GPU of ``slots`` resident blocks (multiprocessors x blocks per multiprocessor):
 
-        target = ceil(SPLIT_WAVES * slots / heads)   items per copy that fill SPLIT_WAVES waves
+        target = ceil(waves * slots / heads)   items per copy that fill ``waves`` waves (SPLIT_WAVES)
         L      = max(SPLIT_MIN, ceil(entries / target))
 
     then at most ``longest`` (nothing to cut). With the items dispatched longest first, the walks
-    of at most L tiles end within about 1 / SPLIT_WAVES of the balanced time W / slots (W: all
+    of at most L tiles end within about 1 / waves of the balanced time W / slots (W: all
     walks' tiles): the long items start in the first wave and the short ones fill in behind them.
-    Dense causal at T=32768, B*H=16, 132 SMs: L=1990, nothing split (the 512-tile lists are well
-    under W / slots = 7958); streaming 16+64: L=24, key tile 0's 512 tiles in 22 items."""
-    target = max(1, -(-SPLIT_WAVES * slots // max(1, heads)))
+    Dense causal at T=32768, B*H=16, 132 SMs: nothing split (the 512-tile lists are well under
+    W / slots = 7958); streaming 16+64, 264 slots: L=91, key tile 0's 512 tiles in 6 items."""
+    target = max(1, -(-waves * slots // max(1, heads)))
     return max(1, min(max(SPLIT_MIN, -(-entries // target)), longest))
 
 
@@ -230,23 +243,30 @@ def forced_shape() -> dict:
 @dataclass(frozen=True)
 class BwdFields:
     """The backward's fields a shape variant may fix (``--bwd-config``): the main kernel's NWARPS,
-    STAGES and MINB, DQ (0: dQ's sums by float32 reductions, 1: dQ by its own pass) and STATS (with
+    STAGES and MINB, DQ (0: dQ's sums by float32 reductions, 1: dQ by its own pass, 2: that pass's
+    blocks in the main kernel's launch, beside the items that read the same tiles; wgmma, one
+    warpgroup, the rows' stats from prep) and STATS (with
     dQ's own pass, 1: the pass computes the rows' (lse log2 e, delta) and runs first, no prep launch
-    reading O and dO; 0: prep computes them) and PAIRS (two warpgroups at D=64, dQ summed in
+    reading O and dO, 1 from global memory, 2 from O's tile copied into shared memory beside Q and dO;
+    0: prep computes them) and PAIRS (two warpgroups at D=64, dQ summed in
     the main loop: 1, two query tiles' dQ at a time, one a warpgroup; 2, the same with dQ's products
-    in flight through the next pair's first tile; 0, one tile's by both, each reducing half); the
-    defaults are those of the positional form."""
+    in flight through the next pair's first tile; 0, one tile's by both, each reducing half) and SKIP
+    (dQ's pass: 1, a warp skips dP's and dQ's products on a tile's 16-key blocks where its P is all
+    zero; 0, computes them) and WAVES (the waves of blocks the work items are cut to fill,
+    ``split_length``); the defaults are those of the positional form."""
     NWARPS: int = 8
     STAGES: int = 2
     MINB: int = 1
     DQ: int = 0
-    STATS: int = 1
+    STATS: int = 2
     PAIRS: int = 1
+    SKIP: int = 1
+    WAVES: int = SPLIT_WAVES
 
 
 BWD_FIELDS = tuple(f.name for f in dataclasses.fields(BwdFields))
-BWD_LIMITS = {"NWARPS": (4, 8, 4), "STAGES": (2, 4, 1), "MINB": (1, 4, 1), "DQ": (0, 1, 1), "STATS": (0, 1, 1),
-              "PAIRS": (0, 2, 1)}
+BWD_LIMITS = {"NWARPS": (4, 8, 4), "STAGES": (2, 4, 1), "MINB": (1, 4, 1), "DQ": (0, 2, 1), "STATS": (0, 2, 1),
+              "PAIRS": (0, 2, 1), "SKIP": (0, 1, 1), "WAVES": (1, 16, 1)}
 
 
 @dataclass(frozen=True)
@@ -260,7 +280,7 @@ class BwdSpec:
     @property
     def shape(self) -> dict:
         """The main kernel's fields given (what $ATTNBENCH_BWD_SHAPE would replace)."""
-        return {k: v for k, v in self.given if k not in ("DQ", "STATS")}
+        return {k: v for k, v in self.given if k not in ("DQ", "STATS", "SKIP", "WAVES")}
 
     @property
     def dq(self) -> str | None:
@@ -269,10 +289,20 @@ class BwdSpec:
         return None if d is None else DQ_WAYS[d]
 
     @property
-    def stats(self) -> bool | None:
-        """Whether dQ's pass computes the rows' stats (STATS), None when not given."""
-        d = dict(self.given).get("STATS")
-        return None if d is None else bool(d)
+    def stats(self) -> int | None:
+        """How dQ's pass takes the rows' stats (STATS: 0 from prep, 1 and 2 computed by the pass from O
+        and dO in global or shared memory), None when not given."""
+        return dict(self.given).get("STATS")
+
+    @property
+    def waves(self) -> int | None:
+        """The waves the work items are cut to fill (WAVES), None when not given."""
+        return dict(self.given).get("WAVES")
+
+    @property
+    def skip(self) -> int | None:
+        """Whether dQ's pass skips the all-zero key blocks of P (SKIP), None when not given."""
+        return dict(self.given).get("SKIP")
 
 
 def parse_bwd_config(text: str, option: str = "--bwd-config") -> BwdSpec:
@@ -330,10 +360,12 @@ def forced_split() -> int | None:
 
 
 def bwd_defines(D: int, dtype: str, mask: Mask, cfg: BwdConfig | None = None, dq: str = "atomic",
-                stats: bool = True) -> dict:
+                stats: int = PASS_STATS_FROM, skip: int | None = None) -> dict:
     """The -D constants of kernels/fast_tc_bwd.cu for a head dimension, dtype and pattern (the inner
     pattern and its stride when the pattern is strided); ``dq`` "pass" adds BWD_DQ_PASS, and with
-    ``stats`` BWD_PASS_STATS (the pass computes the rows' lse log2 e and delta)."""
+    ``stats`` (1 or 2: where the pass reads O and dO, PASS_STATS_FROM) BWD_PASS_STATS = stats (the pass
+    computes the rows' lse log2 e and delta; 0 or False: prep does), and with ``skip`` BWD_PASS_SKIP
+    (the pass skips the key blocks where a warp's P is all zero; None: PASS_SKIP's for D)."""
     cfg = cfg or bwd_config(D)
     stride, inner = mask.strided()
     d = dict(HEAD_D=D, BN=cfg.BN, NWARPS=cfg.NWARPS, STAGES=cfg.STAGES, MT=1, MINB=cfg.MINB, QREG=0,
@@ -342,10 +374,14 @@ def bwd_defines(D: int, dtype: str, mask: Mask, cfg: BwdConfig | None = None, dq
         d["WG"] = 1
         if cfg.PAIRS != 1:
             d["BWD_DQ_PAIRS"] = cfg.PAIRS
-    if dq == "pass":
+    if dq != "atomic" and (PASS_SKIP[D] if skip is None else skip):
+        d["BWD_PASS_SKIP"] = 1
+    if dq == "fused":  # the main loop's build with the pass's blocks beside it; prep's stats
+        d["BWD_DQ_PASS"] = d["BWD_FUSED"] = 1
+    elif dq == "pass":
         d["BWD_DQ_PASS"] = 1
         if stats:
-            d["BWD_PASS_STATS"] = 1
+            d["BWD_PASS_STATS"] = PASS_STATS_FROM if stats is True else int(stats)
     d.update(pattern_defines(inner.tile_predicate(cfg.BM, cfg.BN)))
     return d
 
@@ -354,6 +390,27 @@ def check_dtype(dtype: str, what: str = "the backward") -> None:
     if dtype not in ("bfloat16", "float16"):
         raise BadInput(f"dtype={dtype} is not supported by {what} of fast-tc (supports: bfloat16, float16; "
                        f"the float32 family is forward-only)")
+
+
+def fused_order(heads: np.ndarray, n_items: int, nqx: int, bh: int, classes: int):
+    """The blocks of the fused launch (int32, in launch order): the main loop's blocks b (item b // (bh *
+    classes), the kernels' tc_item_work_at numbering) and the pass's blocks f as -1 - f (f = (cls * bh + head) *
+    nqx + x, query tile nqx - 1 - x), ordered by the query tile they start at, so that a pass block
+    runs beside the items that read its query tile's Q and dO: tile by tile, the items whose stretch
+    starts at query tile t (a causal band's key tile t; a split key tile's item of its stretch),
+    then the pass's blocks of query tile t (``heads``: WorkItems.heads, whose third column is the
+    first entry, query tile << 1 | partial; an empty item's is 0)."""
+    per = bh * classes
+    b = np.arange(n_items * per, dtype=np.int64)
+    item = b // per
+    pos_main = heads[item, 2].astype(np.int64) >> 1
+    f = np.arange(nqx * per, dtype=np.int64)
+    pos_pass = nqx - 1 - f % nqx
+    pos = np.concatenate([pos_main, pos_pass])
+    kind = np.concatenate([np.zeros(b.size, np.int8), np.ones(f.size, np.int8)])
+    code = np.concatenate([b, -1 - f])
+    order = np.lexsort((np.arange(code.size), kind, pos))
+    return code[order].astype(np.int32)
 
 
 class Backward:
@@ -368,7 +425,7 @@ class Backward:
 
     def __init__(self, prob: Problem, setup: dict | None = None, cfg: BwdConfig | None = None,
                  split: int | None = None, dq: str | None = None, wgmma: bool = False, fields: dict | None = None,
-                 stats: bool | None = None):
+                 stats: int | None = None, skip: int | None = None, waves: int | None = None):
         check_dtype(prob.dtype)
         if prob.D not in BWD_SHAPES:
             raise BadInput(f"D={prob.D} is not supported by the backward of fast-tc "
@@ -380,6 +437,11 @@ class Backward:
         if dq not in DQ_WAYS:
             raise BadInput(f"dq={dq!r}: expected one of {', '.join(DQ_WAYS)}")
         self.cfg = cfg = cfg or choose_bwd_config(prob.D, wgmma, dq, kpq, fields)
+        if dq == "fused" and not (cfg.WG and cfg.NWARPS == 4):
+            raise BadInput(f"dq=fused (DQ=2) runs dQ's pass in the launch of the wgmma main loop with one warpgroup; "
+                           f"this backward's main loop is {cfg.spec} ({'wgmma' if cfg.WG else 'mma.sync'})")
+        if dq == "fused" and stats:
+            raise BadInput(f"dq=fused (DQ=2) takes the rows' stats from prep (STATS=0), not STATS={int(stats)}")
         self.setup = setup = {} if setup is None else setup
         stride, inner = prob.mask.strided()
         self.stride, self.inner = stride, inner
@@ -392,7 +454,8 @@ class Backward:
         split = forced_split() if split is None else split
         longest = int(np.diff(tt.ptr).max(initial=0))
         if split is None:
-            split = split_length(tt.n_visited, longest, self.heads, self.slots(cfg))
+            split = split_length(tt.n_visited, longest, self.heads, self.slots(cfg),
+                                 SPLIT_WAVES if waves is None else waves)
         L = max(1, min(split, longest)) if split > 0 else max(1, longest)
         items = tile_items_t(inner, cfg.BM, cfg.BN, L)
         self.items = items.device()
@@ -404,24 +467,37 @@ class Backward:
         setup["bwd_dq"] = dq
         # with dQ's own pass: the pass computes the rows' stats and runs before the main kernel, where
         # no key tile is split, or at the D of PASS_STATS_SPLIT (a split tile's accumulators zeroed by
-        # prep on no row); elsewhere prep computes them
-        self.stats = dq == "pass" and (PASS_STATS and (self.n_split == 0 or PASS_STATS_SPLIT[prob.D])
-                                       if stats is None else stats)
-        if dq == "pass":  # the forward list at the dQ pass's tiles, on the device (built above on mma.sync)
+        # prep on no row); elsewhere prep computes them. self.stats: 0 (prep's), else the pass's
+        # BWD_PASS_STATS (PASS_STATS_FROM, or ``stats`` given: 0 prep's, 1 or 2 where the pass reads O and dO)
+        if stats is None:
+            stats = PASS_STATS_FROM if PASS_STATS and (self.n_split == 0 or PASS_STATS_SPLIT[prob.D]) else 0
+        self.stats = int(stats) if dq == "pass" else 0
+        self.skip = (PASS_SKIP[prob.D] if skip is None else int(skip)) if dq != "atomic" else 0
+        if dq != "atomic":  # the forward list at the dQ pass's tiles, on the device (built above on mma.sync)
             setup["bwd_pass_stats"] = int(self.stats)
-            self.pcfg = pcfg = dq_pass_config(prob.D, cfg)
+            setup["bwd_pass_skip"] = self.skip
+            self.pcfg = pcfg = cfg if dq == "fused" else dq_pass_config(prob.D, cfg)
             self.fwd_tiles = tile_list(inner, pcfg.BM, pcfg.BN).device()
             setup["bwd_dq_tile_config"] = pcfg.spec
+        if dq == "fused":
+            import cupy
+
+            self.order = cupy.asarray(fused_order(items.heads, self.n_items, self.fwd_tiles.heads.shape[0],
+                                                  prob.B * prob.H, min(stride, prob.T)))
         self.table = table_array(inner)
         with timed(setup, "compile_s"):
-            mod = get_module(cfg.kernel, bwd_defines(prob.D, prob.dtype, prob.mask, cfg, dq, self.stats), cfg.arch)
+            mod = get_module(cfg.kernel, bwd_defines(prob.D, prob.dtype, prob.mask, cfg, dq, self.stats, self.skip),
+                             cfg.arch)
             self.main, self.prep, self.dq = (mod.get_function(x) for x in (MAIN, PREP, DQ))
             self.smem = cfg.smem_bytes(prob.D, dq)
+            if dq == "fused":  # its blocks are the main loop's or the pass's
+                self.main = mod.get_function(FUSED)
+                self.smem = max(self.smem, cfg.dq_pass_smem_bytes(prob.D))
             if self.smem > DEFAULT_SMEM:
                 self.main.max_dynamic_shared_size_bytes = self.smem
             if dq == "pass":
                 pmod = mod if pcfg is cfg else get_module(pcfg.kernel, bwd_defines(prob.D, prob.dtype, prob.mask, pcfg, dq,
-                                                                                   self.stats), pcfg.arch)
+                                                                                   self.stats, self.skip), pcfg.arch)
                 self.dq_pass = pmod.get_function(DQ_PASS)
                 self.dq_smem = pcfg.dq_pass_smem_bytes(prob.D)
                 if self.dq_smem > DEFAULT_SMEM:
@@ -448,7 +524,7 @@ class Backward:
 
         B, H, T, D = self.prob.shape
         dkv = cupy.empty((max(1, self.split_rows), 2, D), cupy.float32)
-        acc = cupy.empty((1,) if self.dq_way == "pass" else (B, H, T, D), cupy.float32)
+        acc = cupy.empty((B, H, T, D) if self.dq_way == "atomic" else (1,), cupy.float32)
         return cupy.empty((B, H, T, 2), cupy.float32), acc, dkv
 
     def launches(self, q, k, v, o, lse, do, dq, dk, dv, ld, dq_acc, dkv_acc) -> list[Launch]:
@@ -456,7 +532,8 @@ class Backward:
         ``scratch``); with the dQ pass: prep, main, the pass, and the convert only when a key tile
         is split (it converts nothing else); with the pass computing the rows' stats (``stats``): the
         pass, then main; when a key tile is split, prep before them on no row but the split tiles'
-        accumulators ("zero": it reads no O or dO), and the convert after."""
+        accumulators ("zero": it reads no O or dO), and the convert after; fused (``dq`` "fused"): prep,
+        the main loop's items and the pass's blocks in one launch, the convert where a key tile is split."""
         prob, cfg = self.prob, self.cfg
         B, H, T, D = prob.shape
         rows, srows = B * H * T, self.split_rows
@@ -471,13 +548,17 @@ class Backward:
         main = Launch(self.main, (self.n_items * self.heads,), (cfg.threads,), self.smem,
                       (q, k, v, do, ld, dq_acc, dk, dv, it.heads, it.tiles, self.tiles.entries, dkv_acc,
                        np.int32(B * H), np.int32(T), np.float32(scale * LOG2E), np.float32(scale), self.table))
-        n8, s8 = (0 if self.dq_way == "pass" else rows * D // 8), srows * D // 8
+        n8, s8 = (rows * D // 8 if self.dq_way == "atomic" else 0), srows * D // 8
         conv = Launch(self.dq, (-(-(n8 + s8) // PREP_THREADS),), (PREP_THREADS,), 0,
                       (dq_acc, dq, np.float32(scale), np.int64(n8), dkv_acc, it.split_kt, dk, dv, np.int32(B * H),
                        np.int32(T), np.int64(s8)))
         if self.dq_way == "atomic":
             return self._order([("prep", prep), ("main", main), ("convert", conv)])
         ft = self.fwd_tiles
+        if self.dq_way == "fused":  # the items and the pass's blocks in one launch, in fused_order's order
+            fused = Launch(self.main, (self.order.size,), (cfg.threads,), self.smem, main.args + (
+                dq, ft.heads, ft.entries, self.order, np.int32(ft.heads.shape[0])))
+            return self._order([("prep", prep), ("fused", fused)] + ([("convert", conv)] if s8 else []))
         dq_pass = Launch(self.dq_pass, (ft.heads.shape[0], B * H, min(self.stride, T)), (self.pcfg.threads,), self.dq_smem,
                          (q, k, v, do, ld, dq, ft.heads, ft.entries, np.int32(T), np.float32(scale * LOG2E),
                           np.float32(scale), self.table, o, lse))
@@ -533,7 +614,8 @@ def build_backward(impl: FastTC, prob: Problem, q, k, v, do, cfg: TileConfig | N
     fwd = forward_launch(prob, fcfg, (q, k, v), o, lse, setup)
     spec = impl.bwd  # a --bwd-config variant's fields (None: as chosen)
     bwd = Backward(prob, setup, wgmma=impl.uses_wgmma(), dq=spec.dq if spec else None,
-                   fields=spec.shape if spec else None, stats=spec.stats if spec else None)
+                   fields=spec.shape if spec else None, stats=spec.stats if spec else None,
+                   skip=spec.skip if spec else None, waves=spec.waves if spec else None)
     grads = tuple(cupy.empty(prob.shape, dtype=q.dtype) for _ in range(3))
     launches = bwd.launches(q, k, v, o, lse, do, *grads, *bwd.scratch())
     with_fwd = prob.pass_name == "fwd+bwd"

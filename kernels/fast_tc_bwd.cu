@@ -45,6 +45,7 @@
 #include "tc/bwd_mma.cuh"
 #include "tc/bwd_epilogue.cuh"
 #include "tc/bwd_prep.cuh"
+#include "tc/bwd_dq_pass.cuh"
 
 #ifndef DQ_CHUNK
 #define DQ_CHUNK 32
@@ -53,24 +54,6 @@ static_assert(HEAD_D % DQ_CHUNK == 0 && DQ_CHUNK % 16 == 0, "DQ_CHUNK: a multipl
 static_assert(!TMA && !WG, "this backward: mma.sync products, cp.async loads (WG builds: fast_tc_bwd_wg.cu)");
 
 typedef TcLoadAsync<TcMmaSync> TcLoad;
-
-// One step of a walk over a list whose tiles stream through the STAGES buffers (both kernels): the
-// list's next entry, the wait for this tile and the refill of the stage the previous one freed;
-// so: this tile's stage offset.
-struct TcBwdWalk {
-    int st = 0, st_fill = STAGES - 1;
-
-    __device__ __forceinline__ int step(TcTileList& list, const int* __restrict__ tent, const TcSmem& sm,
-                                        const TcGlobal& gm, int T, int it, int n, u32& so) {
-        int ent_nx;
-        const int ent = list.next(tent, it, ent_nx);
-        TcLoad::refill(sm, gm, T, 0, st, st_fill, 0, ent_nx, it + STAGES - 1, n);
-        st_fill = st_fill == STAGES - 1 ? 0 : st_fill + 1;
-        so = st * TILE_BYTES;
-        st = st == STAGES - 1 ? 0 : st + 1;
-        return ent;
-    }
-};
 
 extern "C" __global__ void __launch_bounds__(THREADS, MINB)
 fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* __restrict__ Vg,
@@ -167,47 +150,8 @@ fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
 }
 
 #if BWD_DQ_PASS
-#ifndef BWD_PASS_STATS
-#define BWD_PASS_STATS 0
-#endif
-// A warp's 16 rows' (lse2, delta) computed here (BWD_PASS_STATS; prep's work, so that the pass runs
-// first and no prep launch reads O and dO again): two lanes a row (lane 2 i + h: row row0 + i, the
-// h-th half of its columns) take delta = rowsum(dO * O) from global memory (dO's rows are being
-// loaded into shared memory beside it, so from L2) and lse * log2 e, store them in LD for the main
-// kernel that follows, and hand rows g and g + 8 to the lanes of the mma layout. Past T: (+inf, 0),
-// as tc_bwd_row_stats.
-__device__ __forceinline__ void tc_bwd_pass_stats(const u16* __restrict__ o, const u16* __restrict__ dO,
-                                                  const float* __restrict__ lse, float2* __restrict__ ld, int row0,
-                                                  int T, int lane, int g, float2& ra, float2& rb) {
-    const int r = row0 + (lane >> 1), h = lane & 1;
-    float d = 0.f, l2 = __int_as_float(0x7f800000);
-    if (r < T) {
-        const size_t at = (size_t)r * STRIDE * HEAD_D + h * (HEAD_D / 2);
-#pragma unroll
-        for (int c = 0; c < HEAD_D / 2; c += 8) {
-            const uint4 a = *reinterpret_cast<const uint4*>(o + at + c);
-            const uint4 b = *reinterpret_cast<const uint4*>(dO + at + c);
-            const u32 av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const float2 x = tc_unpack(av[i]), y = tc_unpack(bv[i]);
-                d = fmaf(x.x, y.x, fmaf(x.y, y.y, d));
-            }
-        }
-        l2 = lse[(size_t)r * STRIDE] * TC_LOG2E;
-    }
-    d += __shfl_xor_sync(0xffffffffu, d, 1);
-    if (r < T && h == 0) ld[(size_t)r * STRIDE] = make_float2(l2, d);
-    ra = make_float2(__shfl_sync(0xffffffffu, l2, 2 * g), __shfl_sync(0xffffffffu, d, 2 * g));
-    rb = make_float2(__shfl_sync(0xffffffffu, l2, 2 * g + 16), __shfl_sync(0xffffffffu, d, 2 * g + 16));
-}
-
-// dQ query-tile-major over the forward list (its grid and order, tc_block_work): the block keeps its
-// Q and dO tiles and its rows' (lse2, delta) (read from prep's LD, or with BWD_PASS_STATS computed
-// here and stored in LD for the main kernel, launched after this one), streams the K and V tiles of
-// its list through the forward's stages and, per tile, recomputes S, P, dP and dS as the main
-// kernel does and adds dS K to dQ in registers; dQ (times the scale) stored once in the storage
-// dtype. One barrier a tile (the refill's): nothing is staged.
+// dQ's own pass: one block a query tile of the forward list (tc_block_work's grid and order), the
+// work of tc/bwd_dq_pass.cuh
 extern "C" __global__ void __launch_bounds__(THREADS, MINB)
 fast_tc_bwd_dq_pass(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* __restrict__ Vg,
                     const u16* __restrict__ dOg, float2* __restrict__ LD, u16* __restrict__ dQg,
@@ -215,62 +159,7 @@ fast_tc_bwd_dq_pass(const u16* __restrict__ Qg, const u16* __restrict__ Kg, cons
                     float scale, const int* __restrict__ table, const u16* __restrict__ Og,
                     const float* __restrict__ Lg) {
     extern __shared__ __align__(1024) unsigned char smem[];
-    const TcWork w = tc_block_work(T_all);
-    const int qt = w.qt, T = w.T;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int g = lane >> 2, t4 = lane & 3;
-    const AB_PATTERN_T pat{AB_PATTERN_ARGS};
-
-    // shared memory: Q, dO (resident), K stages, V stages
-    TcSmem sm;
-    sm.q = tc_smem_addr(smem);
-    const u32 sO = sm.q + TILE_BYTES;
-    sm.k = sO + TILE_BYTES;
-    sm.v = sm.k + STAGES * TILE_BYTES;
-    const TcGlobal gm = {Qg + w.base, Kg + w.base, Vg + w.base, nullptr, nullptr, nullptr, nullptr, nullptr};
-    tc_load_tile<TcRowLayout, BM>(sm.q, gm.q, qt * BM, T);
-    tc_load_tile<TcRowLayout, BM>(sO, dOg + w.base, qt * BM, T);
-    tc_commit();  // one group, the oldest: first_tiles waits for it
-    TcLoad lk;
-    lk.init(sm, gm, w);
-    TcTileList list;
-    list.init(thead, tent, qt);
-    const int n = list.n;
-    lk.first_tiles(list);
-
-    const int row0 = qt * BM + warp * 16;
-    float2* ld = LD + (size_t)w.bh * T_all + blockIdx.z;  // the class's rows (tc_block_work's grid)
-#if BWD_PASS_STATS
-    float2 ra, rb;
-    tc_bwd_pass_stats(Og + w.base, dOg + w.base, Lg + (size_t)w.bh * T_all + blockIdx.z, ld, row0, T, lane, g, ra, rb);
-#else
-    const float2 ra = tc_bwd_row_stats(ld, row0 + g, T), rb = tc_bwd_row_stats(ld, row0 + g + 8, T);
-#endif
-    const u32 aQ = sm.q + warp * 16 * BWD_ROWB + tc_lane_a(lane, BWD_ROWB);
-    const u32 aO = sO + warp * 16 * BWD_ROWB + tc_lane_a(lane, BWD_ROWB);
-    const u32 nK = sm.k + tc_lane_n(lane, BWD_ROWB), nV = sm.v + tc_lane_n(lane, BWD_ROWB);
-    const u32 tK = sm.k + tc_lane_t(lane, BWD_ROWB);
-
-    TcBwdCols dq;
-    tc_zero_frag(dq);
-    TcBwdWalk walk;
-    for (int it = 0; it < n; ++it) {
-        u32 so;
-        const int ent = walk.step(list, tent, sm, gm, T, it, n, so);
-        const int kt = tc_entry_tile(ent);
-
-        TcBwdRows x;
-        TcBwdFrag p, f;
-        tc_bwd_rows(x, aQ, nK + so);  // S = Q K^T
-        if ((ent & 1) || kt * BN + BN > T) tc_mask_frag(x, pat, row0, kt * BN, T, g, t4);
-        tc_bwd_probs(x, ra, rb, scale_log2);
-        tc_bwd_pack(p, x);
-        tc_bwd_rows(x, aO, nV + so);  // dP = dO V^T
-        tc_bwd_dscores(x, p, ra, rb);
-        tc_bwd_pack(f, x);
-        tc_bwd_dq_mac<HEAD_D>(dq, f, tK + so, 0);  // dQ += dS K
-    }
-    TcLoad::drain();
-    tc_bwd_store_cols(dQg + w.base, dq, scale, row0, T, g, t4);
+    tc_bwd_dq_pass_block(smem, tc_block_work(T_all), blockIdx.z, Qg, Kg, Vg, dOg, LD, dQg, thead, tent, T_all,
+                         scale_log2, scale, table, Og, Lg);
 }
 #endif

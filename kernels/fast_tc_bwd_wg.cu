@@ -39,16 +39,15 @@ __device__ __forceinline__ int tc_bwg_front(TcBwgWalk& walk, const TcBwgSmem& sm
     return qt;
 }
 
-// the parameters of fast_tc_bwd.cu's main kernel, in its order: the host launches either the same way
-extern "C" __global__ void __launch_bounds__(THREADS, MINB)
-fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* __restrict__ Vg,
-            const u16* __restrict__ dOg, const float2* __restrict__ LD, float* __restrict__ dQacc,
-            u16* __restrict__ dKg, u16* __restrict__ dVg, const int4* __restrict__ ihead,
+// the main loop's work item of block number b (tc_item_work_at)
+__device__ __forceinline__ void
+tc_bwg_item(unsigned char* smem, int b, const u16* __restrict__ Qg, const u16* __restrict__ Kg,
+            const u16* __restrict__ Vg, const u16* __restrict__ dOg, const float2* __restrict__ LD,
+            float* __restrict__ dQacc, u16* __restrict__ dKg, u16* __restrict__ dVg, const int4* __restrict__ ihead,
             const int2* __restrict__ itile, const int* __restrict__ tent, float* __restrict__ dKVacc, int BH,
             int T_all, float scale_log2, float scale, const int* __restrict__ table) {
-    extern __shared__ __align__(1024) unsigned char smem[];
     int item, cls;
-    const TcWork w = tc_item_work(T_all, BH, item, cls);
+    const TcWork w = tc_item_work_at(T_all, BH, b, item, cls);
     const int2 kts = itile[item];  // (key tile, split slot or -1)
     const int kt = kts.x, T = w.T;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -162,3 +161,50 @@ fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
     tc_wait<0>();
     tc_bwd_finish(dKg, dVg, dKVacc, dk, dv, kts, w, cls, BH, T_all, scale, warp, g, t4);
 }
+
+// the parameters of fast_tc_bwd.cu's main kernel, in its order: the host launches either the same way
+extern "C" __global__ void __launch_bounds__(THREADS, MINB)
+fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* __restrict__ Vg,
+            const u16* __restrict__ dOg, const float2* __restrict__ LD, float* __restrict__ dQacc,
+            u16* __restrict__ dKg, u16* __restrict__ dVg, const int4* __restrict__ ihead,
+            const int2* __restrict__ itile, const int* __restrict__ tent, float* __restrict__ dKVacc, int BH,
+            int T_all, float scale_log2, float scale, const int* __restrict__ table) {
+    extern __shared__ __align__(1024) unsigned char smem[];
+    tc_bwg_item(smem, (int)blockIdx.x, Qg, Kg, Vg, dOg, LD, dQacc, dKg, dVg, ihead, itile, tent, dKVacc, BH, T_all,
+                scale_log2, scale, table);
+}
+
+#ifndef BWD_FUSED
+#define BWD_FUSED 0
+#endif
+#if BWD_FUSED
+// BWD_FUSED: the main loop's items and dQ's pass (tc/bwd_dq_pass.cuh, query-major over the forward
+// list) in one launch, so that a pass block and the items beside it in the order read the same Q,
+// dO, K and V tiles, one from memory and the other from L2. sched[blockIdx.x]: b >= 0, the main
+// loop's block b (tc_item_work_at); -1 - f, the pass's block f = (cls * BH + bh) * nqx + x of its
+// own grid (nqx query tiles wide: tc_block_work_at). The host orders them (Backward.fused_order).
+// The rows' (lse2, delta) are prep's: both kinds read them, neither writes them.
+#include "tc/bwd_dq_pass.cuh"
+static_assert(BWD_DQ_PASS && BWG_NWG == 1 && !BWD_PASS_STATS,
+              "the fused launch: dQ's pass beside one warpgroup's main loop, the rows' stats from prep");
+
+extern "C" __global__ void __launch_bounds__(THREADS, MINB)
+fast_tc_bwd_fused(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* __restrict__ Vg,
+                  const u16* __restrict__ dOg, const float2* __restrict__ LD, float* __restrict__ dQacc,
+                  u16* __restrict__ dKg, u16* __restrict__ dVg, const int4* __restrict__ ihead,
+                  const int2* __restrict__ itile, const int* __restrict__ tent, float* __restrict__ dKVacc, int BH,
+                  int T_all, float scale_log2, float scale, const int* __restrict__ table, u16* __restrict__ dQg,
+                  const int4* __restrict__ fhead, const int* __restrict__ fent, const int* __restrict__ sched,
+                  int nqx) {
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const int b = sched[blockIdx.x];
+    if (b >= 0) {
+        tc_bwg_item(smem, b, Qg, Kg, Vg, dOg, LD, dQacc, dKg, dVg, ihead, itile, tent, dKVacc, BH, T_all, scale_log2,
+                    scale, table);
+        return;
+    }
+    const int f = -1 - b, x = f % nqx, r = f / nqx, bh = r % BH, cls = r / BH;
+    tc_bwd_dq_pass_block(smem, tc_block_work_at(T_all, nqx, x, bh, cls), cls, Qg, Kg, Vg, dOg,
+                         const_cast<float2*>(LD), dQg, fhead, fent, T_all, scale_log2, scale, table, nullptr, nullptr);
+}
+#endif

@@ -10,7 +10,10 @@
 #   compare: the seeds' comparison, naive dense vs naive streaming (16+64) for T = 128..4096
 #   profile: Nsight Compute (--set full) on one launch per case of PROFILE_CASES (';'-separated
 #            option lists of `attnbench profile`, e.g. "--pattern window --window 256;--pattern dense
-#            --D 128"): every section, and the SASS with counters
+#            --D 128"): every section, and the SASS with counters; PROFILE_COUNT launches (default 1; a
+#            backward, `--pass bwd`, makes up to four) with ncu's section set PROFILE_SET (default full;
+#            basic: the duration and throughputs of each launch, quickly) and clocks PROFILE_CLOCK (default
+#            base, ncu's; none: as the sweep runs them)
 #   shapes: fast-tc tile shapes against each other and the shape it chooses, interleaved, 20 samples
 #           (`attnbench sweep --config llm --impl fast-tc --tile-config S ... --samples 20`, one
 #           --tile-config per space-separated entry of SHAPES, e.g. SHAPES="BN=32,STAGES=3 4,64,2,1,4,0,1,1";
@@ -141,7 +144,8 @@ for s in $steps; do
            for c in "${cases[@]}"; do
                n=$((n + 1))
                # the one launch `attnbench profile` makes inside its NVTX range profile/<impl>
-               step profile_$n ncu --nvtx --nvtx-include "profile/" --launch-count 1 --set full \
+               step profile_$n ncu --nvtx --nvtx-include "profile/" --launch-count "${PROFILE_COUNT:-1}" \
+                   --set "${PROFILE_SET:-full}" --clock-control "${PROFILE_CLOCK:-base}" \
                    --import-source no -f -o "$work/profile_$n" attnbench profile $c
                # the report as text: every section, then the SASS with per-instruction counters
                ncu -i "$work/profile_$n.ncu-rep" --page details > "$work/profile_$n.txt" 2>&1

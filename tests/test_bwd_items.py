@@ -147,19 +147,27 @@ def test_items_are_cached_beside_the_transposed_list():
 
 
 def test_the_split_rule():
-    """L = max(SPLIT_MIN, ceil(entries / ceil(SPLIT_WAVES * slots / heads))), at most the longest list."""
-    assert (SPLIT_WAVES, SPLIT_MIN) == (4, 8)
+    """L = max(SPLIT_MIN, ceil(entries / ceil(waves * slots / heads))), at most the longest list; waves
+    SPLIT_WAVES unless given."""
+    assert (SPLIT_WAVES, SPLIT_MIN) == (1, 8)
     # T=32768, B*H=16, 64 x 64 tiles, 132 SMs: D=64 (2 blocks an SM) and D=128 (1)
-    assert split_length(131328, 512, 16, 264) == 512  # dense causal: 1990 > 512, nothing to cut
-    assert split_length(1533, 512, 16, 264) == 24     # streaming 16+64: key tile 0 in 22 items
-    assert split_length(1533, 512, 16, 132) == 47
-    assert split_length(2298, 512, 16, 264) == 35     # bigbird
+    assert split_length(131328, 512, 16, 264) == 512  # dense causal: 7725 > 512, nothing to cut
+    assert split_length(1533, 512, 16, 264) == 91     # streaming 16+64: key tile 0 in 6 items
+    assert split_length(1533, 512, 16, 132) == 171
+    assert split_length(2298, 512, 16, 264) == 136    # bigbird
     assert split_length(100, 512, 16, 264) == SPLIT_MIN
     assert split_length(10 ** 6, 512, 10 ** 6, 264) == 512  # many heads: no cut
     assert split_length(0, 0, 16, 264) == 1
+    # four waves (the rule before docs/PERF.md "backward v12"): shorter items, more of them
+    assert split_length(131328, 512, 16, 264, waves=4) == 512
+    assert split_length(1533, 512, 16, 264, waves=4) == 24
+    assert split_length(1533, 512, 16, 132, waves=4) == 47
+    assert split_length(2298, 512, 16, 264, waves=4) == 35
     m = make_mask("streaming", 32768, True, sink=16, window=64)
     tt = tile_list_t(m, 64, 64)
     it = work_items(tt, split_length(tt.n_visited, 512, 16, 264))
+    assert it.n_split == 1 and it.n_items == 512 + 6 - 1 and it.heads[:6, 1].tolist() == [86] * 2 + [85] * 4
+    it = work_items(tt, split_length(tt.n_visited, 512, 16, 264, waves=4))
     assert it.n_split == 1 and it.n_items == 512 + 22 - 1 and it.heads[:22, 1].tolist() == [24] * 6 + [23] * 16
 
 

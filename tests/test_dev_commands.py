@@ -228,6 +228,24 @@ def test_profile_gates_warms_up_then_launches_once_inside_the_nvtx_range():
     assert not res.ok and nvtx.events == []  # a failed gate is not profiled
 
 
+def test_profile_of_a_backward_gates_its_gradients_before_the_range():
+    from fakes import FakeImpl
+
+    from attnbench.devtools import profile_launch
+    from attnbench.impls import PASSES, Problem
+
+    prob = Problem(make_mask("window", 64, True, window=8), 1, 2, 16, "float16", pass_name="bwd")
+    good = FakeImpl("fake-bwd", passes=PASSES)
+    nvtx = RecordingNvtx(lambda: 0)
+    res, _ = profile_launch(good, prob, inputs=host_inputs, nvtx=nvtx, synchronize=lambda: None)
+    assert res.ok and [e[:2] for e in nvtx.events] == [("push", "profile"), ("push", "fake-bwd"), ("pop", 0),
+                                                       ("pop", 0)]
+    bad = FakeImpl("fake-bad-dk", passes=PASSES, grad_scale={"dk": 1.5})  # its output right, dK wrong
+    nvtx.events.clear()
+    res, _ = profile_launch(bad, prob, inputs=host_inputs, nvtx=nvtx, synchronize=lambda: None)
+    assert not res.ok and "dk" in res.reason and nvtx.events == []
+
+
 def profile(*args):
     return CliRunner().invoke(main, ["profile", *map(str, args)])
 
@@ -245,6 +263,10 @@ def profile(*args):
     (["--impl", "fake-exact", "--decode-config", "BY_KEYS=5"], ("--decode-config 'BY_KEYS=5'", "from 0 to 2")),
     (["--impl", "fake-exact", "--H", "8", "--H-kv", "3"], ("H_kv=3", "dividing H=8")),
     (["--impl", "fake-exact", "--T", "64", "--Tq", "65"], ("Tq=65",)),
+    (["--impl", "fake-exact", "--pass", "bwd", "--bwd-config", "DQ=1"], ("--bwd-config", "impl=fake-exact takes no backward shape")),
+    (["--impl", "fake-exact", "--pass", "bwd", "--bwd-config", "PAIRS=3"], ("--bwd-config 'PAIRS=3'", "from 0 to 2")),
+    (["--impl", "fake-exact", "--bwd-config", "DQ=1"], ("--bwd-config", "need --pass bwd or fwd+bwd")),
+    (["--impl", "fake-exact", "--pass", "sideways"], ("'--pass': 'sideways' is not one of",)),
 ])
 def test_profile_refuses_bad_input_before_any_launch(registry, monkeypatch, args, words):
     from attnbench import devtools

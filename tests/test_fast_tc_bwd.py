@@ -162,14 +162,15 @@ def test_the_backwards_shape_fields_come_from_the_environment(monkeypatch):
     ("dilated", 4096, True, dict(window=512, dilation=2)), ("bigbird", 4096, True, {}),
     ("prefix_lm", 4096, False, dict(prefix=1000)),
 ])
-@pytest.mark.parametrize("stats", [True, False], ids=["pass-stats", "prep-stats"])
+@pytest.mark.parametrize("stats", [1, 2, 0], ids=["pass-stats-global", "pass-stats-shared", "prep-stats"])
 def test_the_dq_pass_builds_compile_without_spills(arch, D, pattern, T, causal, params, stats):
     """BWD_DQ_PASS: the main kernel without dQ, prep without its accumulator, and the pass itself (with
-    BWD_PASS_STATS computing the rows' lse log2 e and delta, or reading prep's)."""
+    BWD_PASS_STATS computing the rows' lse log2 e and delta from O and dO in global or shared memory,
+    or reading prep's)."""
     mask = make_mask(pattern, T, causal, **params)
     d = bwd_defines(D, "bfloat16", mask, dq="pass", stats=stats)
     assert d["BWD_DQ_PASS"] == 1 and "BWD_DQ_PASS" not in bwd_defines(D, "bfloat16", mask)
-    assert d.get("BWD_PASS_STATS", 0) == int(stats) and "BWD_PASS_STATS" not in bwd_defines(D, "bfloat16", mask)
+    assert d.get("BWD_PASS_STATS", 0) == stats and "BWD_PASS_STATS" not in bwd_defines(D, "bfloat16", mask)
     reports = compile_only("fast_tc_bwd", d, arch)
     assert sorted(r.kernel for r in reports) == sorted(BWD_KERNELS + ["fast_tc_bwd_dq_pass"])
     for r in reports:
@@ -198,6 +199,68 @@ def test_the_wgmma_main_loop_without_dq_compiles_without_spills(D, pattern, T, c
         assert (r.spill_stores, r.spill_loads, r.stack) == (0, 0, 0), r
     with_dq = {r.kernel: r for r in compile_only("fast_tc_bwd_wg", bwd_defines(D, "bfloat16", mask, cfg), "sm_90a")}
     assert reports["fast_tc_bwd"].registers <= with_dq["fast_tc_bwd"].registers
+
+
+@pytest.mark.parametrize("D", DIMS)
+@pytest.mark.parametrize("pattern,T,causal,params", [
+    ("dense", 4096, True, {}), ("streaming", 4096, True, dict(sink=16, window=64)),
+    ("dilated", 4096, True, dict(window=512, dilation=2)), ("bigbird", 4096, True, {}),
+])
+def test_the_fused_build_compiles_without_spills(D, pattern, T, causal, params):
+    """BWD_FUSED (dq "fused", DQ=2): the wgmma main loop's build without dQ, with the fused launch's kernel
+    beside its own: one warpgroup's items and the pass's blocks in one kernel, no spills."""
+    mask = make_mask(pattern, T, causal, **params)
+    cfg = choose_bwd_config(D, True, "fused", mask.pairs / T)
+    assert (cfg.WG, cfg.NWARPS) == (1, 4)
+    d = bwd_defines(D, "bfloat16", mask, cfg, dq="fused")
+    assert d["BWD_FUSED"] == d["BWD_DQ_PASS"] == 1 and "BWD_PASS_STATS" not in d
+    reports = {r.kernel: r for r in compile_only("fast_tc_bwd_wg", d, "sm_90a")}
+    assert sorted(reports) == sorted(BWD_KERNELS + ["fast_tc_bwd_fused"])
+    for r in reports.values():
+        assert r.arch == "sm_90a" and 0 < r.registers <= 255
+        assert (r.spill_stores, r.spill_loads, r.stack) == (0, 0, 0), r
+    assert cfg.smem_bytes(D, "fused") >= cfg.dq_pass_smem_bytes(D)  # the pass's blocks fit the launch's smem
+
+
+def test_the_fused_order_runs_every_block_once_beside_the_tiles_it_reads():
+    from attnbench.fast_tc_bwd import fused_order
+    from attnbench.tiles import tile_items_t
+
+    mask = make_mask("streaming", 1000, True, sink=16, window=64)
+    items = tile_items_t(mask, 64, 64, 4)  # key tile 0 (the sinks) split in items of 4 query tiles
+    assert items.n_split == 1
+    nqx = -(-1000 // 64)  # the forward list's query tiles
+    bh, classes = 3, 1
+    order = fused_order(items.heads, items.n_items, nqx, bh, classes)
+    n_main, n_pass = items.n_items * bh, nqx * bh
+    assert order.dtype == np.int32 and sorted(order.tolist()) == list(range(-n_pass, n_main))
+    main = order >= 0
+    # tile by tile: the items whose stretch starts at query tile t, then the pass's blocks of query tile t
+    pos = np.empty(order.size, np.int64)
+    pos[main] = items.heads[order[main] // bh, 2] >> 1
+    pos[~main] = nqx - 1 - (-1 - order[~main]) % nqx
+    assert (np.diff(pos) >= 0).all()
+    kt, slot = items.tiles[order[main] // bh, 0], items.tiles[order[main] // bh, 1]
+    for t in range(nqx):
+        at = np.flatnonzero(pos == t)
+        kinds = main[at]
+        assert (~kinds).sum() == bh and not kinds[np.argmin(kinds):].any()  # (items first)
+        # a causal band: key tile t's item starts at query tile t; the sinks' items every 4 tiles
+        here = pos[main] == t
+        assert set(kt[here & (slot < 0)].tolist()) == ({t} if t > 0 else set())
+        assert (slot[here] >= 0).any() == (t % 4 == 0)
+
+
+def test_the_fused_launch_is_refused_where_it_does_not_build(no_device_check):
+    from attnbench.fast_tc_bwd import Backward
+
+    prob = Problem(make_mask("streaming", 1000, True, sink=16, window=64), 1, 2, 64, "bfloat16", pass_name="bwd")
+    with pytest.raises(BadInput, match="one warpgroup.*mma.sync"):
+        Backward(prob, dq="fused", wgmma=False)
+    with pytest.raises(BadInput, match="one warpgroup.*NWARPS=8"):
+        Backward(prob, dq="fused", wgmma=True, fields={"NWARPS": 8, "MINB": 1})
+    with pytest.raises(BadInput, match="stats from prep.*STATS=2"):
+        Backward(prob, dq="fused", wgmma=True, stats=2)
 
 
 def test_the_dq_way_comes_from_the_environment(monkeypatch):
@@ -505,6 +568,35 @@ def test_both_wgmma_shapes_match_the_reference(monkeypatch, pattern, causal, par
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("D", DIMS)
+@pytest.mark.parametrize("pattern,causal,params,T", [
+    ("dense", True, {}, 1000), ("streaming", True, dict(sink=16, window=64), 777),
+    ("document", False, dict(doc_lens=(1, 300, 476)), 777), ("dilated", False, dict(window=33, dilation=3), 1000),
+    ("block_diagonal", False, dict(block=16), 1008), ("bigbird", True, {}, 1536)])
+def test_the_fused_launch_matches_the_reference(monkeypatch, pattern, causal, params, T, D):
+    """dq "fused": one warpgroup's items and dQ's pass's blocks in one launch after prep, split lists
+    included (L=2), run twice on poisoned outputs."""
+    from attnbench.fast_tc_bwd import DQ_ENV, SPLIT_ENV
+
+    if not IMPL.uses_wgmma():
+        pytest.skip("the fused launch runs on sm_90")
+    monkeypatch.setenv(DQ_ENV, "fused")
+    mask = make_mask(pattern, T, causal, **params)
+    for L in ("2", ""):
+        monkeypatch.setenv(SPLIT_ENV, L)
+        prob = Problem(mask, 2, 3, D, "bfloat16" if D == 128 else "float16", pass_name="bwd")
+        q, k, v, do = _inputs(prob, seed=T + len(L) + D)
+        runner = IMPL.prepare(prob, q, k, v, do=do)
+        st = runner.setup
+        assert st["bwd_dq"] == "fused" and st["bwd_tile_config"].startswith("NWARPS=4,BN=64,")
+        assert st["bwd_launches"] == "prep,fused" + (",convert" if st["bwd_split_tiles"] else ""), st
+        for _ in range(2):
+            runner.poison()
+            runner.run()
+            _check_grads(prob, runner.grads, q, k, v, do)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dq", ["atomic", "pass"])
 @pytest.mark.parametrize("impl", [IMPL, SYNC_IMPL], ids=["fast-tc", "fast-tc-sync"])
 @pytest.mark.parametrize("pattern,params,T", [("dense", {}, 1000), ("streaming", dict(sink=16, window=64), 777),
@@ -661,7 +753,7 @@ def test_the_backward_stage_by_stage(T, causal, D, wgmma):
         o, lse = fb.forward_lse(mask, q, k, v, dtype=dtype, wgmma=wg)
         errs[f"o{int(wg)}"] = rel_error(to_float32(o, dtype), ref_o)
         errs[f"lse{int(wg)}"] = float(cupy.abs(lse.astype(cupy.float64) - rlse).max())
-    bw = fb.Backward(prob, wgmma=wgmma and IMPL.uses_wgmma(), stats=False)  # prep's stats, checked on their own
+    bw = fb.Backward(prob, wgmma=wgmma and IMPL.uses_wgmma(), stats=0)  # prep's stats, checked on their own
     grads = tuple(cupy.full(prob.shape, 0x7FC0, dtype=q.dtype) for _ in range(3))
     ld, acc, dkv = bw.scratch()
     prep, *rest = bw.launches(q, k, v, o, lse, do, *grads, ld, acc, dkv)  # then main and convert, or dQ's pass
@@ -695,11 +787,15 @@ def test_bwd_config_parses_fields_and_refuses_bad_ones_by_name():
     assert str(s) == "NWARPS=4,MINB=2,DQ=0" and s.dq == "atomic" and s.shape == {"NWARPS": 4, "MINB": 2}
     assert parse_bwd_config("NWARPS=8").dq is None and parse_bwd_config("NWARPS=8").stats is None
     s = parse_bwd_config("DQ=1,STATS=0")
-    assert s.dq == "pass" and s.stats is False and s.shape == {}
-    assert parse_bwd_config("4,2,2,1").stats is True  # the positional form's default
-    for bad, words in (("DQ=2", "DQ=2 must be 0 or 1"), ("NWARPS=6", "NWARPS=6 must be a multiple of 4"),
-                       ("BN=64", "unknown field 'BN'"), ("8,2", "positional form takes 4 to 6"),
-                       ("STATS=2", "STATS=2 must be 0 or 1"), ("PAIRS=3", "PAIRS=3 must be from 0 to 2")):
+    assert s.dq == "pass" and s.stats == 0 and s.shape == {}
+    assert parse_bwd_config("DQ=1,STATS=2").stats == 2
+    assert parse_bwd_config("4,2,2,1").stats == 2  # the positional form's default
+    assert parse_bwd_config("DQ=2").dq == "fused"
+    assert parse_bwd_config("DQ=1,SKIP=0").skip == 0 and parse_bwd_config("DQ=1").skip is None
+    assert parse_bwd_config("DQ=1,SKIP=0").shape == {}
+    for bad, words in (("DQ=3", "DQ=3 must be from 0 to 2"), ("NWARPS=6", "NWARPS=6 must be a multiple of 4"),
+                       ("BN=64", "unknown field 'BN'"), ("8,2", "positional form takes 4 to 8"),
+                       ("STATS=3", "STATS=3 must be from 0 to 2"), ("SKIP=2", "SKIP=2 must be 0 or 1"), ("PAIRS=3", "PAIRS=3 must be from 0 to 2")):
         with pytest.raises(BadInput, match="--bwd-config") as e:
             parse_bwd_config(bad)
         assert words in str(e.value)
@@ -736,10 +832,12 @@ def test_the_variants_fields_win_over_the_environments(monkeypatch):
                                               ("NWARPS=8,MINB=1,DQ=0", "atomic", 8),
                                               ("NWARPS=8,MINB=1,DQ=0,PAIRS=0", "atomic", 8),
                                               ("NWARPS=8,MINB=1,DQ=0,PAIRS=2", "atomic", 8), ("DQ=1,STATS=0", "pass", None),
-                                              ("DQ=1,STATS=1", "pass", None)])
+                                              ("DQ=1,STATS=1", "pass", None), ("DQ=1,STATS=2", "pass", None),
+                                              ("DQ=2", "fused", 4), ("DQ=1,SKIP=0", "pass", None),
+                                              ("DQ=1,SKIP=1", "pass", None)])
 @pytest.mark.parametrize("split", ["", "0"], ids=["split-as-chosen", "nothing-split"])
 def test_a_bwd_variant_runs_its_fields_and_matches_the_reference(monkeypatch, text, dq, nwarps, split):
-    from attnbench.fast_tc_bwd import PASS_STATS_SPLIT, SPLIT_ENV, parse_bwd_config
+    from attnbench.fast_tc_bwd import PASS_SKIP, PASS_STATS_FROM, PASS_STATS_SPLIT, SPLIT_ENV, parse_bwd_config
 
     monkeypatch.setenv(SPLIT_ENV, split)  # "": the split the GPU gets (the sink's key tile 0 is split)
 
@@ -751,16 +849,20 @@ def test_a_bwd_variant_runs_its_fields_and_matches_the_reference(monkeypatch, te
     assert runner.setup["bwd_dq"] == dq
     if nwarps is not None:
         assert runner.setup["bwd_tile_config"].startswith(f"NWARPS={nwarps},")
-    # the launches in order: where the pass computes the stats (STATS=1, or by default where nothing is
-    # split) it goes first, and prep runs on no row, only to zero a split key tile's accumulators ("zero")
+    # the launches in order: where the pass computes the stats (STATS=1 or 2, or by default where nothing
+    # is split) it goes first, and prep runs on no row, only to zero a split key tile's accumulators ("zero")
     cut = runner.setup["bwd_split_tiles"] > 0
     assert not (cut and split == "0")
-    stats = dq == "pass" and ("STATS=1" in text or ("STATS=0" not in text and (not cut or PASS_STATS_SPLIT[64])))
-    want = ("prep,main,convert" if dq == "atomic" else
+    given = dict(parse_bwd_config(text).given).get("STATS")
+    stats = 0 if dq != "pass" else (given if given is not None else
+                                      PASS_STATS_FROM if not cut or PASS_STATS_SPLIT[64] else 0)
+    want = ("prep,main,convert" if dq == "atomic" else "prep,fused" + (",convert" if cut else "") if dq == "fused" else
             ("zero," if cut else "") + "dq_pass,main" + (",convert" if cut else "") if stats else
             "prep,main,dq_pass" + (",convert" if cut else ""))
     assert runner.setup["bwd_launches"] == want
-    assert runner.setup.get("bwd_pass_stats") == (None if dq == "atomic" else int(stats))
+    assert runner.setup.get("bwd_pass_stats") == (None if dq == "atomic" else stats)
+    skip = dict(parse_bwd_config(text).given).get("SKIP", PASS_SKIP[64])
+    assert runner.setup.get("bwd_pass_skip") == (None if dq == "atomic" else skip)
     runner.poison()
     runner.run()
     _check_grads(prob, runner.grads, q, k, v_, do)

@@ -65,9 +65,11 @@ for impl, split, dq, shape in (("fast-tc", "", "", ""), ("fast-tc-sync", "", "",
                                ("fast-tc", "1", "pass", ""), ("fast-tc", "", "", "NWARPS=8,MINB=1"),
                                ("fast-tc", "", "atomic", ""), ("fast-tc", "", "pass", "NWARPS=8,MINB=1"),
                                ("fast-tc", "", "atomic", "NWARPS=8,MINB=1,PAIRS=2"),
-                               ("fast-tc", "1", "atomic", "NWARPS=8,MINB=1,PAIRS=2")):
+                               ("fast-tc", "1", "atomic", "NWARPS=8,MINB=1,PAIRS=2"),
+                               ("fast-tc", "", "fused", ""), ("fast-tc", "1", "fused", "")):
     os.environ[SPLIT_ENV] = split  # 1: every key tile visited twice or more split, its dK and dV summed
-    os.environ[DQ_ENV] = dq  # pass: dQ by its own pass over the forward list; atomic: float32 reductions
+    os.environ[DQ_ENV] = dq  # pass: dQ by its own pass over the forward list; atomic: float32 reductions;
+    #                          fused: that pass's blocks in the main loop's launch
     os.environ[SHAPE_ENV] = shape  # two warpgroups on 128-key tiles (D=128's own shape; at D=64 dQ in pairs,
     #                                with PAIRS=2 their products in flight a tile longer)
     for pattern, T, causal, params in (("dense", 100, True, {}), ("dense", 600, True, {}),
@@ -94,4 +96,4 @@ def test_backward_kernels_are_sanitizer_clean(tool):
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     assert "ERROR SUMMARY: 0 errors" in out or "RACECHECK SUMMARY: 0 hazards" in out, out[-2000:]
-    assert "backward runs 108" in out, out[-2000:]
+    assert "backward runs 132" in out, out[-2000:]

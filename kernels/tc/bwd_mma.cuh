@@ -26,6 +26,9 @@
 //     (tc_lane_n on the staged tile, XOR the warp's chunk pair), Y (dO or Q) at b (tc_lane_t); K = BM.
 //   tc_bwd_dq_chunk<C>(c, ds, b, c0): c [16 rows][C columns from c0] = dS K, dS from registers (its
 //     A fragments, tc_p_frag), K at b (tc_lane_t); K = BN. tc_bwd_dq_mac<C>: c += dS K.
+//   tc_bwd_live(x): the warp's 16-key column blocks of x (P) that hold a nonzero value, a bit each
+//     (warp-uniform); tc_bwd_rows_live(x, a, b, live) and tc_bwd_dq_mac_live<C>(c, ds, b, c0, live):
+//     tc_bwd_rows and tc_bwd_dq_mac on those blocks only (the others of x zero; dS is zero where P is).
 //   tc_zero_frag(x): a fragment of n8 blocks zeroed; tc_bwd_pack(a, x): x packed as A operands.
 //   tc_bwd_stage(s, a, warp, g, t4): a warp's packed A fragments of a [16][BN] tile (P or dS) into
 //     its rows of a staged tile at s.
@@ -68,8 +71,9 @@ __device__ __forceinline__ u32 tc_lane_t(int lane, int rowb) {
     return (u32)(((((lane >> 3) & 1) << 3) + l7) * rowb + (((lane >> 4) ^ l7) << 4));
 }
 
-// x = A B^T over HEAD_D: A's 16 rows at a (its k-step ks at a ^ (ks << 5)), B's BN rows at b
-__device__ __forceinline__ void tc_bwd_rows(TcBwdRows& x, u32 a, u32 b) {
+// x = A B^T over HEAD_D: A's 16 rows at a (its k-step ks at a ^ (ks << 5)), B's BN rows at b; on the
+// column blocks np of 16 keys with bit np of live set only (x zero elsewhere; all: tc_bwd_rows)
+__device__ __forceinline__ void tc_bwd_rows_live(TcBwdRows& x, u32 a, u32 b, unsigned live) {
     tc_zero_frag(x);
 #pragma unroll
     for (int ks = 0; ks < HEAD_D / 16; ++ks) {
@@ -77,11 +81,28 @@ __device__ __forceinline__ void tc_bwd_rows(TcBwdRows& x, u32 a, u32 b) {
         tc_ldsm_x4(af, a ^ (u32)(ks << 5));
 #pragma unroll
         for (int np = 0; np < BN / 16; ++np) {
+            if (!((live >> np) & 1u)) continue;
             u32 bf[4];
             tc_ldsm_x4(bf, (b ^ (u32)(ks << 5)) + np * 16 * BWD_ROWB);
             tc_mma2(x[2 * np], x[2 * np + 1], af, bf);
         }
     }
+}
+
+__device__ __forceinline__ void tc_bwd_rows(TcBwdRows& x, u32 a, u32 b) { tc_bwd_rows_live(x, a, b, ~0u); }
+
+// the 16-key column blocks kk (bit kk) where any of the warp's P values is nonzero: exp2 of a masked
+// score or of a padding row is exactly zero, and so is dS = P (dP - delta) there
+__device__ __forceinline__ unsigned tc_bwd_live(const TcBwdRows& x) {
+    unsigned live = 0;
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+        bool nz = false;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) nz |= (x[2 * kk][i] != 0.f) | (x[2 * kk + 1][i] != 0.f);
+        live |= (unsigned)__any_sync(0xffffffffu, nz) << kk;
+    }
+    return live;
 }
 
 // acc += X^T Y over the BM query rows: X^T's k-step qs at a + qs * 16 rows of the staged tile,
@@ -101,11 +122,13 @@ __device__ __forceinline__ void tc_bwd_cols(TcBwdCols& acc, u32 a, u32 b) {
 }
 
 // c += dS K for columns c0 .. c0 + C - 1 (c0 a multiple of 16): dS's k-step kk is ds[kk], K's at
-// b + kk * 16 rows
+// b + kk * 16 rows; over the k-steps (key blocks) with bit kk of live set only (all: tc_bwd_dq_mac)
 template <int C>
-__device__ __forceinline__ void tc_bwd_dq_mac(float (&c)[C / 8][4], const TcBwdFrag& ds, u32 b, int c0) {
+__device__ __forceinline__ void tc_bwd_dq_mac_live(float (&c)[C / 8][4], const TcBwdFrag& ds, u32 b, int c0,
+                                                   unsigned live) {
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
+        if (!((live >> kk) & 1u)) continue;
 #pragma unroll
         for (int dp = 0; dp < C / 16; ++dp) {
             u32 bf[4];
@@ -113,6 +136,11 @@ __device__ __forceinline__ void tc_bwd_dq_mac(float (&c)[C / 8][4], const TcBwdF
             tc_mma2(c[2 * dp], c[2 * dp + 1], ds[kk], bf);
         }
     }
+}
+
+template <int C>
+__device__ __forceinline__ void tc_bwd_dq_mac(float (&c)[C / 8][4], const TcBwdFrag& ds, u32 b, int c0) {
+    tc_bwd_dq_mac_live<C>(c, ds, b, c0, ~0u);
 }
 
 // c = dS K for columns c0 .. c0 + C - 1 (tc_bwd_dq_mac on zeroed accumulators)

@@ -15,6 +15,8 @@
 //   tc_kv_bh(): the block's key/value head in K and V ([B * H_kv] of them; blockIdx.y when KV_GROUP 1).
 //   TcWork tc_item_work(T_all, BH, item, cls): the backward's (a work item of a key tile's list;
 //   the grid flat over items, residue classes and B * H), its item and residue class.
+//   tc_item_work_at(T_all, BH, b, item, cls), tc_block_work_at(T_all, nq, x, y, z): the same for a
+//   block named otherwise than by blockIdx (the backward's fused launch).
 //   TcTileList: init(thead, tent, qt) reads the list head and the entries of the first STAGES
 //   tiles (init_range(tent, e0, n): a stretch of a list, a decode's split); next(tent, it, ahead)
 //   moves to tile `it`, returning its entry, with `ahead` the entry of
@@ -52,18 +54,34 @@ __device__ __forceinline__ TcWork tc_block_work(int T_all) {
 // The backward's work items (attnbench.tiles.WorkItems: stretches of the transposed lists, the
 // longest first): blockIdx.x = (item * classes + cls) * BH + bh, the item slowest, so that the
 // longest items of every head and class are dispatched before any shorter one. qt is the item.
-__device__ __forceinline__ TcWork tc_item_work(int T_all, int BH, int& item, int& cls) {
+// (tc_item_work_at: the same for a block number b other than blockIdx.x, fast_tc_bwd_wg.cu's fused
+// launch; tc_block_work_at: tc_block_work's for a block (x, y, z) of a grid nq blocks wide, no grouped heads)
+__device__ __forceinline__ TcWork tc_item_work_at(int T_all, int BH, int b, int& item, int& cls) {
     TcWork w;
     const int C = STRIDE < T_all ? STRIDE : T_all;  // residue classes
     const int per = BH * C;
-    item = (int)blockIdx.x / per;
-    const int r = (int)blockIdx.x - item * per;
+    item = b / per;
+    const int r = b - item * per;
     cls = r / BH;
     w.bh = r - cls * BH;
     w.qt = item;
     w.T = (T_all - cls + STRIDE - 1) / STRIDE;
     w.base = (size_t)w.bh * (size_t)T_all * HEAD_D + (size_t)cls * HEAD_D;
     w.kv_base = w.base;  // (no grouped heads in a backward)
+    return w;
+}
+
+__device__ __forceinline__ TcWork tc_item_work(int T_all, int BH, int& item, int& cls) {
+    return tc_item_work_at(T_all, BH, (int)blockIdx.x, item, cls);
+}
+
+__device__ __forceinline__ TcWork tc_block_work_at(int T_all, int nq, int x, int y, int z) {
+    TcWork w;
+    w.qt = nq - 1 - x;
+    w.bh = y;
+    w.T = (T_all - z + STRIDE - 1) / STRIDE;
+    w.base = (size_t)y * (size_t)T_all * HEAD_D + (size_t)z * HEAD_D;
+    w.kv_base = w.base;
     return w;
 }
 
