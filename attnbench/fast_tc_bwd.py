@@ -16,7 +16,11 @@ and dV). Where a query reads few keys (``choose_dq``: below ``DQ_PASS_MAX_KEYS``
 ``Backward(dq="pass")`` ($ATTNBENCH_BWD_DQ=pass, ``--bwd-config DQ=1``), dQ comes instead from a pass of
 its own over the forward list (``fast_tc_bwd_dq_pass``, on mma.sync; beside the wgmma main loop it is
 a launch of the mma.sync build, the main loop then skipping dQ): no float32 accumulator and no
-reductions, 1.4x the products; docs/PERF.md "backward v2" and "backward v6" measure both ways.
+reductions, 1.4x the products; docs/PERF.md "backward v2" and "backward v6" measure both ways. The
+pass computes the rows' stats itself and runs first (prep then only zeroes a split key tile's
+accumulators, or does not run), reading O from a tile copied into shared memory ("backward v8" to
+"backward v12"). ``--bwd-config DQ=2`` (``fast_tc_bwd_fused``) runs the pass's blocks in the wgmma
+main loop's launch instead, after prep: a measured variant, not a default ("backward v12").
 
 The log-sum-exp is the natural log: ``lse[b, h, i] = log(sum_j exp(scale * q_i . k_j))`` over row
 i's allowed keys, float32 [B, H, T] (``reference.reference_forward``'s), as the forward with
@@ -417,10 +421,14 @@ class Backward:
     """The backward of one problem: its transposed list cut into work items (``tiles.WorkItems``)
     on the device and its kernels compiled (timed into ``setup``); ``launches`` binds them to
     arrays. ``split``: the most query tiles a work item walks (0: no key tile split; None: from
-    $ATTNBENCH_BWD_SPLIT, else ``split_length`` for this GPU). ``dq``: "atomic" (dQ's sums by
-    float32 reductions in the main kernel, converted after it) or "pass" (dQ by a query-tile-major
-    pass of its own over the forward list, no accumulator); None: $ATTNBENCH_BWD_DQ, else ``choose_dq``
-    (the pass below DQ_PASS_MAX_KEYS keys a query).
+    $ATTNBENCH_BWD_SPLIT, else ``split_length`` for this GPU and ``waves``, default SPLIT_WAVES).
+    ``dq``: "atomic" (dQ's sums by float32 reductions in the main kernel, converted after it),
+    "pass" (dQ by a query-tile-major pass of its own over the forward list, no accumulator) or
+    "fused" (that pass's blocks in the main kernel's launch, ``fused_order``; wgmma, one warpgroup,
+    prep's stats); None: $ATTNBENCH_BWD_DQ, else ``choose_dq`` (the pass below DQ_PASS_MAX_KEYS keys
+    a query). ``stats``: where the pass's rows' stats come from (0: prep; 1, 2: the pass, from O in
+    global or shared memory; None: PASS_STATS_FROM where PASS_STATS and PASS_STATS_SPLIT allow, else
+    prep). ``skip``: whether the pass skips a warp's all-zero key blocks of P (None: PASS_SKIP's).
     ``wgmma``: the wgmma main loop (fast-tc on sm_90; ``choose_bwd_config``), else mma.sync's."""
 
     def __init__(self, prob: Problem, setup: dict | None = None, cfg: BwdConfig | None = None,
