@@ -489,10 +489,14 @@ def compile_cmd(archs, hashes, gate_builds):
 @click.option("--decode-config", "decode_configs", multiple=True, metavar="SPEC", help=DECODE_CONFIG_HELP)
 @click.option("--bwd-config", "bwd_configs", multiple=True, metavar="SPEC",
               help="fast-tc's backward with fields fixed: NWARPS (4: one warpgroup, 8: two), STAGES, MINB of its "
-                   "main kernel, DQ (0: dQ's sums by float32 reductions, 1: dQ by its own pass) and STATS (with the pass, "
-                   "1: it computes the rows' lse and delta and runs first, no prep; 0: prep does) and PAIRS (two "
-                   "warpgroups at D=64: 1, dQ of two query tiles at a time, one a warpgroup; 2, the same with dQ's "
-                   "products in flight through the next pair's first tile; 0, one tile's by both) "
+                   "main kernel, DQ (0: dQ's sums by float32 reductions, 1: dQ by its own pass, 2: that pass's blocks "
+                   "in the main kernel's launch) and STATS (with the pass, 2: it computes the rows' lse and delta from O "
+                   "in shared memory and runs first, no prep; 1: the same from global memory; 0: prep does) and PAIRS "
+                   "(two warpgroups at D=64: 1, dQ of two query tiles at a time, one a warpgroup; 2, the same with dQ's "
+                   "products in flight through the next pair's first tile; 0, one tile's by both), SKIP (the pass "
+                   "skips a warp's all-zero key blocks of P: 1, or 0), WAVES (the waves of blocks the work items "
+                   "fill) and PMINB (the pass's blocks per multiprocessor asked of the register allocator; 0: its "
+                   "shape's) "
                    "as FIELD=N,...; "
                    "each adds a row per bwd / fwd+bwd configuration for fast-tc and fast-tc-sync, named e.g. "
                    "fast-tc[bwd:DQ=1], timed with the others (repeatable)")

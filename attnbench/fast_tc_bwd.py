@@ -256,8 +256,10 @@ class BwdFields:
     the main loop: 1, two query tiles' dQ at a time, one a warpgroup; 2, the same with dQ's products
     in flight through the next pair's first tile; 0, one tile's by both, each reducing half) and SKIP
     (dQ's pass: 1, a warp skips dP's and dQ's products on a tile's 16-key blocks where its P is all
-    zero; 0, computes them) and WAVES (the waves of blocks the work items are cut to fill,
-    ``split_length``); the defaults are those of the positional form."""
+    zero; 0, computes them), WAVES (the waves of blocks the work items are cut to fill,
+    ``split_length``) and PMINB (dQ's own pass beside the wgmma main loop: its blocks per
+    multiprocessor asked of the register allocator; 0, its shape's); the defaults are those of the
+    positional form."""
     NWARPS: int = 8
     STAGES: int = 2
     MINB: int = 1
@@ -266,11 +268,12 @@ class BwdFields:
     PAIRS: int = 1
     SKIP: int = 1
     WAVES: int = SPLIT_WAVES
+    PMINB: int = 0
 
 
 BWD_FIELDS = tuple(f.name for f in dataclasses.fields(BwdFields))
 BWD_LIMITS = {"NWARPS": (4, 8, 4), "STAGES": (2, 4, 1), "MINB": (1, 4, 1), "DQ": (0, 2, 1), "STATS": (0, 2, 1),
-              "PAIRS": (0, 2, 1), "SKIP": (0, 1, 1), "WAVES": (1, 16, 1)}
+              "PAIRS": (0, 2, 1), "SKIP": (0, 1, 1), "WAVES": (1, 16, 1), "PMINB": (0, 4, 1)}
 
 
 @dataclass(frozen=True)
@@ -284,7 +287,7 @@ class BwdSpec:
     @property
     def shape(self) -> dict:
         """The main kernel's fields given (what $ATTNBENCH_BWD_SHAPE would replace)."""
-        return {k: v for k, v in self.given if k not in ("DQ", "STATS", "SKIP", "WAVES")}
+        return {k: v for k, v in self.given if k not in ("DQ", "STATS", "SKIP", "WAVES", "PMINB")}
 
     @property
     def dq(self) -> str | None:
@@ -297,6 +300,11 @@ class BwdSpec:
         """How dQ's pass takes the rows' stats (STATS: 0 from prep, 1 and 2 computed by the pass from O
         and dO in global or shared memory), None when not given."""
         return dict(self.given).get("STATS")
+
+    @property
+    def pass_minb(self) -> int | None:
+        """The dQ pass's blocks per multiprocessor asked of the allocator (PMINB; 0 or None: its shape's)."""
+        return dict(self.given).get("PMINB") or None
 
     @property
     def waves(self) -> int | None:
@@ -334,10 +342,12 @@ def choose_bwd_config(D: int, wgmma: bool, dq: str = "atomic", keys_per_query: f
     return cfg
 
 
-def dq_pass_config(D: int, cfg: BwdConfig) -> BwdConfig:
+def dq_pass_config(D: int, cfg: BwdConfig, minb: int | None = None) -> BwdConfig:
     """The shape of the dQ pass beside a main kernel of shape ``cfg``: that shape on mma.sync; beside
-    the wgmma main loop, mma.sync's own for D (``BWD_SHAPES``), a launch of the mma.sync build."""
-    return BWD_SHAPES[D][0] if cfg.WG else cfg
+    the wgmma main loop, mma.sync's own for D (``BWD_SHAPES``), a launch of the mma.sync build; with
+    ``minb`` (PMINB) its blocks per multiprocessor asked of the register allocator replaced."""
+    pcfg = BWD_SHAPES[D][0] if cfg.WG else cfg
+    return pcfg if not minb else dataclasses.replace(pcfg, MINB=minb)
 
 
 def forced_dq() -> str | None:
@@ -429,11 +439,13 @@ class Backward:
     a query). ``stats``: where the pass's rows' stats come from (0: prep; 1, 2: the pass, from O in
     global or shared memory; None: PASS_STATS_FROM where PASS_STATS and PASS_STATS_SPLIT allow, else
     prep). ``skip``: whether the pass skips a warp's all-zero key blocks of P (None: PASS_SKIP's).
+    ``pass_minb``: the pass's MINB (``dq_pass_config``; None: its shape's).
     ``wgmma``: the wgmma main loop (fast-tc on sm_90; ``choose_bwd_config``), else mma.sync's."""
 
     def __init__(self, prob: Problem, setup: dict | None = None, cfg: BwdConfig | None = None,
                  split: int | None = None, dq: str | None = None, wgmma: bool = False, fields: dict | None = None,
-                 stats: int | None = None, skip: int | None = None, waves: int | None = None):
+                 stats: int | None = None, skip: int | None = None, waves: int | None = None,
+                 pass_minb: int | None = None):
         check_dtype(prob.dtype)
         if prob.D not in BWD_SHAPES:
             raise BadInput(f"D={prob.D} is not supported by the backward of fast-tc "
@@ -484,7 +496,7 @@ class Backward:
         if dq != "atomic":  # the forward list at the dQ pass's tiles, on the device (built above on mma.sync)
             setup["bwd_pass_stats"] = int(self.stats)
             setup["bwd_pass_skip"] = self.skip
-            self.pcfg = pcfg = cfg if dq == "fused" else dq_pass_config(prob.D, cfg)
+            self.pcfg = pcfg = cfg if dq == "fused" else dq_pass_config(prob.D, cfg, pass_minb)
             self.fwd_tiles = tile_list(inner, pcfg.BM, pcfg.BN).device()
             setup["bwd_dq_tile_config"] = pcfg.spec
         if dq == "fused":
@@ -623,7 +635,8 @@ def build_backward(impl: FastTC, prob: Problem, q, k, v, do, cfg: TileConfig | N
     spec = impl.bwd  # a --bwd-config variant's fields (None: as chosen)
     bwd = Backward(prob, setup, wgmma=impl.uses_wgmma(), dq=spec.dq if spec else None,
                    fields=spec.shape if spec else None, stats=spec.stats if spec else None,
-                   skip=spec.skip if spec else None, waves=spec.waves if spec else None)
+                   skip=spec.skip if spec else None, waves=spec.waves if spec else None,
+                   pass_minb=spec.pass_minb if spec else None)
     grads = tuple(cupy.empty(prob.shape, dtype=q.dtype) for _ in range(3))
     launches = bwd.launches(q, k, v, o, lse, do, *grads, *bwd.scratch())
     with_fwd = prob.pass_name == "fwd+bwd"

@@ -222,6 +222,21 @@ def test_the_fused_build_compiles_without_spills(D, pattern, T, causal, params):
     assert cfg.smem_bytes(D, "fused") >= cfg.dq_pass_smem_bytes(D)  # the pass's blocks fit the launch's smem
 
 
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_pass_that_skips_keeps_three_blocks_at_d64_with_pminb_3(arch):
+    """SKIP at D=64 takes the pass from 162 to 172 registers (two blocks a multiprocessor, docs/PERF.md
+    "backward v12"); asking for three (PMINB=3) fits it in 168 without spills."""
+    from attnbench.fast_tc_bwd import dq_pass_config
+
+    mask = make_mask("streaming", 32768, True, sink=16, window=64)
+    pcfg = dq_pass_config(64, bwd_config(64, True, 80, "pass"), 3)
+    assert (pcfg.MINB, pcfg.WG, pcfg.NWARPS) == (3, 0, 4)
+    d = bwd_defines(64, "bfloat16", mask, pcfg, dq="pass", skip=1)
+    assert d["BWD_PASS_SKIP"] == 1 and d["MINB"] == 3
+    r = {x.kernel: x for x in compile_only("fast_tc_bwd", d, arch)}["fast_tc_bwd_dq_pass"]
+    assert r.registers <= 168 and (r.spill_stores, r.spill_loads, r.stack) == (0, 0, 0), r
+
+
 def test_the_fused_order_runs_every_block_once_beside_the_tiles_it_reads():
     from attnbench.fast_tc_bwd import fused_order
     from attnbench.tiles import tile_items_t
@@ -793,8 +808,10 @@ def test_bwd_config_parses_fields_and_refuses_bad_ones_by_name():
     assert parse_bwd_config("DQ=2").dq == "fused"
     assert parse_bwd_config("DQ=1,SKIP=0").skip == 0 and parse_bwd_config("DQ=1").skip is None
     assert parse_bwd_config("DQ=1,SKIP=0").shape == {}
+    assert parse_bwd_config("DQ=1,PMINB=3").pass_minb == 3 and parse_bwd_config("PMINB=3").shape == {}
+    assert parse_bwd_config("PMINB=0").pass_minb is None  # 0: the pass's shape's own
     for bad, words in (("DQ=3", "DQ=3 must be from 0 to 2"), ("NWARPS=6", "NWARPS=6 must be a multiple of 4"),
-                       ("BN=64", "unknown field 'BN'"), ("8,2", "positional form takes 4 to 8"),
+                       ("BN=64", "unknown field 'BN'"), ("8,2", "positional form takes 4 to 9"),
                        ("STATS=3", "STATS=3 must be from 0 to 2"), ("SKIP=2", "SKIP=2 must be 0 or 1"), ("PAIRS=3", "PAIRS=3 must be from 0 to 2")):
         with pytest.raises(BadInput, match="--bwd-config") as e:
             parse_bwd_config(bad)
@@ -834,7 +851,7 @@ def test_the_variants_fields_win_over_the_environments(monkeypatch):
                                               ("NWARPS=8,MINB=1,DQ=0,PAIRS=2", "atomic", 8), ("DQ=1,STATS=0", "pass", None),
                                               ("DQ=1,STATS=1", "pass", None), ("DQ=1,STATS=2", "pass", None),
                                               ("DQ=2", "fused", 4), ("DQ=1,SKIP=0", "pass", None),
-                                              ("DQ=1,SKIP=1", "pass", None)])
+                                              ("DQ=1,SKIP=1", "pass", None), ("DQ=1,SKIP=1,PMINB=3", "pass", None)])
 @pytest.mark.parametrize("split", ["", "0"], ids=["split-as-chosen", "nothing-split"])
 def test_a_bwd_variant_runs_its_fields_and_matches_the_reference(monkeypatch, text, dq, nwarps, split):
     from attnbench.fast_tc_bwd import PASS_SKIP, PASS_STATS_FROM, PASS_STATS_SPLIT, SPLIT_ENV, parse_bwd_config
