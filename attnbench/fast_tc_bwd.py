@@ -176,7 +176,8 @@ PASS_SKIP = {64: 0, 128: 1}
 # ... and where a key tile is split, at these D: prep then runs on no row, only zeroing the split tiles'
 # accumulators ("zero"). H100, --pass bwd, pass's stats with zero / prep (results/train-bwd-v10-zero-ab-h100.csv,
 # docs/PERF.md "backward v10"), T=32768 and 131072: D=64 streaming 16+64, bigbird and the custom twin
-# 0.95-0.97; D=128 1.00-1.01 (the pass reading O costs there what prep's read saved)
+# 0.95-0.97; D=128 1.00-1.01 with O read from global memory, 0.93-0.95 since v12 reads it from shared
+# memory (results/train-bwd-v12-stats-ab-h100.csv)
 PASS_STATS_SPLIT = {64: True, 128: True}
 
 
@@ -249,10 +250,9 @@ class BwdFields:
     """The backward's fields a shape variant may fix (``--bwd-config``): the main kernel's NWARPS,
     STAGES and MINB, DQ (0: dQ's sums by float32 reductions, 1: dQ by its own pass, 2: that pass's
     blocks in the main kernel's launch, beside the items that read the same tiles; wgmma, one
-    warpgroup, the rows' stats from prep) and STATS (with
-    dQ's own pass, 1: the pass computes the rows' (lse log2 e, delta) and runs first, no prep launch
-    reading O and dO, 1 from global memory, 2 from O's tile copied into shared memory beside Q and dO;
-    0: prep computes them) and PAIRS (two warpgroups at D=64, dQ summed in
+    warpgroup, the rows' stats from prep) and STATS (with dQ's own pass, 1 or 2: the pass computes the
+    rows' (lse log2 e, delta) and runs first, no prep launch reading O and dO, 1 reading O from global
+    memory, 2 from O's tile copied into shared memory beside Q and dO; 0: prep computes them) and PAIRS (two warpgroups at D=64, dQ summed in
     the main loop: 1, two query tiles' dQ at a time, one a warpgroup; 2, the same with dQ's products
     in flight through the next pair's first tile; 0, one tile's by both, each reducing half) and SKIP
     (dQ's pass: 1, a warp skips dP's and dQ's products on a tile's 16-key blocks where its P is all
@@ -377,8 +377,8 @@ def bwd_defines(D: int, dtype: str, mask: Mask, cfg: BwdConfig | None = None, dq
                 stats: int = PASS_STATS_FROM, skip: int | None = None) -> dict:
     """The -D constants of kernels/fast_tc_bwd.cu for a head dimension, dtype and pattern (the inner
     pattern and its stride when the pattern is strided); ``dq`` "pass" adds BWD_DQ_PASS, and with
-    ``stats`` (1 or 2: where the pass reads O and dO, PASS_STATS_FROM) BWD_PASS_STATS = stats (the pass
-    computes the rows' lse log2 e and delta; 0 or False: prep does), and with ``skip`` BWD_PASS_SKIP
+    ``stats`` (1 or 2: where the pass reads O, PASS_STATS_FROM) BWD_PASS_STATS = stats (the pass
+    computes the rows' lse log2 e and delta; 0: prep does), and with ``skip`` BWD_PASS_SKIP
     (the pass skips the key blocks where a warp's P is all zero; None: PASS_SKIP's for D)."""
     cfg = cfg or bwd_config(D)
     stride, inner = mask.strided()
@@ -395,7 +395,7 @@ def bwd_defines(D: int, dtype: str, mask: Mask, cfg: BwdConfig | None = None, dq
     elif dq == "pass":
         d["BWD_DQ_PASS"] = 1
         if stats:
-            d["BWD_PASS_STATS"] = PASS_STATS_FROM if stats is True else int(stats)
+            d["BWD_PASS_STATS"] = int(stats)
     d.update(pattern_defines(inner.tile_predicate(cfg.BM, cfg.BN)))
     return d
 
@@ -727,8 +727,10 @@ def _builds_of(mask: Mask, D: int, dtype: str) -> list[tuple[str, dict]]:
 
     kpq = mask.pairs / mask.T
     dq = choose_dq(D, kpq)
-    wg = bwd_config(D, True, kpq, dq)  # what Backward chooses for it (the pass's stats: where no key tile
-    stats = (True, False) if dq == "pass" else (True,)  # is split, which the GPU's size decides: both)
+    wg = bwd_config(D, True, kpq, dq)  # what Backward chooses for it
+    # the pass's stats where no key tile is split, and at the D of PASS_STATS_SPLIT where one is (the GPU's
+    # size decides): elsewhere prep's too
+    stats = (PASS_STATS_FROM,) + (() if dq != "pass" or PASS_STATS_SPLIT[D] else (0,))
     return [b for st in stats for b in ((KERNEL, bwd_defines(D, dtype, mask, dq=dq, stats=st)),
                                         (KERNEL_WG, bwd_defines(D, dtype, mask, wg, dq, st)))] + [
         (FWD, {**kernel_defines(D, dtype, mask, lse_shape(choose_config(mask, D, wgmma))), "FWD_LSE": 1})
