@@ -48,16 +48,6 @@ struct TcBwdWalk {
 //   BWD_PASS_STATS 2: shared memory, O's tile copied (cp.async) in the group of Q and dO into the
 //     K stage the loop refills first (free until then), so its read overlaps theirs; rl0 the
 //     warp's first row in the tiles (TcRowLayout).
-__device__ __forceinline__ float tc_dot8(uint4 a, uint4 b, float d) {
-    const u32 av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float2 x = tc_unpack(av[i]), y = tc_unpack(bv[i]);
-        d = fmaf(x.x, y.x, fmaf(x.y, y.y, d));
-    }
-    return d;
-}
-
 __device__ __forceinline__ uint4 tc_lds16(u32 addr) {
     uint4 v;
     asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));

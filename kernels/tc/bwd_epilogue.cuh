@@ -3,7 +3,8 @@
 // convert kernels.
 //
 // Interface:
-//   tc_unpack(x): the two 16-bit values of a packed register as floats (lo, hi).
+//   tc_unpack(x): the two 16-bit values of a packed register as floats (lo, hi); tc_dot8(a, b, d): d plus
+//     the dot product of two 8-element rows packed as uint4.
 //   tc_bwd_row_stats(ld, row, T): (lse2, delta) of a class row (ld: the row's class base; rows
 //     STRIDE apart), (+inf, 0) past T: P = 0 and dS = 0 on padding rows.
 //   tc_bwd_probs(x, ra, rb, scale_log2): a warp's S fragment into P = exp2(S scale log2 e - lse2)
@@ -34,6 +35,17 @@ __device__ __forceinline__ float2 tc_unpack(u32 x) {
 #else
     return make_float2(ab_bf16_to_f32((u16)(x & 0xffffu)), ab_bf16_to_f32((u16)(x >> 16)));
 #endif
+}
+
+// d + the dot product of two packed 8-element rows (uint4 of 16-bit pairs): delta = rowsum(dO * O)
+__device__ __forceinline__ float tc_dot8(uint4 a, uint4 b, float d) {
+    const u32 av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 x = tc_unpack(av[i]), y = tc_unpack(bv[i]);
+        d = fmaf(x.x, y.x, fmaf(x.y, y.y, d));
+    }
+    return d;
 }
 
 __device__ __forceinline__ float2 tc_bwd_row_stats(const float2* __restrict__ ld, int row, int T) {

@@ -36,14 +36,7 @@ fast_tc_bwd_prep(const u16* __restrict__ Og, const u16* __restrict__ dOg, const 
     float d = 0.f;
     if (ok) {
         const size_t at = (size_t)row * HEAD_D + c * 8;
-        const uint4 o = *reinterpret_cast<const uint4*>(Og + at);
-        const uint4 g = *reinterpret_cast<const uint4*>(dOg + at);
-        const u32 ov[4] = {o.x, o.y, o.z, o.w}, gv[4] = {g.x, g.y, g.z, g.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const float2 a = tc_unpack(ov[i]), b = tc_unpack(gv[i]);
-            d = fmaf(a.x, b.x, fmaf(a.y, b.y, d));
-        }
+        d = tc_dot8(*reinterpret_cast<const uint4*>(Og + at), *reinterpret_cast<const uint4*>(dOg + at), d);
 #if !BWD_DQ_PASS
         float4* z = reinterpret_cast<float4*>(dQacc + at);
         z[0] = z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
