@@ -495,8 +495,9 @@ def compile_cmd(archs, hashes, gate_builds):
                    "(two warpgroups at D=64: 1, dQ of two query tiles at a time, one a warpgroup; 2, the same with dQ's "
                    "products in flight through the next pair's first tile; 0, one tile's by both), SKIP (the pass "
                    "skips a warp's all-zero key blocks of P: 1, or 0), WAVES (the waves of blocks the work items "
-                   "fill) and PMINB (the pass's blocks per multiprocessor asked of the register allocator; 0: its "
-                   "shape's) "
+                   "fill), PMINB (the pass's blocks per multiprocessor asked of the register allocator; 0: its "
+                   "shape's), ORDER (the work items' launch order: 0, longest first; 1, by the query tiles they "
+                   "read) and L (the most query tiles a work item walks; 0: as chosen) "
                    "as FIELD=N,...; "
                    "each adds a row per bwd / fwd+bwd configuration for fast-tc and fast-tc-sync, named e.g. "
                    "fast-tc[bwd:DQ=1], timed with the others (repeatable)")

@@ -204,6 +204,7 @@ SPLIT_WAVES = 1  # the items of all heads and classes fill about this many waves
 # instances 0.97-0.99 (streaming 16+64 and 4+1024, bigbird, the custom twin), no other instance moved by
 # more than 1% (fewer items of a split key tile: fewer float32 additions of its dK and dV)
 SPLIT_MIN = 8    # query tiles an item walks at least (a split item pays its K / V loads and dK / dV atomics)
+ITEM_ORDER = 0   # the work items' launch order (tiles.work_items): longest first
 SPLIT_ENV = "ATTNBENCH_BWD_SPLIT"  # L forced (0: nothing split), for tests and timing experiments
 
 
@@ -258,8 +259,10 @@ class BwdFields:
     (dQ's pass: 1, a warp skips dP's and dQ's products on a tile's 16-key blocks where its P is all
     zero; 0, computes them), WAVES (the waves of blocks the work items are cut to fill,
     ``split_length``) and PMINB (dQ's own pass beside the wgmma main loop: its blocks per
-    multiprocessor asked of the register allocator; 0, its shape's); the defaults are those of the
-    positional form."""
+    multiprocessor asked of the register allocator; 0, its shape's), ORDER (the work items' launch
+    order, ``tiles.work_items``: 0, longest first; 1, by the query tiles they read, so that a split key
+    tile's items run beside the band's items that read the same Q and dO) and L (the most query
+    tiles a work item walks; 0, ``split_length``'s); the defaults are those of the positional form."""
     NWARPS: int = 8
     STAGES: int = 2
     MINB: int = 1
@@ -269,11 +272,14 @@ class BwdFields:
     SKIP: int = 1
     WAVES: int = SPLIT_WAVES
     PMINB: int = 0
+    ORDER: int = 0
+    L: int = 0
 
 
 BWD_FIELDS = tuple(f.name for f in dataclasses.fields(BwdFields))
 BWD_LIMITS = {"NWARPS": (4, 8, 4), "STAGES": (2, 4, 1), "MINB": (1, 4, 1), "DQ": (0, 2, 1), "STATS": (0, 2, 1),
-              "PAIRS": (0, 2, 1), "SKIP": (0, 1, 1), "WAVES": (1, 16, 1), "PMINB": (0, 4, 1)}
+              "PAIRS": (0, 2, 1), "SKIP": (0, 1, 1), "WAVES": (1, 16, 1), "PMINB": (0, 4, 1), "ORDER": (0, 1, 1), "L": (0, 65536, 1)}
+WORK_FIELDS = ("DQ", "STATS", "SKIP", "WAVES", "PMINB", "ORDER", "L")  # not the main kernel's shape
 
 
 @dataclass(frozen=True)
@@ -287,7 +293,7 @@ class BwdSpec:
     @property
     def shape(self) -> dict:
         """The main kernel's fields given (what $ATTNBENCH_BWD_SHAPE would replace)."""
-        return {k: v for k, v in self.given if k not in ("DQ", "STATS", "SKIP", "WAVES", "PMINB")}
+        return {k: v for k, v in self.given if k not in WORK_FIELDS}
 
     @property
     def dq(self) -> str | None:
@@ -310,6 +316,16 @@ class BwdSpec:
     def waves(self) -> int | None:
         """The waves the work items are cut to fill (WAVES), None when not given."""
         return dict(self.given).get("WAVES")
+
+    @property
+    def order(self) -> int | None:
+        """The work items' launch order (ORDER, ``tiles.work_items``), None when not given."""
+        return dict(self.given).get("ORDER")
+
+    @property
+    def split(self) -> int | None:
+        """The most query tiles a work item walks (L; 0 or None: ``split_length``'s)."""
+        return dict(self.given).get("L") or None
 
     @property
     def skip(self) -> int | None:
@@ -439,13 +455,14 @@ class Backward:
     a query). ``stats``: where the pass's rows' stats come from (0: prep; 1, 2: the pass, from O in
     global or shared memory; None: PASS_STATS_FROM where PASS_STATS and PASS_STATS_SPLIT allow, else
     prep). ``skip``: whether the pass skips a warp's all-zero key blocks of P (None: PASS_SKIP's).
-    ``pass_minb``: the pass's MINB (``dq_pass_config``; None: its shape's).
+    ``pass_minb``: the pass's MINB (``dq_pass_config``; None: its shape's). ``order``: the work items'
+    launch order (``tiles.work_items``; None: ITEM_ORDER).
     ``wgmma``: the wgmma main loop (fast-tc on sm_90; ``choose_bwd_config``), else mma.sync's."""
 
     def __init__(self, prob: Problem, setup: dict | None = None, cfg: BwdConfig | None = None,
                  split: int | None = None, dq: str | None = None, wgmma: bool = False, fields: dict | None = None,
                  stats: int | None = None, skip: int | None = None, waves: int | None = None,
-                 pass_minb: int | None = None):
+                 pass_minb: int | None = None, order: int | None = None):
         check_dtype(prob.dtype)
         if prob.D not in BWD_SHAPES:
             raise BadInput(f"D={prob.D} is not supported by the backward of fast-tc "
@@ -477,11 +494,12 @@ class Backward:
             split = split_length(tt.n_visited, longest, self.heads, self.slots(cfg),
                                  SPLIT_WAVES if waves is None else waves)
         L = max(1, min(split, longest)) if split > 0 else max(1, longest)
-        items = tile_items_t(inner, cfg.BM, cfg.BN, L)
+        self.order_items = ITEM_ORDER if order is None else int(order)
+        items = tile_items_t(inner, cfg.BM, cfg.BN, L, self.order_items)
         self.items = items.device()
         self.n_items, self.n_split = items.n_items, items.n_split
         setup.update(bwd_items=items.n_items, bwd_split=L, bwd_split_tiles=items.n_split,
-                     bwd_items_build_s=items.build_s, bwd_items_device_s=self.items.build_s)
+                     bwd_items_order=self.order_items, bwd_items_build_s=items.build_s, bwd_items_device_s=self.items.build_s)
         if self.n_items * self.heads >= 2 ** 31:
             raise BadInput(f"{self.n_items} work items x {self.heads} heads and classes exceed the grid (2^31 blocks)")
         setup["bwd_dq"] = dq
@@ -636,7 +654,8 @@ def build_backward(impl: FastTC, prob: Problem, q, k, v, do, cfg: TileConfig | N
     bwd = Backward(prob, setup, wgmma=impl.uses_wgmma(), dq=spec.dq if spec else None,
                    fields=spec.shape if spec else None, stats=spec.stats if spec else None,
                    skip=spec.skip if spec else None, waves=spec.waves if spec else None,
-                   pass_minb=spec.pass_minb if spec else None)
+                   pass_minb=spec.pass_minb if spec else None, order=spec.order if spec else None,
+                   split=spec.split if spec else None)
     grads = tuple(cupy.empty(prob.shape, dtype=q.dtype) for _ in range(3))
     launches = bwd.launches(q, k, v, o, lse, do, *grads, *bwd.scratch())
     with_fwd = prob.pass_name == "fwd+bwd"

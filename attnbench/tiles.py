@@ -576,7 +576,8 @@ class WorkItems:
     more than one item is *split* and gets a slot (0, 1, ... in key-tile order): its items add their
     partial dK and dV into float32 accumulators instead of storing them. Items come ordered by their
     key tile's item length ceil(count / k), longest first (ties: key tile ascending), the items of a
-    key tile one after another, so no item is more than one query tile longer than any before it.
+    key tile one after another, so no item is more than one query tile longer than any before it
+    (``work_items``' order 0; order 1 orders them by position).
 
     ``heads`` is ``heads()``'s layout for the items (the first entry's index in the transposed
     list, the count, the first two entries), so the kernel reads an item as it reads a list."""
@@ -627,20 +628,30 @@ class DeviceItems:
         return cls(heads, tiles, split_kt, time.perf_counter() - t0)
 
 
-def work_items(tt: Tiles, L: int) -> WorkItems:
+ITEM_ORDERS = (0, 1)  # 0: longest first; 1: by the query tile the item reaches first in its stretch
+
+
+def work_items(tt: Tiles, L: int, order: int = 0) -> WorkItems:
     """``tt`` (CSR ``ptr`` over key tiles, entries as runs) cut into work items of at most ``L``
-    entries (``WorkItems``), vectorised: the cost grows with the items, not with the entries."""
+    entries (``WorkItems``), vectorised: the cost grows with the items, not with the entries.
+    ``order`` 1 puts the items in the order of their stretch's position instead of longest first:
+    by the query tile of the item's second entry (its first where it has one), longer items first
+    among equals. A causal band's key tile t then sits beside a split key tile's item whose stretch
+    starts near t, so that the two read the same Q and dO tiles at about the same time (the second
+    entry, because a pattern with global rows, bigbird's, puts query tile 0 first in every list)."""
     if L < 1:
         raise ValueError(f"L={L}: work items hold at least one entry")
+    if order not in ITEM_ORDERS:
+        raise ValueError(f"order={order}: expected one of {ITEM_ORDERS}")
     t0 = time.perf_counter()
     ptr = tt.ptr.astype(np.int64)
     count = np.diff(ptr)
     k = np.maximum(1, -(-count // L))  # items per key tile
     per = -(-count // k)               # its item length (the longer ones)
-    order = np.argsort(-per, kind="stable")  # longest first, key tile ascending
-    k_o = k[order]
+    longest = np.argsort(-per, kind="stable")  # longest first, key tile ascending
+    k_o = k[longest]
     n = int(k_o.sum())
-    kt = np.repeat(order, k_o)
+    kt = np.repeat(longest, k_o)
     j = np.arange(n, dtype=np.int64) - np.repeat(np.cumsum(k_o) - k_o, k_o)  # the item's index in its tile
     q, r = np.divmod(count[kt], k[kt])
     size = q + (j < r)
@@ -657,6 +668,10 @@ def work_items(tt: Tiles, L: int) -> WorkItems:
         heads_[:, col] = 0
         heads_[has, col] = tt.run_val[run] + 2 * (at - tt.run_off[run])
     tiles_ = np.stack([kt, slot_of[kt]], axis=1).astype(np.int32)
+    if order == 1:
+        pos = np.where(size > 1, heads_[:, 3], heads_[:, 2]) >> 1
+        by = np.lexsort((np.arange(n), -size, pos))
+        heads_, tiles_ = heads_[by], tiles_[by]
     return WorkItems(int(L), heads_, tiles_, np.flatnonzero(split).astype(np.int32), time.perf_counter() - t0)
 
 
@@ -718,10 +733,11 @@ def drop_device_copies() -> None:
 _CACHE_ITEMS: OrderedDict = OrderedDict()
 
 
-def tile_items_t(mask, BM: int, BN: int, L: int) -> WorkItems:
-    """``work_items(tile_list_t(mask, BM, BN), L)``, cached beside the transposed list per
-    (pattern, parameters, T, causal, BM, BN, L); its ``build_s`` is the cut's own seconds."""
-    return lru(_CACHE_ITEMS, (mask_key(mask), BM, BN, int(L)), lambda: work_items(tile_list_t(mask, BM, BN), L))
+def tile_items_t(mask, BM: int, BN: int, L: int, order: int = 0) -> WorkItems:
+    """``work_items(tile_list_t(mask, BM, BN), L, order)``, cached beside the transposed list per
+    (pattern, parameters, T, causal, BM, BN, L, order); its ``build_s`` is the cut's own seconds."""
+    return lru(_CACHE_ITEMS, (mask_key(mask), BM, BN, int(L), int(order)),
+               lambda: work_items(tile_list_t(mask, BM, BN), L, order))
 
 
 STEP_BUILDS = 5  # device builds whose median is a row's tiles_step_s

@@ -128,6 +128,41 @@ def test_items_of_small_and_odd_lists(T, tile):
             assert_items(tt, work_items(tt, L), L, brute=True)
 
 
+@pytest.mark.parametrize("T", [4096, 131072])
+def test_items_by_position_are_the_same_items_in_the_order_of_their_stretch(T):
+    """order=1: the same items (entries, key tile, slot) as order 0, launched by the query tile of
+    their second entry (first where alone), longer first among equals; a causal band's key tile t
+    just after a split tile's item whose stretch reaches t."""
+    n_split = 0
+    for label, m in _masks(T):
+        tt = tile_list_t(m, 64, 64)
+        for L in (4, 24):
+            a, b = work_items(tt, L), work_items(tt, L, order=1)
+            assert a.n_split == b.n_split and np.array_equal(a.split_kt, b.split_kt)
+            rows = lambda it: sorted(map(tuple, np.concatenate([it.heads, it.tiles], axis=1).tolist()))
+            assert rows(a) == rows(b), label
+            size = b.heads[:, 1]
+            pos = np.where(size > 1, b.heads[:, 3], b.heads[:, 2]) >> 1
+            key = np.stack([pos, -size], axis=1)
+            assert (np.diff(pos) >= 0).all() and all(tuple(x) <= tuple(y) for x, y in zip(key[:-1], key[1:])), label
+            n_split += b.n_split > 0
+    assert n_split >= 3  # streaming's sink tiles, bigbird's global columns and the custom twin are cut
+    with pytest.raises(ValueError, match="order=2"):
+        work_items(tile_list_t(make_mask("dense", 256, True).strided()[1], 64, 64), 4, order=2)
+
+
+def test_items_by_position_put_a_split_sink_item_beside_the_band_it_shares_tiles_with():
+    m = make_mask("streaming", 4096, True, sink=16, window=64).strided()[1]
+    tt = tile_list_t(m, 64, 64)
+    it = work_items(tt, 4, order=1)
+    kt, size = it.tiles[:, 0], it.heads[:, 1]
+    first = it.heads[:, 2] >> 1
+    sink = np.flatnonzero((kt == 0) & (it.tiles[:, 1] >= 0))
+    assert sink.size == -(-(4096 // 64) // 4)
+    for i in sink[1:]:  # the band's key tiles just before and after reach the sink item's stretch
+        assert abs(int(kt[i - 1]) - int(first[i])) <= 4 and abs(int(kt[i + 1]) - int(first[i])) <= 4
+
+
 def test_an_empty_transposed_list_gives_one_empty_item_per_key_tile():
     tt = tl.transpose(tl.Tiles.from_entries(64, 64, np.zeros(3, np.int32), []), 4)
     it = work_items(tt, 5)

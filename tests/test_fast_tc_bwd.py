@@ -810,8 +810,12 @@ def test_bwd_config_parses_fields_and_refuses_bad_ones_by_name():
     assert parse_bwd_config("DQ=1,SKIP=0").shape == {}
     assert parse_bwd_config("DQ=1,PMINB=3").pass_minb == 3 and parse_bwd_config("PMINB=3").shape == {}
     assert parse_bwd_config("PMINB=0").pass_minb is None  # 0: the pass's shape's own
+    s = parse_bwd_config("ORDER=1,L=8")
+    assert s.order == 1 and s.split == 8 and s.shape == {} and str(s) == "ORDER=1,L=8"
+    assert parse_bwd_config("L=0").split is None and parse_bwd_config("DQ=1").order is None  # 0: split_length's
     for bad, words in (("DQ=3", "DQ=3 must be from 0 to 2"), ("NWARPS=6", "NWARPS=6 must be a multiple of 4"),
-                       ("BN=64", "unknown field 'BN'"), ("8,2", "positional form takes 4 to 9"),
+                       ("BN=64", "unknown field 'BN'"), ("8,2", "positional form takes 4 to 11"),
+                       ("ORDER=2", "ORDER=2 must be 0 or 1"),
                        ("STATS=3", "STATS=3 must be from 0 to 2"), ("SKIP=2", "SKIP=2 must be 0 or 1"), ("PAIRS=3", "PAIRS=3 must be from 0 to 2")):
         with pytest.raises(BadInput, match="--bwd-config") as e:
             parse_bwd_config(bad)
@@ -851,7 +855,8 @@ def test_the_variants_fields_win_over_the_environments(monkeypatch):
                                               ("NWARPS=8,MINB=1,DQ=0,PAIRS=2", "atomic", 8), ("DQ=1,STATS=0", "pass", None),
                                               ("DQ=1,STATS=1", "pass", None), ("DQ=1,STATS=2", "pass", None),
                                               ("DQ=2", "fused", 4), ("DQ=1,SKIP=0", "pass", None),
-                                              ("DQ=1,SKIP=1", "pass", None), ("DQ=1,SKIP=1,PMINB=3", "pass", None)])
+                                              ("DQ=1,SKIP=1", "pass", None), ("DQ=1,SKIP=1,PMINB=3", "pass", None),
+                                              ("ORDER=1,L=4", "pass", None), ("DQ=0,ORDER=1,L=3", "atomic", None)])
 @pytest.mark.parametrize("split", ["", "0"], ids=["split-as-chosen", "nothing-split"])
 def test_a_bwd_variant_runs_its_fields_and_matches_the_reference(monkeypatch, text, dq, nwarps, split):
     from attnbench.fast_tc_bwd import PASS_SKIP, PASS_STATS_FROM, PASS_STATS_SPLIT, SPLIT_ENV, parse_bwd_config
@@ -869,7 +874,11 @@ def test_a_bwd_variant_runs_its_fields_and_matches_the_reference(monkeypatch, te
     # the launches in order: where the pass computes the stats (STATS=1 or 2, or by default where nothing
     # is split) it goes first, and prep runs on no row, only to zero a split key tile's accumulators ("zero")
     cut = runner.setup["bwd_split_tiles"] > 0
-    assert not (cut and split == "0")
+    given_L = dict(parse_bwd_config(text).given).get("L")
+    assert not (cut and split == "0" and not given_L)  # the variant's L wins over the environment's
+    if given_L:
+        assert cut and runner.setup["bwd_split"] == given_L
+    assert runner.setup["bwd_items_order"] == dict(parse_bwd_config(text).given).get("ORDER", 0)
     given = dict(parse_bwd_config(text).given).get("STATS")
     stats = 0 if dq != "pass" else (given if given is not None else
                                       PASS_STATS_FROM if not cut or PASS_STATS_SPLIT[64] else 0)
