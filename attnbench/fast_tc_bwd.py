@@ -205,6 +205,7 @@ SPLIT_WAVES = 1  # the items of all heads and classes fill about this many waves
 # more than 1% (fewer items of a split key tile: fewer float32 additions of its dK and dV)
 SPLIT_MIN = 8    # query tiles an item walks at least (a split item pays its K / V loads and dK / dV atomics)
 ITEM_ORDER = 0   # the work items' launch order (tiles.work_items): longest first
+ITEM_CUT = 0     # a split key tile's items at most L long (tiles.work_items' cut)
 SPLIT_ENV = "ATTNBENCH_BWD_SPLIT"  # L forced (0: nothing split), for tests and timing experiments
 
 
@@ -262,7 +263,8 @@ class BwdFields:
     multiprocessor asked of the register allocator; 0, its shape's), ORDER (the work items' launch
     order, ``tiles.work_items``: 0, longest first; 1, by the query tiles they read, so that a split key
     tile's items run beside the band's items that read the same Q and dO) and L (the most query
-    tiles a work item walks; 0, ``split_length``'s); the defaults are those of the positional form."""
+    tiles a work item walks; 0, ``split_length``'s) and CUT (the most query tiles an item of a key tile
+    that L splits walks, the others whole; 0: L's); the defaults are those of the positional form."""
     NWARPS: int = 8
     STAGES: int = 2
     MINB: int = 1
@@ -274,12 +276,14 @@ class BwdFields:
     PMINB: int = 0
     ORDER: int = 0
     L: int = 0
+    CUT: int = 0
 
 
 BWD_FIELDS = tuple(f.name for f in dataclasses.fields(BwdFields))
 BWD_LIMITS = {"NWARPS": (4, 8, 4), "STAGES": (2, 4, 1), "MINB": (1, 4, 1), "DQ": (0, 2, 1), "STATS": (0, 2, 1),
-              "PAIRS": (0, 2, 1), "SKIP": (0, 1, 1), "WAVES": (1, 16, 1), "PMINB": (0, 4, 1), "ORDER": (0, 1, 1), "L": (0, 65536, 1)}
-WORK_FIELDS = ("DQ", "STATS", "SKIP", "WAVES", "PMINB", "ORDER", "L")  # not the main kernel's shape
+              "PAIRS": (0, 2, 1), "SKIP": (0, 1, 1), "WAVES": (1, 16, 1), "PMINB": (0, 4, 1), "ORDER": (0, 1, 1), "L": (0, 65536, 1),
+              "CUT": (0, 65536, 1)}
+WORK_FIELDS = ("DQ", "STATS", "SKIP", "WAVES", "PMINB", "ORDER", "L", "CUT")  # not the main kernel's shape
 
 
 @dataclass(frozen=True)
@@ -326,6 +330,11 @@ class BwdSpec:
     def split(self) -> int | None:
         """The most query tiles a work item walks (L; 0 or None: ``split_length``'s)."""
         return dict(self.given).get("L") or None
+
+    @property
+    def cut(self) -> int | None:
+        """The most query tiles an item of a split key tile walks (CUT; 0 or None: L's)."""
+        return dict(self.given).get("CUT") or None
 
     @property
     def skip(self) -> int | None:
@@ -456,13 +465,14 @@ class Backward:
     global or shared memory; None: PASS_STATS_FROM where PASS_STATS and PASS_STATS_SPLIT allow, else
     prep). ``skip``: whether the pass skips a warp's all-zero key blocks of P (None: PASS_SKIP's).
     ``pass_minb``: the pass's MINB (``dq_pass_config``; None: its shape's). ``order``: the work items'
-    launch order (``tiles.work_items``; None: ITEM_ORDER).
+    launch order (``tiles.work_items``; None: ITEM_ORDER); ``cut``: the most query tiles an item of a
+    split key tile walks (``tiles.work_items``; None: ITEM_CUT, 0: L's).
     ``wgmma``: the wgmma main loop (fast-tc on sm_90; ``choose_bwd_config``), else mma.sync's."""
 
     def __init__(self, prob: Problem, setup: dict | None = None, cfg: BwdConfig | None = None,
                  split: int | None = None, dq: str | None = None, wgmma: bool = False, fields: dict | None = None,
                  stats: int | None = None, skip: int | None = None, waves: int | None = None,
-                 pass_minb: int | None = None, order: int | None = None):
+                 pass_minb: int | None = None, order: int | None = None, cut: int | None = None):
         check_dtype(prob.dtype)
         if prob.D not in BWD_SHAPES:
             raise BadInput(f"D={prob.D} is not supported by the backward of fast-tc "
@@ -495,11 +505,12 @@ class Backward:
                                  SPLIT_WAVES if waves is None else waves)
         L = max(1, min(split, longest)) if split > 0 else max(1, longest)
         self.order_items = ITEM_ORDER if order is None else int(order)
-        items = tile_items_t(inner, cfg.BM, cfg.BN, L, self.order_items)
+        self.cut = ITEM_CUT if cut is None else int(cut)
+        items = tile_items_t(inner, cfg.BM, cfg.BN, L, self.order_items, self.cut)
         self.items = items.device()
         self.n_items, self.n_split = items.n_items, items.n_split
         setup.update(bwd_items=items.n_items, bwd_split=L, bwd_split_tiles=items.n_split,
-                     bwd_items_order=self.order_items, bwd_items_build_s=items.build_s, bwd_items_device_s=self.items.build_s)
+                     bwd_items_order=self.order_items, bwd_items_cut=self.cut, bwd_items_build_s=items.build_s, bwd_items_device_s=self.items.build_s)
         if self.n_items * self.heads >= 2 ** 31:
             raise BadInput(f"{self.n_items} work items x {self.heads} heads and classes exceed the grid (2^31 blocks)")
         setup["bwd_dq"] = dq
@@ -655,7 +666,7 @@ def build_backward(impl: FastTC, prob: Problem, q, k, v, do, cfg: TileConfig | N
                    fields=spec.shape if spec else None, stats=spec.stats if spec else None,
                    skip=spec.skip if spec else None, waves=spec.waves if spec else None,
                    pass_minb=spec.pass_minb if spec else None, order=spec.order if spec else None,
-                   split=spec.split if spec else None)
+                   split=spec.split if spec else None, cut=spec.cut if spec else None)
     grads = tuple(cupy.empty(prob.shape, dtype=q.dtype) for _ in range(3))
     launches = bwd.launches(q, k, v, o, lse, do, *grads, *bwd.scratch())
     with_fwd = prob.pass_name == "fwd+bwd"

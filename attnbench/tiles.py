@@ -631,14 +631,16 @@ class DeviceItems:
 ITEM_ORDERS = (0, 1)  # 0: longest first; 1: by the query tile the item reaches first in its stretch
 
 
-def work_items(tt: Tiles, L: int, order: int = 0) -> WorkItems:
+def work_items(tt: Tiles, L: int, order: int = 0, cut: int = 0) -> WorkItems:
     """``tt`` (CSR ``ptr`` over key tiles, entries as runs) cut into work items of at most ``L``
     entries (``WorkItems``), vectorised: the cost grows with the items, not with the entries.
     ``order`` 1 puts the items in the order of their stretch's position instead of longest first:
     by the query tile of the item's second entry (its first where it has one), longer items first
     among equals. A causal band's key tile t then sits beside a split key tile's item whose stretch
     starts near t, so that the two read the same Q and dO tiles at about the same time (the second
-    entry, because a pattern with global rows, bigbird's, puts query tile 0 first in every list)."""
+    entry, because a pattern with global rows, bigbird's, puts query tile 0 first in every list).
+    ``cut`` (> 0) cuts the key tiles that L splits into items of at most ``cut`` entries instead
+    (the others stay whole): shorter stretches of a split tile, for order 1."""
     if L < 1:
         raise ValueError(f"L={L}: work items hold at least one entry")
     if order not in ITEM_ORDERS:
@@ -647,6 +649,8 @@ def work_items(tt: Tiles, L: int, order: int = 0) -> WorkItems:
     ptr = tt.ptr.astype(np.int64)
     count = np.diff(ptr)
     k = np.maximum(1, -(-count // L))  # items per key tile
+    if cut > 0:
+        k = np.where(k > 1, np.maximum(k, -(-count // cut)), k)
     per = -(-count // k)               # its item length (the longer ones)
     longest = np.argsort(-per, kind="stable")  # longest first, key tile ascending
     k_o = k[longest]
@@ -733,11 +737,11 @@ def drop_device_copies() -> None:
 _CACHE_ITEMS: OrderedDict = OrderedDict()
 
 
-def tile_items_t(mask, BM: int, BN: int, L: int, order: int = 0) -> WorkItems:
-    """``work_items(tile_list_t(mask, BM, BN), L, order)``, cached beside the transposed list per
-    (pattern, parameters, T, causal, BM, BN, L, order); its ``build_s`` is the cut's own seconds."""
-    return lru(_CACHE_ITEMS, (mask_key(mask), BM, BN, int(L), int(order)),
-               lambda: work_items(tile_list_t(mask, BM, BN), L, order))
+def tile_items_t(mask, BM: int, BN: int, L: int, order: int = 0, cut: int = 0) -> WorkItems:
+    """``work_items(tile_list_t(mask, BM, BN), L, order, cut)``, cached beside the transposed list per
+    (pattern, parameters, T, causal, BM, BN, L, order, cut); its ``build_s`` is the cut's own seconds."""
+    return lru(_CACHE_ITEMS, (mask_key(mask), BM, BN, int(L), int(order), int(cut)),
+               lambda: work_items(tile_list_t(mask, BM, BN), L, order, cut))
 
 
 STEP_BUILDS = 5  # device builds whose median is a row's tiles_step_s

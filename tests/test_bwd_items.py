@@ -163,6 +163,27 @@ def test_items_by_position_put_a_split_sink_item_beside_the_band_it_shares_tiles
         assert abs(int(kt[i - 1]) - int(first[i])) <= 4 and abs(int(kt[i + 1]) - int(first[i])) <= 4
 
 
+@pytest.mark.parametrize("T", [4096, 131072])
+def test_a_cut_shortens_the_split_tiles_items_only(T):
+    """cut: the key tiles L splits are cut into items of at most ``cut`` entries, balanced as L's; the
+    others stay whole, so every entry is still in exactly one item."""
+    for label, m in _masks(T):
+        tt = tile_list_t(m, 64, 64)
+        count = np.diff(tt.ptr)
+        L = 24
+        a, b = work_items(tt, L), work_items(tt, L, cut=4)
+        split = set(a.split_kt.tolist())
+        assert set(b.split_kt.tolist()) == split, label
+        for kt in range(tt.n_ktiles):
+            items = b.heads[b.tiles[:, 0] == kt]
+            assert items[:, 1].sum() == count[kt], label
+            if kt in split:
+                assert items[:, 1].max() <= 4 and items.shape[0] == max(-(-count[kt] // L), -(-count[kt] // 4))
+                assert items[:, 1].max() - items[:, 1].min() <= 1
+            else:
+                assert items.shape[0] == 1, label
+
+
 def test_an_empty_transposed_list_gives_one_empty_item_per_key_tile():
     tt = tl.transpose(tl.Tiles.from_entries(64, 64, np.zeros(3, np.int32), []), 4)
     it = work_items(tt, 5)

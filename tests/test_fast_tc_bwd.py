@@ -812,9 +812,10 @@ def test_bwd_config_parses_fields_and_refuses_bad_ones_by_name():
     assert parse_bwd_config("PMINB=0").pass_minb is None  # 0: the pass's shape's own
     s = parse_bwd_config("ORDER=1,L=8")
     assert s.order == 1 and s.split == 8 and s.shape == {} and str(s) == "ORDER=1,L=8"
+    assert parse_bwd_config("ORDER=1,CUT=8").cut == 8 and parse_bwd_config("CUT=8").shape == {}
     assert parse_bwd_config("L=0").split is None and parse_bwd_config("DQ=1").order is None  # 0: split_length's
     for bad, words in (("DQ=3", "DQ=3 must be from 0 to 2"), ("NWARPS=6", "NWARPS=6 must be a multiple of 4"),
-                       ("BN=64", "unknown field 'BN'"), ("8,2", "positional form takes 4 to 11"),
+                       ("BN=64", "unknown field 'BN'"), ("8,2", "positional form takes 4 to 12"),
                        ("ORDER=2", "ORDER=2 must be 0 or 1"),
                        ("STATS=3", "STATS=3 must be from 0 to 2"), ("SKIP=2", "SKIP=2 must be 0 or 1"), ("PAIRS=3", "PAIRS=3 must be from 0 to 2")):
         with pytest.raises(BadInput, match="--bwd-config") as e:
@@ -856,7 +857,8 @@ def test_the_variants_fields_win_over_the_environments(monkeypatch):
                                               ("DQ=1,STATS=1", "pass", None), ("DQ=1,STATS=2", "pass", None),
                                               ("DQ=2", "fused", 4), ("DQ=1,SKIP=0", "pass", None),
                                               ("DQ=1,SKIP=1", "pass", None), ("DQ=1,SKIP=1,PMINB=3", "pass", None),
-                                              ("ORDER=1,L=4", "pass", None), ("DQ=0,ORDER=1,L=3", "atomic", None)])
+                                              ("ORDER=1,L=4", "pass", None), ("DQ=0,ORDER=1,L=3", "atomic", None),
+                                              ("ORDER=1,CUT=2", "pass", None)])
 @pytest.mark.parametrize("split", ["", "0"], ids=["split-as-chosen", "nothing-split"])
 def test_a_bwd_variant_runs_its_fields_and_matches_the_reference(monkeypatch, text, dq, nwarps, split):
     from attnbench.fast_tc_bwd import PASS_SKIP, PASS_STATS_FROM, PASS_STATS_SPLIT, SPLIT_ENV, parse_bwd_config
