@@ -204,8 +204,10 @@ SPLIT_WAVES = 1  # the items of all heads and classes fill about this many waves
 # instances 0.97-0.99 (streaming 16+64 and 4+1024, bigbird, the custom twin), no other instance moved by
 # more than 1% (fewer items of a split key tile: fewer float32 additions of its dK and dV)
 SPLIT_MIN = 8    # query tiles an item walks at least (a split item pays its K / V loads and dK / dV atomics)
-ITEM_ORDER = 0   # the work items' launch order (tiles.work_items): longest first
-ITEM_CUT = 0     # a split key tile's items at most L long (tiles.work_items' cut)
+ITEM_ORDER = 1   # where L splits a key tile, the work items by position (tiles.work_items; else longest first)
+ITEM_CUT = 8     # and that tile's items at most 8 query tiles long; since backward v14 (H100, --pass bwd,
+# --bwd-config ORDER=1,CUT=8 against ORDER=0, docs/PERF.md "backward v14"): bigbird 0.90-0.94, streaming
+# 16+64 and its custom twin at D=128 0.96-0.98, D=64 0.99-1.01; the instances with no split tile unchanged
 SPLIT_ENV = "ATTNBENCH_BWD_SPLIT"  # L forced (0: nothing split), for tests and timing experiments
 
 
@@ -465,8 +467,9 @@ class Backward:
     global or shared memory; None: PASS_STATS_FROM where PASS_STATS and PASS_STATS_SPLIT allow, else
     prep). ``skip``: whether the pass skips a warp's all-zero key blocks of P (None: PASS_SKIP's).
     ``pass_minb``: the pass's MINB (``dq_pass_config``; None: its shape's). ``order``: the work items'
-    launch order (``tiles.work_items``; None: ITEM_ORDER); ``cut``: the most query tiles an item of a
-    split key tile walks (``tiles.work_items``; None: ITEM_CUT, 0: L's).
+    launch order (``tiles.work_items``; None: ITEM_ORDER where L splits a key tile, else 0); ``cut``: the
+    most query tiles an item of a split key tile walks (``tiles.work_items``; None: ITEM_CUT where L
+    splits a key tile, 0: L's).
     ``wgmma``: the wgmma main loop (fast-tc on sm_90; ``choose_bwd_config``), else mma.sync's."""
 
     def __init__(self, prob: Problem, setup: dict | None = None, cfg: BwdConfig | None = None,
@@ -504,13 +507,15 @@ class Backward:
             split = split_length(tt.n_visited, longest, self.heads, self.slots(cfg),
                                  SPLIT_WAVES if waves is None else waves)
         L = max(1, min(split, longest)) if split > 0 else max(1, longest)
-        self.order_items = ITEM_ORDER if order is None else int(order)
-        self.cut = ITEM_CUT if cut is None else int(cut)
+        split_any = bool((np.diff(tt.ptr) > L).any())  # the defaults' order and cut where L splits a tile only
+        self.order_items = (ITEM_ORDER if split_any else 0) if order is None else int(order)
+        self.cut = (ITEM_CUT if split_any else 0) if cut is None else int(cut)
         items = tile_items_t(inner, cfg.BM, cfg.BN, L, self.order_items, self.cut)
         self.items = items.device()
         self.n_items, self.n_split = items.n_items, items.n_split
         setup.update(bwd_items=items.n_items, bwd_split=L, bwd_split_tiles=items.n_split,
-                     bwd_items_order=self.order_items, bwd_items_cut=self.cut, bwd_items_build_s=items.build_s, bwd_items_device_s=self.items.build_s)
+                     bwd_items_order=self.order_items, bwd_items_cut=self.cut, bwd_items_build_s=items.build_s,
+                     bwd_items_device_s=self.items.build_s)
         if self.n_items * self.heads >= 2 ** 31:
             raise BadInput(f"{self.n_items} work items x {self.heads} heads and classes exceed the grid (2^31 blocks)")
         setup["bwd_dq"] = dq

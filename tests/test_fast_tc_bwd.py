@@ -880,7 +880,11 @@ def test_a_bwd_variant_runs_its_fields_and_matches_the_reference(monkeypatch, te
     assert not (cut and split == "0" and not given_L)  # the variant's L wins over the environment's
     if given_L:
         assert cut and runner.setup["bwd_split"] == given_L
-    assert runner.setup["bwd_items_order"] == dict(parse_bwd_config(text).given).get("ORDER", 0)
+    # the items by position (ITEM_ORDER) and the split tile's cut (ITEM_CUT) by default where a key tile is split
+    from attnbench.fast_tc_bwd import ITEM_CUT, ITEM_ORDER
+    fields = dict(parse_bwd_config(text).given)
+    assert runner.setup["bwd_items_order"] == fields.get("ORDER", ITEM_ORDER if cut else 0)
+    assert runner.setup["bwd_items_cut"] == fields.get("CUT", ITEM_CUT if cut else 0)
     given = dict(parse_bwd_config(text).given).get("STATS")
     stats = 0 if dq != "pass" else (given if given is not None else
                                       PASS_STATS_FROM if not cut or PASS_STATS_SPLIT[64] else 0)
