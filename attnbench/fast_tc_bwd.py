@@ -204,10 +204,19 @@ SPLIT_WAVES = 1  # the items of all heads and classes fill about this many waves
 # instances 0.97-0.99 (streaming 16+64 and 4+1024, bigbird, the custom twin), no other instance moved by
 # more than 1% (fewer items of a split key tile: fewer float32 additions of its dK and dV)
 SPLIT_MIN = 8    # query tiles an item walks at least (a split item pays its K / V loads and dK / dV atomics)
-ITEM_ORDER = 1   # where L splits a key tile, the work items by position (tiles.work_items; else longest first)
-ITEM_CUT = 8     # and that tile's items at most 8 query tiles long; since backward v14 (H100, --pass bwd,
-# --bwd-config ORDER=1,CUT=8 against ORDER=0, docs/PERF.md "backward v14"): bigbird 0.90-0.94, streaming
-# 16+64 and its custom twin at D=128 0.96-0.98, D=64 0.99-1.01; the instances with no split tile unchanged
+ITEM_ORDER = 1   # where L splits a key tile and L > 2 CUT, the work items by position (tiles.work_items;
+ITEM_CUT = 8     # else longest first) and that tile's items at most CUT query tiles long. Since backward v14
+# (H100, --pass bwd, --bwd-config ORDER=1,CUT=8 against the earlier items, docs/PERF.md "backward v14"): at
+# T=32768 and 131072 bigbird 0.90-0.94, streaming 16+64 and its custom twin at D=128 0.96-0.98, at D=64
+# 0.99-1.01; at T=4096 (L 12 to 16, a wave or two of blocks: the long items launched late end last)
+# streaming 16+64 and bigbird at D=64 4-8% slower, so not there; the instances with no split tile unchanged
+
+
+def default_item_layout(L: int, split_any: bool) -> tuple[int, int]:
+    """(order, cut) of the work items by default (``tiles.work_items``): ITEM_ORDER and ITEM_CUT where
+    the items' length L splits a key tile (``split_any``) and L > 2 ITEM_CUT, else (0, 0): longest first,
+    no cut."""
+    return (ITEM_ORDER, ITEM_CUT) if split_any and L > 2 * ITEM_CUT else (0, 0)
 SPLIT_ENV = "ATTNBENCH_BWD_SPLIT"  # L forced (0: nothing split), for tests and timing experiments
 
 
@@ -467,9 +476,8 @@ class Backward:
     global or shared memory; None: PASS_STATS_FROM where PASS_STATS and PASS_STATS_SPLIT allow, else
     prep). ``skip``: whether the pass skips a warp's all-zero key blocks of P (None: PASS_SKIP's).
     ``pass_minb``: the pass's MINB (``dq_pass_config``; None: its shape's). ``order``: the work items'
-    launch order (``tiles.work_items``; None: ITEM_ORDER where L splits a key tile, else 0); ``cut``: the
-    most query tiles an item of a split key tile walks (``tiles.work_items``; None: ITEM_CUT where L
-    splits a key tile, 0: L's).
+    launch order (``tiles.work_items``; None: ``default_item_layout``'s); ``cut``: the most query tiles an
+    item of a split key tile walks (``tiles.work_items``; None: ``default_item_layout``'s, 0: L's).
     ``wgmma``: the wgmma main loop (fast-tc on sm_90; ``choose_bwd_config``), else mma.sync's."""
 
     def __init__(self, prob: Problem, setup: dict | None = None, cfg: BwdConfig | None = None,
@@ -507,9 +515,9 @@ class Backward:
             split = split_length(tt.n_visited, longest, self.heads, self.slots(cfg),
                                  SPLIT_WAVES if waves is None else waves)
         L = max(1, min(split, longest)) if split > 0 else max(1, longest)
-        split_any = bool((np.diff(tt.ptr) > L).any())  # the defaults' order and cut where L splits a tile only
-        self.order_items = (ITEM_ORDER if split_any else 0) if order is None else int(order)
-        self.cut = (ITEM_CUT if split_any else 0) if cut is None else int(cut)
+        d_order, d_cut = default_item_layout(L, bool((np.diff(tt.ptr) > L).any()))
+        self.order_items = d_order if order is None else int(order)
+        self.cut = d_cut if cut is None else int(cut)
         items = tile_items_t(inner, cfg.BM, cfg.BN, L, self.order_items, self.cut)
         self.items = items.device()
         self.n_items, self.n_split = items.n_items, items.n_split

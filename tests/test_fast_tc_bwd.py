@@ -841,6 +841,18 @@ def test_a_bwd_variant_is_named_by_its_fields_and_leaves_the_forward_to_its_base
         sw.select_impls(["flex"], bwd_configs=[spec])
 
 
+def test_the_items_launch_by_position_and_cut_where_a_long_split_leaves_room():
+    """Backward v14's default: the split instances at T=32768 (L 91 to 136) and 131072 (362 to 542) take
+    the order by position with items of 8 query tiles; at T=4096 (L 12 to 16, measured slower there) and
+    where nothing is split, the items stay longest first and whole."""
+    from attnbench.fast_tc_bwd import ITEM_CUT, ITEM_ORDER, default_item_layout
+
+    assert (ITEM_ORDER, ITEM_CUT) == (1, 8)
+    assert default_item_layout(91, True) == (1, 8) and default_item_layout(542, True) == (1, 8)
+    assert default_item_layout(12, True) == (0, 0) and default_item_layout(16, True) == (0, 0)
+    assert default_item_layout(17, True) == (1, 8) and default_item_layout(362, False) == (0, 0)
+
+
 def test_the_variants_fields_win_over_the_environments(monkeypatch):
     from attnbench.fast_tc_bwd import SHAPE_ENV
 
@@ -880,11 +892,12 @@ def test_a_bwd_variant_runs_its_fields_and_matches_the_reference(monkeypatch, te
     assert not (cut and split == "0" and not given_L)  # the variant's L wins over the environment's
     if given_L:
         assert cut and runner.setup["bwd_split"] == given_L
-    # the items by position (ITEM_ORDER) and the split tile's cut (ITEM_CUT) by default where a key tile is split
-    from attnbench.fast_tc_bwd import ITEM_CUT, ITEM_ORDER
+    # the items' order and cut: the variant's fields, else the default layout for the split this GPU gets
+    from attnbench.fast_tc_bwd import default_item_layout
     fields = dict(parse_bwd_config(text).given)
-    assert runner.setup["bwd_items_order"] == fields.get("ORDER", ITEM_ORDER if cut else 0)
-    assert runner.setup["bwd_items_cut"] == fields.get("CUT", ITEM_CUT if cut else 0)
+    d_order, d_cut = default_item_layout(runner.setup["bwd_split"], cut)
+    assert runner.setup["bwd_items_order"] == fields.get("ORDER", d_order)
+    assert runner.setup["bwd_items_cut"] == fields.get("CUT", d_cut)
     given = dict(parse_bwd_config(text).given).get("STATS")
     stats = 0 if dq != "pass" else (given if given is not None else
                                       PASS_STATS_FROM if not cut or PASS_STATS_SPLIT[64] else 0)
