@@ -204,19 +204,14 @@ SPLIT_WAVES = 1  # the items of all heads and classes fill about this many waves
 # instances 0.97-0.99 (streaming 16+64 and 4+1024, bigbird, the custom twin), no other instance moved by
 # more than 1% (fewer items of a split key tile: fewer float32 additions of its dK and dV)
 SPLIT_MIN = 8    # query tiles an item walks at least (a split item pays its K / V loads and dK / dV atomics)
-ITEM_ORDER = 1   # where L splits a key tile and L > 2 CUT, the work items by position (tiles.work_items;
-ITEM_CUT = 8     # else longest first) and that tile's items at most CUT query tiles long. Since backward v14
-# (H100, --pass bwd, --bwd-config ORDER=1,CUT=8 against the earlier items, docs/PERF.md "backward v14"): at
-# T=32768 and 131072 bigbird 0.90-0.94, streaming 16+64 and its custom twin at D=128 0.96-0.98, at D=64
-# 0.99-1.01; at T=4096 (L 12 to 16, a wave or two of blocks: the long items launched late end last)
-# streaming 16+64 and bigbird at D=64 4-8% slower, so not there; the instances with no split tile unchanged
-
-
-def default_item_layout(L: int, split_any: bool) -> tuple[int, int]:
-    """(order, cut) of the work items by default (``tiles.work_items``): ITEM_ORDER and ITEM_CUT where
-    the items' length L splits a key tile (``split_any``) and L > 2 ITEM_CUT, else (0, 0): longest first,
-    no cut."""
-    return (ITEM_ORDER, ITEM_CUT) if split_any and L > 2 * ITEM_CUT else (0, 0)
+# The work items' layout where the cut splits a key tile and L > 2 ITEM_CUT (``default_item_layout``): launched by
+# position (ITEM_ORDER, tiles.work_items) and the split tile's items at most ITEM_CUT query tiles long. Since
+# backward v14 (H100, --pass bwd, --bwd-config ORDER=1,CUT=8 against the earlier items, docs/PERF.md "backward v14"):
+# at T=32768 and 131072 bigbird 0.90-0.94, streaming 16+64 and its custom twin at D=128 0.96-0.98, at D=64
+# 0.99-1.01; at T=4096 (L 12 to 16, a wave or two of blocks: the long items launched late end last) streaming
+# 16+64 and bigbird at D=64 4-8% slower, so not there; the instances with no split tile unchanged
+ITEM_ORDER = 1
+ITEM_CUT = 8
 SPLIT_ENV = "ATTNBENCH_BWD_SPLIT"  # L forced (0: nothing split), for tests and timing experiments
 
 
@@ -235,6 +230,13 @@ def split_length(entries: int, longest: int, heads: int, slots: int, waves: int 
     W / slots = 7958); streaming 16+64, 264 slots: L=91, key tile 0's 512 tiles in 6 items."""
     target = max(1, -(-waves * slots // max(1, heads)))
     return max(1, min(max(SPLIT_MIN, -(-entries // target)), longest))
+
+
+def default_item_layout(L: int, split_any: bool) -> tuple[int, int]:
+    """(order, cut) of the work items by default (``tiles.work_items``): ITEM_ORDER and ITEM_CUT where
+    the items' length L splits a key tile (``split_any``) and L > 2 ITEM_CUT, else (0, 0): longest first,
+    no cut."""
+    return (ITEM_ORDER, ITEM_CUT) if split_any and L > 2 * ITEM_CUT else (0, 0)
 
 
 SHAPE_ENV = "ATTNBENCH_BWD_SHAPE"  # fields of the chosen shape replaced, e.g. "NWARPS=4,MINB=2" (timing experiments)
@@ -292,8 +294,8 @@ class BwdFields:
 
 BWD_FIELDS = tuple(f.name for f in dataclasses.fields(BwdFields))
 BWD_LIMITS = {"NWARPS": (4, 8, 4), "STAGES": (2, 4, 1), "MINB": (1, 4, 1), "DQ": (0, 2, 1), "STATS": (0, 2, 1),
-              "PAIRS": (0, 2, 1), "SKIP": (0, 1, 1), "WAVES": (1, 16, 1), "PMINB": (0, 4, 1), "ORDER": (0, 1, 1), "L": (0, 65536, 1),
-              "CUT": (0, 65536, 1)}
+              "PAIRS": (0, 2, 1), "SKIP": (0, 1, 1), "WAVES": (1, 16, 1), "PMINB": (0, 4, 1), "ORDER": (0, 1, 1),
+              "L": (0, 65536, 1), "CUT": (0, 65536, 1)}
 WORK_FIELDS = ("DQ", "STATS", "SKIP", "WAVES", "PMINB", "ORDER", "L", "CUT")  # not the main kernel's shape
 
 
@@ -305,6 +307,10 @@ class BwdSpec:
     def __str__(self) -> str:
         return ",".join(f"{k}={v}" for k, v in self.given)
 
+    def field(self, name: str) -> int | None:
+        """The value given for field ``name``, None when not given."""
+        return dict(self.given).get(name)
+
     @property
     def shape(self) -> dict:
         """The main kernel's fields given (what $ATTNBENCH_BWD_SHAPE would replace)."""
@@ -313,44 +319,44 @@ class BwdSpec:
     @property
     def dq(self) -> str | None:
         """The dQ way given (DQ_WAYS), None when not."""
-        d = dict(self.given).get("DQ")
+        d = self.field("DQ")
         return None if d is None else DQ_WAYS[d]
 
     @property
     def stats(self) -> int | None:
         """How dQ's pass takes the rows' stats (STATS: 0 from prep, 1 and 2 computed by the pass from O
         and dO in global or shared memory), None when not given."""
-        return dict(self.given).get("STATS")
+        return self.field("STATS")
 
     @property
     def pass_minb(self) -> int | None:
         """The dQ pass's blocks per multiprocessor asked of the allocator (PMINB; 0 or None: its shape's)."""
-        return dict(self.given).get("PMINB") or None
+        return self.field("PMINB") or None
 
     @property
     def waves(self) -> int | None:
         """The waves the work items are cut to fill (WAVES), None when not given."""
-        return dict(self.given).get("WAVES")
+        return self.field("WAVES")
 
     @property
     def order(self) -> int | None:
         """The work items' launch order (ORDER, ``tiles.work_items``), None when not given."""
-        return dict(self.given).get("ORDER")
+        return self.field("ORDER")
 
     @property
     def split(self) -> int | None:
         """The most query tiles a work item walks (L; 0 or None: ``split_length``'s)."""
-        return dict(self.given).get("L") or None
+        return self.field("L") or None
 
     @property
     def cut(self) -> int | None:
         """The most query tiles an item of a split key tile walks (CUT; 0 or None: L's)."""
-        return dict(self.given).get("CUT") or None
+        return self.field("CUT") or None
 
     @property
     def skip(self) -> int | None:
         """Whether dQ's pass skips the all-zero key blocks of P (SKIP), None when not given."""
-        return dict(self.given).get("SKIP")
+        return self.field("SKIP")
 
 
 def parse_bwd_config(text: str, option: str = "--bwd-config") -> BwdSpec:

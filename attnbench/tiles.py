@@ -628,7 +628,7 @@ class DeviceItems:
         return cls(heads, tiles, split_kt, time.perf_counter() - t0)
 
 
-ITEM_ORDERS = (0, 1)  # 0: longest first; 1: by the query tile the item reaches first in its stretch
+ITEM_ORDERS = (0, 1)  # 0: longest first; 1: by position, the query tile of the item's second entry
 
 
 def work_items(tt: Tiles, L: int, order: int = 0, cut: int = 0) -> WorkItems:
