@@ -129,7 +129,8 @@ def tile_specs(texts, module: str = "fast_tc", parse: str = "parse_tile_config")
 DECODE_CONFIG_HELP = ("a fast-decode shape: FIELD=N,... of NWARPS, BN, STAGES, MINB, SPLITS (0: derived), BLOCKS_PER_SM "
                       "(0: as many as one SM holds), MIN_PER_SPLIT, MERGE, BY_KEYS (0: warps take rows, 1: keys, 2: keys where the "
                       "rows fit 16), ONE_PER_SM, CLASSES (1: a strided pattern's one query reads its residue class "
-                      "only), BN_SHORT (the tiles of lists of at most 2048 keys; 0: BN's) (the others at their defaults); each adds a row per "
+                      "only), BN_SHORT (the tiles of lists of at most 2048 keys; 0: BN's), PDL (1: the merge launch a "
+                      "programmatic dependent on sm_90) (the others at their defaults); each adds a row per "
                       "configuration, named e.g. fast-decode[SPLITS=8], timed with the others (repeatable; the plain "
                       "fast-decode takes ATTNBENCH_DECODE_CONFIG)")
 

@@ -44,6 +44,7 @@ from .compile import get_module, resident_blocks
 from .errors import BadInput
 from .fast_tc import LOG2E, parse_fields, pattern_defines
 from .impls import Impl, Problem, Runner, register, timed
+from .launch import pdl_available, pdl_launch
 from .patterns import Mask
 from .serving import one_predicate
 
@@ -72,7 +73,9 @@ class DecodeConfig:
     pattern's list and predicate in class coordinates, so the rows the pattern skips are never loaded
     (0: every row of the tiles its list names, masked). BN_SHORT: with BN at its default (64), lists
     of at most SHORT_LIST_KEYS keys (in BN-key tiles) take tiles of BN_SHORT keys instead where that
-    shape runs (0: never; ``for_list``)."""
+    shape runs (0: never; ``for_list``). PDL 1: on sm_90 and later the merge launch is a programmatic
+    dependent of the split launch (attnbench/launch.py): its blocks are placed while the splits run and
+    wait for them, so the gap between the two launches is hidden (0: a plain launch)."""
     NWARPS: int = 4
     BN: int = 64
     STAGES: int = 3
@@ -85,6 +88,7 @@ class DecodeConfig:
     ONE_PER_SM: int = 8  # B=1: 3-4% faster than two a SM on an H200 (docs/PERF.md "decode v2")
     CLASSES: int = 1  # dilated B=64, Tq=1: 104.7 -> 61.3 us on an H100 (docs/PERF.md "decode v3")
     BN_SHORT: int = 32  # streaming 16+64 B=64, Tq=1: 25.3 -> 19.6 us on an H100 (docs/PERF.md "decode v4")
+    PDL: int = 1
 
     @property
     def rows(self) -> int:
@@ -146,7 +150,7 @@ DECODE_FIELDS = tuple(f.name for f in fields(DecodeConfig))
 DECODE_LIMITS = {"NWARPS": (4, 16, 4), "BN": (16, 256, 16), "STAGES": (2, 8, 1), "MINB": (1, 16, 1),
                  "SPLITS": (0, 4096, 1), "BLOCKS_PER_SM": (0, 64, 1), "MIN_PER_SPLIT": (1, 4096, 1),
                  "MERGE": (0, 1, 1), "BY_KEYS": (0, 2, 1), "ONE_PER_SM": (0, 1024, 1), "CLASSES": (0, 1, 1),
-                 "BN_SHORT": (0, 256, 16)}
+                 "BN_SHORT": (0, 256, 16), "PDL": (0, 1, 1)}
 DEFAULT = DecodeConfig()
 LONG_BN = DEFAULT.BN
 # lists of at most this many keys (in 64-key tiles) take BN_SHORT-key tiles. H100, B 1 to 64, Tq 1 and 16, BN=32 /
@@ -175,7 +179,7 @@ class DecodeSpec:
 
 def parse_decode_config(text: str, option: str = "--decode-config") -> DecodeSpec:
     """'FIELD=N,...' of NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, BY_KEYS,
-    ONE_PER_SM, CLASSES, BN_SHORT (any case; the others at their defaults) or all by position from
+    ONE_PER_SM, CLASSES, BN_SHORT, PDL (any case; the others at their defaults) or all by position from
     NWARPS,BN,STAGES; BadInput naming ``option`` and the limit."""
     given = parse_fields(text, option, DecodeConfig, DECODE_LIMITS, min_positional=3)
     return DecodeSpec(tuple((f, given[f]) for f in DECODE_FIELDS if f in given))
@@ -273,8 +277,10 @@ def plan_lists(prob: Problem, cfg: DecodeConfig, order: list[int]) -> tuple[Deco
 
 
 class DecodeRunner(Runner):
-    def __init__(self, split, merge, grid, merge_grid, smem, args, merge_args, out, setup, D, threads=32 * NWARPS):
+    def __init__(self, split, merge, grid, merge_grid, smem, args, merge_args, out, setup, D, threads=32 * NWARPS,
+                 pdl=False):
         self._split, self._merge = split, merge  # merge None: the split kernel stores the output
+        self._pdl = pdl  # the merge a programmatic dependent of the split launch
         self._threads = threads
         self._grid, self._merge_grid = grid, merge_grid
         self._merge_block = (D,)  # a thread per column
@@ -285,7 +291,11 @@ class DecodeRunner(Runner):
 
     def run(self) -> None:
         self._split(self._grid, (self._threads,), self._args, shared_mem=self._smem)
-        if self._merge is not None:
+        if self._merge is None:
+            return
+        if self._pdl:
+            pdl_launch(self._merge, self._merge_grid, self._merge_block, self._merge_args)
+        else:
             self._merge(self._merge_grid, self._merge_block, self._merge_args)
 
 
@@ -385,9 +395,10 @@ class FastDecode(Impl):
         merge_args = (op, lp, out, np.int32(prob.H), np.int32(prob.kv_heads), np.int32(prob.q_len),
                       np.int32(splits))
         # no merge launch when the last split merges, or when each pair has one split (it stores the output)
-        return DecodeRunner(split_k, None if cfg.MERGE or splits == 1 else merge_k, (splits, prob.kv_heads, prob.B),
-                            (prob.B * prob.H * prob.q_len,),
-                            smem, args, merge_args, out, setup, prob.D, cfg.threads)
+        merge = None if cfg.MERGE or splits == 1 else merge_k
+        pdl = setup["pdl"] = bool(merge is not None and cfg.PDL and pdl_available())
+        return DecodeRunner(split_k, merge, (splits, prob.kv_heads, prob.B), (prob.B * prob.H * prob.q_len,),
+                            smem, args, merge_args, out, setup, prob.D, cfg.threads, pdl)
 
 
 IMPL = register(FastDecode(

@@ -99,3 +99,19 @@ __device__ __forceinline__ unsigned int ab_pack_f16(float lo, float hi) {
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
+
+// Programmatic dependent launch (sm_90 and later; attnbench/launch.py launches the dependent):
+// ab_pdl_trigger lets the next kernel in the stream, when launched as a programmatic dependent, be
+// placed once every block of this one has called it or exited; ab_pdl_wait, in that dependent, waits
+// until the kernel before it has finished and its writes are visible. Both are no-ops in a plain
+// launch and on earlier architectures.
+__device__ __forceinline__ void ab_pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void ab_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}

@@ -135,7 +135,7 @@ def test_the_gpu_check_step_sweeps_these_shapes():
     ("BLOCKS_PER_SM=0,MIN_PER_SPLIT=2", (("BLOCKS_PER_SM", 0), ("MIN_PER_SPLIT", 2))),
     ("8,32,4", (("NWARPS", 8), ("BN", 32), ("STAGES", 4), ("MINB", 1), ("SPLITS", 0), ("BLOCKS_PER_SM", 0),
                 ("MIN_PER_SPLIT", 4), ("MERGE", 0), ("BY_KEYS", 2), ("ONE_PER_SM", 8), ("CLASSES", 1),
-                ("BN_SHORT", 32))),
+                ("BN_SHORT", 32), ("PDL", 1))),
     ("by_keys=0", (("BY_KEYS", 0),)),
 ])
 def test_a_decode_shape_parses_named_and_positional_forms(text, given):
@@ -149,7 +149,8 @@ def test_a_decode_shape_parses_named_and_positional_forms(text, given):
     ("STAGES=1", "STAGES=1 must be from 2 to 8"),
     ("SPLITS=-1", "SPLITS=-1 must be from 0 to 4096"),
     ("WG=1", "unknown field 'WG' (fields: NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, "
-             "BY_KEYS, ONE_PER_SM, CLASSES, BN_SHORT)"),
+             "BY_KEYS, ONE_PER_SM, CLASSES, BN_SHORT, PDL)"),
+    ("PDL=2", "PDL=2 must be 0 or 1"),
     ("BY_KEYS=3", "BY_KEYS=3 must be from 0 to 2"),
     ("SPLITS=4,SPLITS=8", "SPLITS given twice"),
 ])
@@ -344,6 +345,37 @@ def test_the_merge_in_the_last_split_matches_the_merge_launch_run_after_run(Tq, 
             runner.run()
             got.append(cupy.asnumpy(runner.out).view(np.uint16))
         outs[merge] = got
+    for o in outs[1] + outs[0][1:]:
+        assert np.array_equal(o, outs[0][0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("by_keys,Tq", [(2, 1), (0, 16)])
+def test_the_merge_as_a_programmatic_dependent_matches_the_plain_launch_run_after_run(by_keys, Tq):
+    """PDL=1 (the merge launch placed while the splits run, waiting for them) gives the bytes PDL=0's
+    plain launch gives, run after run, on both split kernels; on sm_90 and later it runs so."""
+    import cupy
+
+    from attnbench.arrays import random_inputs
+    from attnbench.launch import pdl_available
+
+    prob = Problem(make_mask("window", 8192, True, window=3000), 2, 8, 128, "bfloat16", H_kv=2, Tq=Tq)
+    q = random_inputs(prob.shape, prob.dtype, 5)[0]
+    _, k, v = random_inputs(prob.kv_shape, prob.dtype, 6)
+    outs = {}
+    for pdl in (0, 1):
+        runner = IMPL.decode_variant(parse_decode_config(f"SPLITS=12,BY_KEYS={by_keys},PDL={pdl}")).prepare(
+            prob, q, k, v)
+        assert runner.setup["splits"] == 12
+        assert runner.setup["pdl"] == (pdl == 1 and pdl_available())
+        got = []
+        for _ in range(3):
+            runner.poison()
+            runner.run()
+            got.append(cupy.asnumpy(runner.out).view(np.uint16))
+        outs[pdl] = got
+    if int(cupy.cuda.Device().compute_capability) >= 90:
+        assert pdl_available()
     for o in outs[1] + outs[0][1:]:
         assert np.array_equal(o, outs[0][0])
 

@@ -126,10 +126,12 @@ __device__ __forceinline__ float* decode_part_lse(float* Lp, const DecodeBlock& 
 }
 
 // One output row (b, h, t) from the splits of its (b, key/value head), in a launch of its own (grid
-// B * H * Tq, block HEAD_D: a thread per column).
+// B * H * Tq, block HEAD_D: a thread per column), on sm_90 a programmatic dependent of the split
+// launch (attnbench/launch.py): its blocks are placed while the splits run and wait for them here.
 extern "C" __global__ void __launch_bounds__(HEAD_D)
 decode_merge(const float* __restrict__ Op, const float* __restrict__ Lp, u16* __restrict__ Og, int H, int H_kv,
              int Tq, int splits) {
+    ab_pdl_wait();  // launched as a programmatic dependent: the splits' partials are complete from here
     const int row = blockIdx.x;  // (b * H + h) * Tq + t
     const int t = row % Tq, h = (row / Tq) % H, b = row / (Tq * H);
     const int group = H / H_kv, kvh = h / group, r = (h - kvh * group) * Tq + t;
