@@ -128,6 +128,10 @@ __device__ __forceinline__ float* decode_part_lse(float* Lp, const DecodeBlock& 
 // One output row (b, h, t) from the splits of its (b, key/value head), in a launch of its own (grid
 // B * H * Tq, block HEAD_D: a thread per column), on sm_90 a programmatic dependent of the split
 // launch (attnbench/launch.py): its blocks are placed while the splits run and wait for them here.
+// The splits' log-sum-exps are read at once (a thread per split) for their largest; then each thread
+// walks the splits for its column with MERGE_UNROLL of them in flight, so the launch waits on about
+// splits / MERGE_UNROLL round trips to L2 rather than one per split.
+#define MERGE_UNROLL 8
 extern "C" __global__ void __launch_bounds__(HEAD_D)
 decode_merge(const float* __restrict__ Op, const float* __restrict__ Lp, u16* __restrict__ Og, int H, int H_kv,
              int Tq, int splits) {
@@ -136,15 +140,24 @@ decode_merge(const float* __restrict__ Op, const float* __restrict__ Lp, u16* __
     const int t = row % Tq, h = (row / Tq) % H, b = row / (Tq * H);
     const int group = H / H_kv, kvh = h / group, r = (h - kvh * group) * Tq + t;
     const size_t base = ((size_t)b * H_kv + kvh) * splits;
+    const float* lse = Lp + base * DEC_ROWS + r;  // split s's at lse[s * DEC_ROWS]
+    const float* o = Op + (base * DEC_ROWS + r) * HEAD_D + threadIdx.x;  // split s's at o[s * DEC_ROWS * HEAD_D]
+    __shared__ float warp_max[HEAD_D / 32];
     float mx = AB_NEG_INF;
-    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, Lp[(base + s) * DEC_ROWS + r]);
+    for (int s = threadIdx.x; s < splits; s += HEAD_D) mx = fmaxf(mx, lse[(size_t)s * DEC_ROWS]);
+#pragma unroll
+    for (int k = 16; k; k >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, k));
+    if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = mx;
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < HEAD_D / 32; ++w) mx = fmaxf(mx, warp_max[w]);
     float num = 0.f, den = 0.f;
-    if (mx != AB_NEG_INF) {
+    if (mx != AB_NEG_INF) {  // a split's rows are finite (zero where it saw no key), so a weight 0 adds 0
+#pragma unroll MERGE_UNROLL
         for (int s = 0; s < splits; ++s) {
-            const float lse = Lp[(base + s) * DEC_ROWS + r];
-            if (lse == AB_NEG_INF) continue;
-            const float wgt = tc_exp2(lse - mx);
-            num += wgt * Op[((base + s) * DEC_ROWS + r) * HEAD_D + threadIdx.x];
+            const float l = lse[(size_t)s * DEC_ROWS];
+            const float wgt = l == AB_NEG_INF ? 0.f : tc_exp2(l - mx);
+            num += wgt * o[(size_t)s * DEC_ROWS * HEAD_D];
             den += wgt;
         }
     }
