@@ -75,7 +75,10 @@ class DecodeConfig:
     of at most SHORT_LIST_KEYS keys (in BN-key tiles) take tiles of BN_SHORT keys instead where that
     shape runs (0: never; ``for_list``). PDL 1: on sm_90 and later the merge launch is a programmatic
     dependent of the split launch (attnbench/launch.py): its blocks are placed while the splits run and
-    wait for them, so the gap between the two launches is hidden (0: a plain launch)."""
+    wait for them, so the gap between the two launches is hidden (0: a plain launch). CLUSTER: on sm_90
+    and later, where a pair's splits number 2 to CLUSTER (at most 8), they run as one thread-block
+    cluster and merge through distributed shared memory in the split launch: no partials in global
+    memory and no merge launch (0: never)."""
     NWARPS: int = 4
     BN: int = 64
     STAGES: int = 3
@@ -89,6 +92,7 @@ class DecodeConfig:
     CLASSES: int = 1  # dilated B=64, Tq=1: 104.7 -> 61.3 us on an H100 (docs/PERF.md "decode v3")
     BN_SHORT: int = 32  # streaming 16+64 B=64, Tq=1: 25.3 -> 19.6 us on an H100 (docs/PERF.md "decode v4")
     PDL: int = 1
+    CLUSTER: int = 0
 
     @property
     def rows(self) -> int:
@@ -150,7 +154,7 @@ DECODE_FIELDS = tuple(f.name for f in fields(DecodeConfig))
 DECODE_LIMITS = {"NWARPS": (4, 16, 4), "BN": (16, 256, 16), "STAGES": (2, 8, 1), "MINB": (1, 16, 1),
                  "SPLITS": (0, 4096, 1), "BLOCKS_PER_SM": (0, 64, 1), "MIN_PER_SPLIT": (1, 4096, 1),
                  "MERGE": (0, 1, 1), "BY_KEYS": (0, 2, 1), "ONE_PER_SM": (0, 1024, 1), "CLASSES": (0, 1, 1),
-                 "BN_SHORT": (0, 256, 16), "PDL": (0, 1, 1)}
+                 "BN_SHORT": (0, 256, 16), "PDL": (0, 1, 1), "CLUSTER": (0, 8, 1)}
 DEFAULT = DecodeConfig()
 LONG_BN = DEFAULT.BN
 # lists of at most this many keys (in 64-key tiles) take BN_SHORT-key tiles. H100, B 1 to 64, Tq 1 and 16, BN=32 /
@@ -179,21 +183,24 @@ class DecodeSpec:
 
 def parse_decode_config(text: str, option: str = "--decode-config") -> DecodeSpec:
     """'FIELD=N,...' of NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, BY_KEYS,
-    ONE_PER_SM, CLASSES, BN_SHORT, PDL (any case; the others at their defaults) or all by position from
+    ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER (any case; the others at their defaults) or all by position from
     NWARPS,BN,STAGES; BadInput naming ``option`` and the limit."""
     given = parse_fields(text, option, DecodeConfig, DECODE_LIMITS, min_positional=3)
     return DecodeSpec(tuple((f, given[f]) for f in DECODE_FIELDS if f in given))
 
 
 def kernel_defines(D: int, dtype: str, mask: Mask, cfg: DecodeConfig = DEFAULT, keys: bool = False,
-                   stride: int = 1) -> dict:
+                   stride: int = 1, cluster: int = 1) -> dict:
     """The -D constants of kernels/decode.cu (kernels/decode_keys.cu when ``keys``: BN is then a warp's
     slice of the tile): the head dimension, dtype, shape and the pattern (with ``stride`` > 1, the
-    inner pattern of a residue class, one query a sequence: ``by_class``)."""
+    inner pattern of a residue class, one query a sequence: ``by_class``; with ``cluster`` > 1, the
+    splits of a pair are a cluster of that many blocks that merges in the launch: sm_90 only)."""
     bn = cfg.BN // cfg.NWARPS if keys else cfg.BN
     d = dict(HEAD_D=D, BN=bn, NWARPS=cfg.NWARPS, STAGES=cfg.STAGES, MT=1, MINB=cfg.MINB, QREG=1, STRIDE=stride)
     if not keys:
         d["MERGE_LAST"] = cfg.MERGE
+    if cluster > 1:
+        d["CLUSTER"] = cluster
     return dict(d, AB_F16=int(dtype == "float16"), **pattern_defines(mask))
 
 
@@ -215,6 +222,15 @@ def split_count(longest: int, work: int, sms: int, cfg: DecodeConfig = DEFAULT, 
     else:
         per_split = max(cfg.MIN_PER_SPLIT, -(-longest * work // (cfg.BLOCKS_PER_SM * sms)))
     return per_split, max(1, -(-longest // per_split))
+
+
+def cluster_size(splits: int, cfg: DecodeConfig, compute_capability: int) -> int:
+    """The blocks of the cluster a pair's ``splits`` merge in (1: none, the merge launch or the split's own
+    store): the splits themselves where they number 2 to CLUSTER, on compute capability 90 and later, and
+    the merge is not the last split's (MERGE)."""
+    if cfg.MERGE or not cfg.CLUSTER or compute_capability < 90 or not 1 < splits <= cfg.CLUSTER:
+        return 1
+    return splits
 
 
 def by_class(prob: Problem, cfg: DecodeConfig) -> tuple[int, Mask] | None:
@@ -365,12 +381,17 @@ class FastDecode(Impl):
         # table depends on it)
         table = mask.table
         table = cupy.asarray(table if table is not None else np.zeros(1, np.int32), dtype=cupy.int32)
-        with timed(setup, "compile_s"):
-            mod = get_module(setup["kernel"], kernel_defines(prob.D, prob.dtype, mask, cfg, keys, stride))
-            split_k, merge_k = mod.get_function(KEYS_SPLIT if keys else SPLIT), mod.get_function(MERGE)
-            smem = cfg.smem_bytes(prob.D, keys)
+        smem = cfg.smem_bytes(prob.D, keys)
+
+        def kernels(cluster: int = 1):
+            mod = get_module(setup["kernel"], kernel_defines(prob.D, prob.dtype, mask, cfg, keys, stride, cluster))
+            split = mod.get_function(KEYS_SPLIT if keys else SPLIT)
             if smem > 48 * 1024:
-                split_k.max_dynamic_shared_size_bytes = smem
+                split.max_dynamic_shared_size_bytes = smem
+            return split, mod.get_function(MERGE)
+
+        with timed(setup, "compile_s"):
+            split_k, merge_k = kernels()
         sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
         resident = 1
         if not cfg.BLOCKS_PER_SM and not cfg.SPLITS:  # one wave, by the device's occupancy of this build
@@ -378,6 +399,10 @@ class FastDecode(Impl):
         longest = int(counts.max()) if counts.size else 0
         per_split, splits = split_count(longest, prob.B * prob.kv_heads, sms, cfg, resident)
         setup["splits"] = splits
+        cluster = setup["cluster"] = cluster_size(splits, cfg, int(cupy.cuda.Device().compute_capability))
+        if cluster > 1:  # the same kernel with the cluster's merge in it
+            with timed(setup, "compile_s"):
+                split_k, merge_k = kernels(cluster)
         heads = cupy.asarray(np.stack([firsts, counts], axis=1).astype(np.int32))
         list_of = cupy.asarray(np.array([order.index(t) for t in lens], np.int32))
         lens_d = cupy.asarray(np.array(lens, np.int32))
@@ -394,8 +419,9 @@ class FastDecode(Impl):
                 np.int32(one_len), np.int32(counts[0] if one_len else 0))
         merge_args = (op, lp, out, np.int32(prob.H), np.int32(prob.kv_heads), np.int32(prob.q_len),
                       np.int32(splits))
-        # no merge launch when the last split merges, or when each pair has one split (it stores the output)
-        merge = None if cfg.MERGE or splits == 1 else merge_k
+        # no merge launch when the last split merges, when each pair has one split (it stores the output), or
+        # when the splits merge in their cluster
+        merge = None if cfg.MERGE or splits == 1 or cluster > 1 else merge_k
         pdl = setup["pdl"] = bool(merge is not None and cfg.PDL and pdl_available())
         return DecodeRunner(split_k, merge, (splits, prob.kv_heads, prob.B), (prob.B * prob.H * prob.q_len,),
                             smem, args, merge_args, out, setup, prob.D, cfg.threads, pdl)

@@ -33,7 +33,7 @@ static_assert(!WG && !TMA && MT == 1 && QREG == 1, "decode: mma.sync, cp.async, 
 typedef TcMmaSync TcMma;
 typedef TcLoadAsync<TcMma> TcLoad;
 
-extern "C" __global__ void __launch_bounds__(THREADS, MINB) decode_split(DECODE_SPLIT_PARAMS) {
+extern "C" __global__ void DECODE_CLUSTER __launch_bounds__(THREADS, MINB) decode_split(DECODE_SPLIT_PARAMS) {
     extern __shared__ __align__(1024) unsigned char smem[];
     const DecodeBlock blk = decode_block(Qg, Kg, Vg, lists, lens, list_of, H, H_kv, Tq, Tk, per_split, one_len,
                                              list_count);
@@ -79,8 +79,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) decode_split(DECODE_
     // this split's rows: O normalised by the split's own row sums, and the log-sum-exp (base 2); the
     // output itself when the pair has one split
     const bool alone = gridDim.x == 1;
+#if CLUSTER > 1
+    // the cluster's merge: the rows in shared memory (Q's tile and the stages are free once every warp is
+    // past its last tile), [BM][HEAD_D] then the log-sum-exps [BM]
+    static_assert(!MERGE_LAST, "CLUSTER > 1 merges in the cluster, MERGE_LAST in the last split");
+    static_assert(BM * HEAD_D * 4 + BM * 4 <= (BM + 2 * STAGES * BN) * HEAD_D * 2, "the rows fit Q's tile and the stages");
+    __syncthreads();
+    float* o = reinterpret_cast<float*>(smem);
+    float* l = o + BM * HEAD_D;
+#else
     float* o = decode_part_rows(Op, blk, H_kv);
     float* l = decode_part_lse(Lp, blk, H_kv);
+#endif
     u16* og = decode_out_slab(Og, blk, H, Tq);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -99,6 +109,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) decode_split(DECODE_
             if (t4 == 0 && !alone) l[row] = x > 0.f ? sf.m[0][r] * scale_log2 + __log2f(x) : AB_NEG_INF;
         }
     }
+#if CLUSTER > 1
+    decode_cluster_merge(o, l, rows, og);
+#endif
     if (alone || !MERGE_LAST) return;
     // the last split of (b, kvh) to finish merges the group's rows
     __shared__ int is_last;

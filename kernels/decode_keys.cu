@@ -32,7 +32,7 @@ static_assert(BN <= 32, "decode_keys: a warp's slice of 16 or 32 keys (idle slic
 typedef TcMmaSync TcMma;
 typedef TcLoadAsync<TcMma, KT> TcLoad;  // a stage holds the warps' slices together
 
-extern "C" __global__ void __launch_bounds__(THREADS, MINB) decode_keys_split(DECODE_SPLIT_PARAMS) {
+extern "C" __global__ void DECODE_CLUSTER __launch_bounds__(THREADS, MINB) decode_keys_split(DECODE_SPLIT_PARAMS) {
     extern __shared__ __align__(1024) unsigned char smem[];
     const DecodeBlock blk = decode_block(Qg, Kg, Vg, lists, lens, list_of, H, H_kv, Tq, Tk, per_split, one_len,
                                              list_count);
@@ -97,8 +97,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) decode_keys_split(DE
     __syncthreads();
 
     // the block's rows: the warps' weighed by their log-sum-exps; stored as the split's partial, or as
-    // the output when the pair has one split
+    // the output when the pair has one split, or (CLUSTER > 1) left in shared memory past the warps'
+    // rows for the cluster's merge
     const bool alone = gridDim.x == 1;
+    float* part_o = red_o + NWARPS * RW * HEAD_D;  // [RW][HEAD_D], then part_l [RW]
+    float* part_l = part_o + RW * HEAD_D;
+    static_assert(CLUSTER == 1 || (NWARPS + 1) * RW * HEAD_D * 4 + RW * 4 <= 2 * STAGES * KT * HEAD_D * 2,
+                  "the cluster's partial fits the stages beside the warps' rows");
     float* o = decode_part_rows(Op, blk, H_kv);
     float* l = decode_part_lse(Lp, blk, H_kv);
     u16* og = decode_out_slab(Og, blk, H, Tq);
@@ -119,11 +124,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) decode_keys_split(DE
             }
         }
         const float y = den > 0.f ? num / den : 0.f;
-        if (alone) {
+        if (CLUSTER > 1) {
+            part_o[e] = y;
+            if (d == 0) part_l[r] = den > 0.f ? mx + __log2f(den) : AB_NEG_INF;
+        } else if (alone) {
             og[e] = decode_to_u16(y);
         } else {
             o[e] = y;
             if (d == 0) l[r] = den > 0.f ? mx + __log2f(den) : AB_NEG_INF;
         }
     }
+#if CLUSTER > 1
+    decode_cluster_merge(part_o, part_l, rows, og);
+#endif
 }

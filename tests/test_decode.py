@@ -8,6 +8,7 @@ import pytest
 
 from attnbench.compile import compile_only
 from attnbench.decode import BN, IMPL, KEYS_KERNEL, KERNEL, ROWS, decode_list, kernel_defines
+from attnbench.decode import DEFAULT as DEFAULT_CFG
 from attnbench.impls import Problem
 from attnbench.patterns import REGISTERED, BadInput, make_mask
 
@@ -135,7 +136,7 @@ def test_the_gpu_check_step_sweeps_these_shapes():
     ("BLOCKS_PER_SM=0,MIN_PER_SPLIT=2", (("BLOCKS_PER_SM", 0), ("MIN_PER_SPLIT", 2))),
     ("8,32,4", (("NWARPS", 8), ("BN", 32), ("STAGES", 4), ("MINB", 1), ("SPLITS", 0), ("BLOCKS_PER_SM", 0),
                 ("MIN_PER_SPLIT", 4), ("MERGE", 0), ("BY_KEYS", 2), ("ONE_PER_SM", 8), ("CLASSES", 1),
-                ("BN_SHORT", 32), ("PDL", 1))),
+                ("BN_SHORT", 32), ("PDL", 1), ("CLUSTER", 0))),
     ("by_keys=0", (("BY_KEYS", 0),)),
 ])
 def test_a_decode_shape_parses_named_and_positional_forms(text, given):
@@ -149,7 +150,8 @@ def test_a_decode_shape_parses_named_and_positional_forms(text, given):
     ("STAGES=1", "STAGES=1 must be from 2 to 8"),
     ("SPLITS=-1", "SPLITS=-1 must be from 0 to 4096"),
     ("WG=1", "unknown field 'WG' (fields: NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, "
-             "BY_KEYS, ONE_PER_SM, CLASSES, BN_SHORT, PDL)"),
+             "BY_KEYS, ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER)"),
+    ("CLUSTER=9", "CLUSTER=9 must be from 0 to 8"),
     ("PDL=2", "PDL=2 must be 0 or 1"),
     ("BY_KEYS=3", "BY_KEYS=3 must be from 0 to 2"),
     ("SPLITS=4,SPLITS=8", "SPLITS given twice"),
@@ -264,7 +266,8 @@ def test_the_shapes_the_gpu_check_tries_compile_without_spills(arch, text):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("text", ("SPLITS=1", "SPLITS=16", "BLOCKS_PER_SM=0", "BN=32,STAGES=4", "BN=128,STAGES=2",
-                                  "NWARPS=8", "MERGE=1", "SPLITS=16,MERGE=1", "NWARPS=8,SPLITS=7,MERGE=1"))
+                                  "NWARPS=8", "MERGE=1", "SPLITS=16,MERGE=1", "NWARPS=8,SPLITS=7,MERGE=1",
+                                  "SPLITS=3,CLUSTER=8,BY_KEYS=0", "SPLITS=8,CLUSTER=8", "SPLITS=2,CLUSTER=2,BN=32"))
 @pytest.mark.parametrize("pattern,params", [("dense", {}), ("streaming", {"sink": 4, "window": 64})])
 def test_gate_of_other_shapes(text, pattern, params):
     from attnbench.check import gate
@@ -281,7 +284,7 @@ def test_gate_of_other_shapes(text, pattern, params):
 @pytest.mark.gpu
 @pytest.mark.parametrize("text", ("BY_KEYS=1", "BY_KEYS=1,SPLITS=1", "BY_KEYS=1,SPLITS=16", "BY_KEYS=1,BN=128,STAGES=2",
                                   "BY_KEYS=1,STAGES=2,MINB=3", "BY_KEYS=1,STAGES=4", "BY_KEYS=1,NWARPS=8,BN=128",
-                                  "BY_KEYS=0,SPLITS=1"))
+                                  "BY_KEYS=0,SPLITS=1", "BY_KEYS=1,SPLITS=5,CLUSTER=8"))
 @pytest.mark.parametrize("pattern,params", [("dense", {}), ("streaming", {"sink": 4, "window": 64}),
                                             ("window", {"window": 100}), ("dilated", {"window": 512, "dilation": 2})])
 def test_gate_of_the_key_slices_kernel(text, pattern, params):
@@ -377,6 +380,67 @@ def test_the_merge_as_a_programmatic_dependent_matches_the_plain_launch_run_afte
     if int(cupy.cuda.Device().compute_capability) >= 90:
         assert pdl_available()
     for o in outs[1] + outs[0][1:]:
+        assert np.array_equal(o, outs[0][0])
+
+
+# ---- CLUSTER: the splits of a pair merge in their thread-block cluster ---------------------------------
+@pytest.mark.parametrize("splits, cfg, cc, want", [
+    (4, dict(CLUSTER=8), 90, 4),
+    (8, dict(CLUSTER=8), 90, 8),
+    (9, dict(CLUSTER=8), 90, 1),     # more splits than a cluster takes: the merge launch
+    (1, dict(CLUSTER=8), 90, 1),     # one split stores the output itself
+    (4, dict(CLUSTER=8), 80, 1),     # no clusters before sm_90
+    (4, dict(CLUSTER=0), 90, 1),
+    (4, dict(CLUSTER=3), 90, 1),
+    (4, dict(CLUSTER=8, MERGE=1), 90, 1),
+])
+def test_the_cluster_is_the_pairs_splits_where_they_fit_one(splits, cfg, cc, want):
+    from attnbench.decode import DEFAULT, cluster_size
+
+    assert cluster_size(splits, replace(DEFAULT, **cfg), cc) == want
+
+
+@pytest.mark.parametrize("keys", [False, True])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("cluster", [2, 3, 8])
+def test_the_cluster_builds_compile_for_sm_90_without_spills(keys, D, cluster):
+    mask = make_mask("streaming", 4096, True)
+    cfg = replace(DEFAULT_CFG, BN=64 if keys else 32)
+    defines = kernel_defines(D, "bfloat16", mask, cfg, keys, cluster=cluster)
+    assert defines["CLUSTER"] == cluster
+    reports = compile_only(KEYS_KERNEL if keys else KERNEL, defines, "sm_90")
+    for r in reports:
+        assert 0 < r.registers <= 255 and (r.spill_stores, r.spill_loads) == (0, 0), r
+    assert "CLUSTER" not in kernel_defines(D, "bfloat16", mask, cfg, keys)  # the standard builds hold none
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("by_keys,Tq,splits", [(2, 1, 4), (2, 1, 8), (0, 16, 3), (0, 1, 2)])
+def test_the_clusters_merge_matches_the_merge_launch_run_after_run(by_keys, Tq, splits):
+    """CLUSTER=8 (the splits merge through distributed shared memory, no merge launch) gives the bytes
+    of the merge launch, run after run, ragged batch included, on both split kernels."""
+    import cupy
+
+    from attnbench.arrays import random_inputs
+
+    if int(cupy.cuda.Device().compute_capability) < 90:
+        pytest.skip("clusters: sm_90 and later")
+    prob = Problem(make_mask("window", 8192, True, window=3000), 3, 8, 128, "bfloat16", H_kv=2, Tq=Tq,
+                   cache_lens=(8192, 2000, 5000))
+    q = random_inputs(prob.shape, prob.dtype, 7)[0]
+    _, k, v = random_inputs(prob.kv_shape, prob.dtype, 8)
+    outs = {}
+    for cluster in (0, 8):
+        runner = IMPL.decode_variant(parse_decode_config(f"SPLITS={splits},BY_KEYS={by_keys},CLUSTER={cluster}")).prepare(
+            prob, q, k, v)
+        assert runner.setup["cluster"] == (splits if cluster else 1)
+        got = []
+        for _ in range(3):
+            runner.poison()
+            runner.run()
+            got.append(cupy.asnumpy(runner.out).view(np.uint16))
+        outs[cluster] = got
+    for o in outs[8] + outs[0][1:]:
         assert np.array_equal(o, outs[0][0])
 
 

@@ -39,6 +39,19 @@
         int per_split, float scale_log2, const int *__restrict__ table, u16 *__restrict__ Og,                     \
         int *__restrict__ tickets, int one_len, int list_count
 
+// CLUSTER > 1 (sm_90; the host sets it to the pair's split count, at most 8): the splits of a pair are one
+// thread-block cluster along x (grid.x == CLUSTER) and merge through distributed shared memory in the
+// split launch itself (decode_cluster_merge), so no partials go to global memory and no merge launches.
+#ifndef CLUSTER
+#define CLUSTER 1
+#endif
+static_assert(CLUSTER >= 1 && CLUSTER <= 8, "CLUSTER: 1 (no cluster) to 8 splits a cluster");
+#if CLUSTER > 1
+#define DECODE_CLUSTER __cluster_dims__(CLUSTER, 1, 1)
+#else
+#define DECODE_CLUSTER
+#endif
+
 struct DecodeBlock {
     int split, kvh, b;  // blockIdx (x, y, z)
     int group, rows;    // query heads a key/value head; the block's rows, group x Tq
@@ -124,6 +137,53 @@ __device__ __forceinline__ float* decode_part_rows(float* Op, const DecodeBlock&
 __device__ __forceinline__ float* decode_part_lse(float* Lp, const DecodeBlock& d, int H_kv) {
     return Lp + (((size_t)d.b * H_kv + d.kvh) * gridDim.x + d.split) * DEC_ROWS;
 }
+
+#if CLUSTER > 1
+__device__ __forceinline__ void decode_cluster_sync() {  // every thread of every block of the cluster
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// a float in the shared memory of the cluster's block `rank`, at the address this block's own `addr` names
+__device__ __forceinline__ float decode_dsmem_f32(u32 addr, int rank) {
+    u32 remote;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+    return v;
+}
+
+// The splits of a pair, one cluster, merge: each block has left its rows (normalised by its own sums) in
+// part_o [DEC_ROWS][HEAD_D] and their log-sum-exps (base 2) in part_l [DEC_ROWS], both in its shared
+// memory at the same offsets as every other block of the cluster. After the cluster's barrier, block k
+// (blockIdx.x, its rank) merges output elements k * THREADS + tid, stepping CLUSTER * THREADS, reading
+// the CLUSTER splits' rows through distributed shared memory in split order, with the sums of
+// decode_merge (so both give the same bits); a second barrier keeps every block's shared memory alive
+// until the others have read it.
+__device__ __forceinline__ void decode_cluster_merge(const float* part_o, const float* part_l, int rows, u16* og) {
+    decode_cluster_sync();
+    const u32 o_at = tc_smem_addr(part_o), l_at = tc_smem_addr(part_l);
+    for (int e = blockIdx.x * THREADS + threadIdx.x; e < rows * HEAD_D; e += CLUSTER * THREADS) {
+        const int r = e / HEAD_D;
+        float lse[CLUSTER];
+        float mx = AB_NEG_INF;
+#pragma unroll
+        for (int s = 0; s < CLUSTER; ++s) {
+            lse[s] = decode_dsmem_f32(l_at + 4u * r, s);
+            mx = fmaxf(mx, lse[s]);
+        }
+        float num = 0.f, den = 0.f;
+        if (mx != AB_NEG_INF) {
+#pragma unroll
+            for (int s = 0; s < CLUSTER; ++s) {
+                const float wgt = lse[s] == AB_NEG_INF ? 0.f : tc_exp2(lse[s] - mx);
+                num += wgt * decode_dsmem_f32(o_at + 4u * e, s);
+                den += wgt;
+            }
+        }
+        og[e] = decode_to_u16(den > 0.f ? num / den : 0.f);
+    }
+    decode_cluster_sync();
+}
+#endif
 
 // One output row (b, h, t) from the splits of its (b, key/value head), in a launch of its own (grid
 // B * H * Tq, block HEAD_D: a thread per column), on sm_90 a programmatic dependent of the split
