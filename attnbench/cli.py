@@ -131,7 +131,8 @@ DECODE_CONFIG_HELP = ("a fast-decode shape: FIELD=N,... of NWARPS, BN, STAGES, M
                       "rows fit 16), ONE_PER_SM, CLASSES (1: a strided pattern's one query reads its residue class "
                       "only), BN_SHORT (the tiles of lists of at most 2048 keys; 0: BN's), PDL (1: the merge launch a "
                       "programmatic dependent on sm_90), CLUSTER (the most splits of a pair that merge in one "
-                      "thread-block cluster on sm_90, no merge launch; 0: never) (the others at their defaults); each adds a row per "
+                      "thread-block cluster on sm_90, no merge launch; 0: never), CLUSTER_TILES (a list of at most "
+                      "CLUSTER x CLUSTER_TILES tiles takes CLUSTER splits) (the others at their defaults); each adds a row per "
                       "configuration, named e.g. fast-decode[SPLITS=8], timed with the others (repeatable; the plain "
                       "fast-decode takes ATTNBENCH_DECODE_CONFIG)")
 

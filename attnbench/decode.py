@@ -44,7 +44,7 @@ from .compile import get_module, resident_blocks
 from .errors import BadInput
 from .fast_tc import LOG2E, parse_fields, pattern_defines
 from .impls import Impl, Problem, Runner, register, timed
-from .launch import pdl_available, pdl_launch
+from .launch import max_active_clusters, pdl_available, pdl_launch
 from .patterns import Mask
 from .serving import one_predicate
 
@@ -78,7 +78,9 @@ class DecodeConfig:
     wait for them, so the gap between the two launches is hidden (0: a plain launch). CLUSTER: on sm_90
     and later, where a pair's splits number 2 to CLUSTER (at most 8), they run as one thread-block
     cluster and merge through distributed shared memory in the split launch: no partials in global
-    memory and no merge launch (0: never)."""
+    memory and no merge launch (0: never); a pair whose list holds at most CLUSTER x CLUSTER_TILES key
+    tiles takes CLUSTER splits in a cluster even where more were derived. A cluster runs only where the
+    driver says every pair's cluster fits one wave (cuOccupancyMaxActiveClusters); else the merge launch."""
     NWARPS: int = 4
     BN: int = 64
     STAGES: int = 3
@@ -93,6 +95,7 @@ class DecodeConfig:
     BN_SHORT: int = 32  # streaming 16+64 B=64, Tq=1: 25.3 -> 19.6 us on an H100 (docs/PERF.md "decode v4")
     PDL: int = 1
     CLUSTER: int = 0
+    CLUSTER_TILES: int = 8
 
     @property
     def rows(self) -> int:
@@ -154,7 +157,7 @@ DECODE_FIELDS = tuple(f.name for f in fields(DecodeConfig))
 DECODE_LIMITS = {"NWARPS": (4, 16, 4), "BN": (16, 256, 16), "STAGES": (2, 8, 1), "MINB": (1, 16, 1),
                  "SPLITS": (0, 4096, 1), "BLOCKS_PER_SM": (0, 64, 1), "MIN_PER_SPLIT": (1, 4096, 1),
                  "MERGE": (0, 1, 1), "BY_KEYS": (0, 2, 1), "ONE_PER_SM": (0, 1024, 1), "CLASSES": (0, 1, 1),
-                 "BN_SHORT": (0, 256, 16), "PDL": (0, 1, 1), "CLUSTER": (0, 8, 1)}
+                 "BN_SHORT": (0, 256, 16), "PDL": (0, 1, 1), "CLUSTER": (0, 8, 1), "CLUSTER_TILES": (1, 4096, 1)}
 DEFAULT = DecodeConfig()
 LONG_BN = DEFAULT.BN
 # lists of at most this many keys (in 64-key tiles) take BN_SHORT-key tiles. H100, B 1 to 64, Tq 1 and 16, BN=32 /
@@ -183,7 +186,7 @@ class DecodeSpec:
 
 def parse_decode_config(text: str, option: str = "--decode-config") -> DecodeSpec:
     """'FIELD=N,...' of NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, BY_KEYS,
-    ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER (any case; the others at their defaults) or all by position from
+    ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES (any case; the others at their defaults) or all by position from
     NWARPS,BN,STAGES; BadInput naming ``option`` and the limit."""
     given = parse_fields(text, option, DecodeConfig, DECODE_LIMITS, min_positional=3)
     return DecodeSpec(tuple((f, given[f]) for f in DECODE_FIELDS if f in given))
@@ -224,13 +227,17 @@ def split_count(longest: int, work: int, sms: int, cfg: DecodeConfig = DEFAULT, 
     return per_split, max(1, -(-longest // per_split))
 
 
-def cluster_size(splits: int, cfg: DecodeConfig, compute_capability: int) -> int:
-    """The blocks of the cluster a pair's ``splits`` merge in (1: none, the merge launch or the split's own
-    store): the splits themselves where they number 2 to CLUSTER, on compute capability 90 and later, and
-    the merge is not the last split's (MERGE)."""
-    if cfg.MERGE or not cfg.CLUSTER or compute_capability < 90 or not 1 < splits <= cfg.CLUSTER:
+def cluster_size(splits: int, longest: int, cfg: DecodeConfig, compute_capability: int) -> int:
+    """The blocks of the cluster a pair's ``splits`` (of lists of at most ``longest`` key tiles) merge in
+    (1: none, the merge launch or the split's own store): on compute capability 90 and later, with the
+    merge not the last split's (MERGE), the splits themselves where they number 2 to CLUSTER, or CLUSTER
+    where more were derived and the list holds at most CLUSTER x CLUSTER_TILES tiles. The caller still
+    checks that the clusters fit one wave."""
+    if cfg.MERGE or not cfg.CLUSTER or compute_capability < 90 or splits < 2 or cfg.SPLITS > cfg.CLUSTER:
         return 1
-    return splits
+    if splits <= cfg.CLUSTER:
+        return splits
+    return cfg.CLUSTER if longest <= cfg.CLUSTER * cfg.CLUSTER_TILES else 1
 
 
 def by_class(prob: Problem, cfg: DecodeConfig) -> tuple[int, Mask] | None:
@@ -398,11 +405,18 @@ class FastDecode(Impl):
             resident = setup["blocks_per_sm"] = resident_blocks(split_k, cfg.threads, smem)
         longest = int(counts.max()) if counts.size else 0
         per_split, splits = split_count(longest, prob.B * prob.kv_heads, sms, cfg, resident)
-        setup["splits"] = splits
-        cluster = setup["cluster"] = cluster_size(splits, cfg, int(cupy.cuda.Device().compute_capability))
-        if cluster > 1:  # the same kernel with the cluster's merge in it
+        cluster = cluster_size(splits, longest, cfg, int(cupy.cuda.Device().compute_capability))
+        if cluster > 1:  # the same kernel with the cluster's merge in it, where every pair's cluster fits one wave
             with timed(setup, "compile_s"):
-                split_k, merge_k = kernels(cluster)
+                split_c, _ = kernels(cluster)
+            fit = setup["clusters_fit"] = max_active_clusters(split_c, (cluster, prob.kv_heads, prob.B), cfg.threads, smem)
+            if fit >= prob.B * prob.kv_heads:
+                split_k, splits = split_c, cluster
+                per_split = -(-longest // splits)
+            else:
+                cluster = 1
+        setup["cluster"] = cluster
+        setup["splits"] = splits
         heads = cupy.asarray(np.stack([firsts, counts], axis=1).astype(np.int32))
         list_of = cupy.asarray(np.array([order.index(t) for t in lens], np.int32))
         lens_d = cupy.asarray(np.array(lens, np.int32))

@@ -47,6 +47,38 @@ def _driver():
     return fn
 
 
+@functools.lru_cache(maxsize=None)
+def _occupancy():
+    """libcuda's cuOccupancyMaxActiveClusters, or None."""
+    try:
+        fn = ctypes.CDLL("libcuda.so.1").cuOccupancyMaxActiveClusters
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.POINTER(_Config)]
+    return fn
+
+
+def max_active_clusters(kernel, grid, block, shared_mem: int = 0) -> int:
+    """How many clusters of CuPy RawKernel ``kernel`` (its cluster shape compiled in, ``__cluster_dims__``)
+    the device runs at once for this launch shape: the driver's cuOccupancyMaxActiveClusters, which
+    counts the GPCs' multiprocessors and each block's registers and shared memory. 0 where the driver
+    has no such call."""
+    import cupy
+
+    fn = _occupancy()
+    if fn is None:
+        return 0
+    g, b = _dims(grid), _dims(block)
+    cfg = _Config(g[0], g[1], g[2], b[0], b[1], b[2], int(shared_mem),
+                  ctypes.c_void_p(cupy.cuda.get_current_stream().ptr), None, 0)
+    n = ctypes.c_int(0)
+    rc = fn(ctypes.byref(n), ctypes.c_void_p(kernel.kernel.ptr), ctypes.byref(cfg))
+    if rc != 0:
+        raise RuntimeError(f"cuOccupancyMaxActiveClusters failed: CUresult {rc}")
+    return n.value
+
+
 def pdl_available() -> bool:
     """True where ``pdl_launch`` launches with the attribute: compute capability 9.0 or more, and the
     driver's ``cuLaunchKernelEx``."""

@@ -136,7 +136,7 @@ def test_the_gpu_check_step_sweeps_these_shapes():
     ("BLOCKS_PER_SM=0,MIN_PER_SPLIT=2", (("BLOCKS_PER_SM", 0), ("MIN_PER_SPLIT", 2))),
     ("8,32,4", (("NWARPS", 8), ("BN", 32), ("STAGES", 4), ("MINB", 1), ("SPLITS", 0), ("BLOCKS_PER_SM", 0),
                 ("MIN_PER_SPLIT", 4), ("MERGE", 0), ("BY_KEYS", 2), ("ONE_PER_SM", 8), ("CLASSES", 1),
-                ("BN_SHORT", 32), ("PDL", 1), ("CLUSTER", 0))),
+                ("BN_SHORT", 32), ("PDL", 1), ("CLUSTER", 0), ("CLUSTER_TILES", 8))),
     ("by_keys=0", (("BY_KEYS", 0),)),
 ])
 def test_a_decode_shape_parses_named_and_positional_forms(text, given):
@@ -150,7 +150,7 @@ def test_a_decode_shape_parses_named_and_positional_forms(text, given):
     ("STAGES=1", "STAGES=1 must be from 2 to 8"),
     ("SPLITS=-1", "SPLITS=-1 must be from 0 to 4096"),
     ("WG=1", "unknown field 'WG' (fields: NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, "
-             "BY_KEYS, ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER)"),
+             "BY_KEYS, ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES)"),
     ("CLUSTER=9", "CLUSTER=9 must be from 0 to 8"),
     ("PDL=2", "PDL=2 must be 0 or 1"),
     ("BY_KEYS=3", "BY_KEYS=3 must be from 0 to 2"),
@@ -384,20 +384,24 @@ def test_the_merge_as_a_programmatic_dependent_matches_the_plain_launch_run_afte
 
 
 # ---- CLUSTER: the splits of a pair merge in their thread-block cluster ---------------------------------
-@pytest.mark.parametrize("splits, cfg, cc, want", [
-    (4, dict(CLUSTER=8), 90, 4),
-    (8, dict(CLUSTER=8), 90, 8),
-    (9, dict(CLUSTER=8), 90, 1),     # more splits than a cluster takes: the merge launch
-    (1, dict(CLUSTER=8), 90, 1),     # one split stores the output itself
-    (4, dict(CLUSTER=8), 80, 1),     # no clusters before sm_90
-    (4, dict(CLUSTER=0), 90, 1),
-    (4, dict(CLUSTER=3), 90, 1),
-    (4, dict(CLUSTER=8, MERGE=1), 90, 1),
+@pytest.mark.parametrize("splits, longest, cfg, cc, want", [
+    (4, 16, dict(CLUSTER=8), 90, 4),
+    (8, 500, dict(CLUSTER=8), 90, 8),
+    (16, 64, dict(CLUSTER=8), 90, 8),    # more splits derived, a list of at most 8 x 8 tiles: 8 in a cluster
+    (16, 65, dict(CLUSTER=8), 90, 1),    # a longer list keeps its splits and the merge launch
+    (16, 96, dict(CLUSTER=8, CLUSTER_TILES=12), 90, 8),
+    (9, 9, dict(CLUSTER=8, SPLITS=9), 90, 1),  # splits given beyond a cluster: the merge launch
+    (1, 4, dict(CLUSTER=8), 90, 1),      # one split stores the output itself
+    (4, 16, dict(CLUSTER=8), 80, 1),     # no clusters before sm_90
+    (4, 16, dict(CLUSTER=0), 90, 1),
+    (4, 16, dict(CLUSTER=3), 90, 3),
+    (4, 100, dict(CLUSTER=3), 90, 1),
+    (4, 16, dict(CLUSTER=8, MERGE=1), 90, 1),
 ])
-def test_the_cluster_is_the_pairs_splits_where_they_fit_one(splits, cfg, cc, want):
+def test_the_cluster_is_the_pairs_splits_where_they_fit_one(splits, longest, cfg, cc, want):
     from attnbench.decode import DEFAULT, cluster_size
 
-    assert cluster_size(splits, replace(DEFAULT, **cfg), cc) == want
+    assert cluster_size(splits, longest, replace(DEFAULT, **cfg), cc) == want
 
 
 @pytest.mark.parametrize("keys", [False, True])
@@ -433,7 +437,8 @@ def test_the_clusters_merge_matches_the_merge_launch_run_after_run(by_keys, Tq, 
     for cluster in (0, 8):
         runner = IMPL.decode_variant(parse_decode_config(f"SPLITS={splits},BY_KEYS={by_keys},CLUSTER={cluster}")).prepare(
             prob, q, k, v)
-        assert runner.setup["cluster"] == (splits if cluster else 1)
+        assert runner.setup["cluster"] == (splits if cluster else 1), runner.setup
+        assert runner.setup["splits"] == splits
         got = []
         for _ in range(3):
             runner.poison()
