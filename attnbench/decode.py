@@ -80,7 +80,9 @@ class DecodeConfig:
     cluster and merge through distributed shared memory in the split launch: no partials in global
     memory and no merge launch (0: never); a pair whose list holds at most CLUSTER x CLUSTER_TILES key
     tiles takes CLUSTER splits in a cluster even where more were derived. A cluster runs only where the
-    driver says every pair's cluster fits one wave (cuOccupancyMaxActiveClusters); else the merge launch."""
+    driver says every pair's cluster fits one wave (cuOccupancyMaxActiveClusters); where it does not, such
+    a short list takes fewer splits in a smaller cluster that fits, a longer one the merge launch. Pairs
+    of more than CLUSTER_ROWS query rows keep the merge launch."""
     NWARPS: int = 4
     BN: int = 64
     STAGES: int = 3
@@ -94,7 +96,7 @@ class DecodeConfig:
     CLASSES: int = 1  # dilated B=64, Tq=1: 104.7 -> 61.3 us on an H100 (docs/PERF.md "decode v3")
     BN_SHORT: int = 32  # streaming 16+64 B=64, Tq=1: 25.3 -> 19.6 us on an H100 (docs/PERF.md "decode v4")
     PDL: int = 1
-    CLUSTER: int = 0
+    CLUSTER: int = 8
     CLUSTER_TILES: int = 8
 
     @property
@@ -165,6 +167,10 @@ LONG_BN = DEFAULT.BN
 # 0.93-0.99, dilated 512/2 0.92-1.00, bigbird 0.99-1.05; window 4096 (4111 keys) 1.00 at Tq=1 and 1.09 at
 # Tq=16, dense at 131072 keys 1.14
 SHORT_LIST_KEYS = 2048
+# the most query rows a pair may hold for its splits to merge in a cluster: each block's threads merge
+# rows x HEAD_D / (CLUSTER x THREADS) elements one after another, each a round trip to every split's
+# shared memory. H100, 64 rows (Tq=16): 4-30% slower than the merge launch (docs/PERF.md "decode v5")
+CLUSTER_ROWS = 16
 NWARPS, BN, STAGES = DEFAULT.NWARPS, DEFAULT.BN, DEFAULT.STAGES
 ROWS = DEFAULT.rows  # query rows of a block: query heads of a group x Tq
 BLOCKS_PER_SM = DEFAULT.BLOCKS_PER_SM  # the splits aim at this many blocks per multiprocessor (0: one wave)
@@ -227,13 +233,15 @@ def split_count(longest: int, work: int, sms: int, cfg: DecodeConfig = DEFAULT, 
     return per_split, max(1, -(-longest // per_split))
 
 
-def cluster_size(splits: int, longest: int, cfg: DecodeConfig, compute_capability: int) -> int:
-    """The blocks of the cluster a pair's ``splits`` (of lists of at most ``longest`` key tiles) merge in
-    (1: none, the merge launch or the split's own store): on compute capability 90 and later, with the
-    merge not the last split's (MERGE), the splits themselves where they number 2 to CLUSTER, or CLUSTER
-    where more were derived and the list holds at most CLUSTER x CLUSTER_TILES tiles. The caller still
-    checks that the clusters fit one wave."""
-    if cfg.MERGE or not cfg.CLUSTER or compute_capability < 90 or splits < 2 or cfg.SPLITS > cfg.CLUSTER:
+def cluster_size(splits: int, longest: int, rows: int, cfg: DecodeConfig, compute_capability: int) -> int:
+    """The blocks of the cluster a pair's ``splits`` (of lists of at most ``longest`` key tiles, ``rows``
+    query rows a pair) merge in (1: none, the merge launch or the split's own store): on compute
+    capability 90 and later, with the merge not the last split's (MERGE) and at most CLUSTER_ROWS rows,
+    the splits themselves where they number 2 to CLUSTER, or CLUSTER where more were derived and the list
+    holds at most CLUSTER x CLUSTER_TILES tiles. The caller still checks that the clusters fit one wave
+    (and takes fewer splits where they do not)."""
+    if (cfg.MERGE or not cfg.CLUSTER or compute_capability < 90 or splits < 2 or cfg.SPLITS > cfg.CLUSTER
+            or rows > CLUSTER_ROWS):
         return 1
     if splits <= cfg.CLUSTER:
         return splits
@@ -405,16 +413,21 @@ class FastDecode(Impl):
             resident = setup["blocks_per_sm"] = resident_blocks(split_k, cfg.threads, smem)
         longest = int(counts.max()) if counts.size else 0
         per_split, splits = split_count(longest, prob.B * prob.kv_heads, sms, cfg, resident)
-        cluster = cluster_size(splits, longest, cfg, int(cupy.cuda.Device().compute_capability))
-        if cluster > 1:  # the same kernel with the cluster's merge in it, where every pair's cluster fits one wave
+        cluster = cluster_size(splits, longest, prob.H // prob.kv_heads * prob.q_len, cfg,
+                               int(cupy.cuda.Device().compute_capability))
+        # the same kernel with the cluster's merge in it, where every pair's cluster fits one wave; else, for
+        # a short list, a smaller cluster (fewer, longer splits) down to 2; else the merge launch
+        short = longest <= cfg.CLUSTER * cfg.CLUSTER_TILES
+        for size in range(cluster, 1 if short else cluster - 1, -1):
             with timed(setup, "compile_s"):
-                split_c, _ = kernels(cluster)
-            fit = setup["clusters_fit"] = max_active_clusters(split_c, (cluster, prob.kv_heads, prob.B), cfg.threads, smem)
+                split_c, _ = kernels(size)
+            fit = setup["clusters_fit"] = max_active_clusters(split_c, (size, prob.kv_heads, prob.B), cfg.threads, smem)
             if fit >= prob.B * prob.kv_heads:
-                split_k, splits = split_c, cluster
+                split_k, splits, cluster = split_c, size, size
                 per_split = -(-longest // splits)
-            else:
-                cluster = 1
+                break
+        else:
+            cluster = 1
         setup["cluster"] = cluster
         setup["splits"] = splits
         heads = cupy.asarray(np.stack([firsts, counts], axis=1).astype(np.int32))

@@ -136,7 +136,7 @@ def test_the_gpu_check_step_sweeps_these_shapes():
     ("BLOCKS_PER_SM=0,MIN_PER_SPLIT=2", (("BLOCKS_PER_SM", 0), ("MIN_PER_SPLIT", 2))),
     ("8,32,4", (("NWARPS", 8), ("BN", 32), ("STAGES", 4), ("MINB", 1), ("SPLITS", 0), ("BLOCKS_PER_SM", 0),
                 ("MIN_PER_SPLIT", 4), ("MERGE", 0), ("BY_KEYS", 2), ("ONE_PER_SM", 8), ("CLASSES", 1),
-                ("BN_SHORT", 32), ("PDL", 1), ("CLUSTER", 0), ("CLUSTER_TILES", 8))),
+                ("BN_SHORT", 32), ("PDL", 1), ("CLUSTER", 8), ("CLUSTER_TILES", 8))),
     ("by_keys=0", (("BY_KEYS", 0),)),
 ])
 def test_a_decode_shape_parses_named_and_positional_forms(text, given):
@@ -399,9 +399,11 @@ def test_the_merge_as_a_programmatic_dependent_matches_the_plain_launch_run_afte
     (4, 16, dict(CLUSTER=8, MERGE=1), 90, 1),
 ])
 def test_the_cluster_is_the_pairs_splits_where_they_fit_one(splits, longest, cfg, cc, want):
-    from attnbench.decode import DEFAULT, cluster_size
+    from attnbench.decode import CLUSTER_ROWS, DEFAULT, cluster_size
 
-    assert cluster_size(splits, longest, replace(DEFAULT, **cfg), cc) == want
+    assert cluster_size(splits, longest, 4, replace(DEFAULT, **cfg), cc) == want
+    assert cluster_size(splits, longest, CLUSTER_ROWS, replace(DEFAULT, **cfg), cc) == want
+    assert cluster_size(splits, longest, CLUSTER_ROWS + 1, replace(DEFAULT, **cfg), cc) == 1  # many rows: the launch
 
 
 @pytest.mark.parametrize("keys", [False, True])
@@ -419,7 +421,7 @@ def test_the_cluster_builds_compile_for_sm_90_without_spills(keys, D, cluster):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("by_keys,Tq,splits", [(2, 1, 4), (2, 1, 8), (0, 16, 3), (0, 1, 2)])
+@pytest.mark.parametrize("by_keys,Tq,splits", [(2, 1, 4), (2, 1, 8), (0, 4, 3), (0, 1, 2)])
 def test_the_clusters_merge_matches_the_merge_launch_run_after_run(by_keys, Tq, splits):
     """CLUSTER=8 (the splits merge through distributed shared memory, no merge launch) gives the bytes
     of the merge launch, run after run, ragged batch included, on both split kernels."""
