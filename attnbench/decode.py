@@ -44,7 +44,7 @@ from .compile import get_module, resident_blocks
 from .errors import BadInput
 from .fast_tc import LOG2E, parse_fields, pattern_defines
 from .impls import Impl, Problem, Runner, register, timed
-from .launch import max_active_clusters, pdl_available, pdl_launch
+from .launch import allow_nonportable_clusters, max_active_clusters, pdl_available, pdl_launch
 from .patterns import Mask
 from .serving import one_predicate
 
@@ -76,7 +76,8 @@ class DecodeConfig:
     shape runs (0: never; ``for_list``). PDL 1: on sm_90 and later the merge launch is a programmatic
     dependent of the split launch (attnbench/launch.py): its blocks are placed while the splits run and
     wait for them, so the gap between the two launches is hidden (0: a plain launch). CLUSTER: on sm_90
-    and later, where a pair's splits number 2 to CLUSTER (at most 8), they run as one thread-block
+    and later, where a pair's splits number 2 to CLUSTER (at most 16; above 8 the driver's non-portable
+    sizes), they run as one thread-block
     cluster and merge through distributed shared memory in the split launch: no partials in global
     memory and no merge launch (0: never); a pair whose list holds at most CLUSTER x CLUSTER_TILES key
     tiles takes CLUSTER splits in a cluster even where more were derived. A cluster runs only where the
@@ -159,7 +160,7 @@ DECODE_FIELDS = tuple(f.name for f in fields(DecodeConfig))
 DECODE_LIMITS = {"NWARPS": (4, 16, 4), "BN": (16, 256, 16), "STAGES": (2, 8, 1), "MINB": (1, 16, 1),
                  "SPLITS": (0, 4096, 1), "BLOCKS_PER_SM": (0, 64, 1), "MIN_PER_SPLIT": (1, 4096, 1),
                  "MERGE": (0, 1, 1), "BY_KEYS": (0, 2, 1), "ONE_PER_SM": (0, 1024, 1), "CLASSES": (0, 1, 1),
-                 "BN_SHORT": (0, 256, 16), "PDL": (0, 1, 1), "CLUSTER": (0, 8, 1), "CLUSTER_TILES": (1, 4096, 1)}
+                 "BN_SHORT": (0, 256, 16), "PDL": (0, 1, 1), "CLUSTER": (0, 16, 1), "CLUSTER_TILES": (1, 4096, 1)}
 DEFAULT = DecodeConfig()
 LONG_BN = DEFAULT.BN
 # lists of at most this many keys (in 64-key tiles) take BN_SHORT-key tiles. H100, B 1 to 64, Tq 1 and 16, BN=32 /
@@ -403,6 +404,8 @@ class FastDecode(Impl):
             split = mod.get_function(KEYS_SPLIT if keys else SPLIT)
             if smem > 48 * 1024:
                 split.max_dynamic_shared_size_bytes = smem
+            if cluster > 8:  # the non-portable sizes
+                allow_nonportable_clusters(split)
             return split, mod.get_function(MERGE)
 
         with timed(setup, "compile_s"):

@@ -79,6 +79,20 @@ def max_active_clusters(kernel, grid, block, shared_mem: int = 0) -> int:
     return n.value
 
 
+_ATTR_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # CUfunction_attribute
+
+
+def allow_nonportable_clusters(kernel) -> None:
+    """Let CuPy RawKernel ``kernel`` run clusters of more than 8 blocks (up to 16 on sm_90): the driver's
+    cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)."""
+    fn = ctypes.CDLL("libcuda.so.1").cuFuncSetAttribute
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    rc = fn(ctypes.c_void_p(kernel.kernel.ptr), _ATTR_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+    if rc != 0:
+        raise RuntimeError(f"cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED) failed: CUresult {rc}")
+
+
 def pdl_available() -> bool:
     """True where ``pdl_launch`` launches with the attribute: compute capability 9.0 or more, and the
     driver's ``cuLaunchKernelEx``."""

@@ -151,7 +151,7 @@ def test_a_decode_shape_parses_named_and_positional_forms(text, given):
     ("SPLITS=-1", "SPLITS=-1 must be from 0 to 4096"),
     ("WG=1", "unknown field 'WG' (fields: NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, "
              "BY_KEYS, ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES)"),
-    ("CLUSTER=9", "CLUSTER=9 must be from 0 to 8"),
+    ("CLUSTER=17", "CLUSTER=17 must be from 0 to 16"),
     ("PDL=2", "PDL=2 must be 0 or 1"),
     ("BY_KEYS=3", "BY_KEYS=3 must be from 0 to 2"),
     ("SPLITS=4,SPLITS=8", "SPLITS given twice"),
@@ -408,7 +408,7 @@ def test_the_cluster_is_the_pairs_splits_where_they_fit_one(splits, longest, cfg
 
 @pytest.mark.parametrize("keys", [False, True])
 @pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("cluster", [2, 3, 8])
+@pytest.mark.parametrize("cluster", [2, 3, 8, 16])
 def test_the_cluster_builds_compile_for_sm_90_without_spills(keys, D, cluster):
     mask = make_mask("streaming", 4096, True)
     cfg = replace(DEFAULT_CFG, BN=64 if keys else 32)
@@ -421,9 +421,9 @@ def test_the_cluster_builds_compile_for_sm_90_without_spills(keys, D, cluster):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("by_keys,Tq,splits", [(2, 1, 4), (2, 1, 8), (0, 4, 3), (0, 1, 2)])
+@pytest.mark.parametrize("by_keys,Tq,splits", [(2, 1, 4), (2, 1, 8), (0, 4, 3), (0, 1, 2), (2, 1, 16)])
 def test_the_clusters_merge_matches_the_merge_launch_run_after_run(by_keys, Tq, splits):
-    """CLUSTER=8 (the splits merge through distributed shared memory, no merge launch) gives the bytes
+    """CLUSTER=16 (the splits merge, 16 a cluster in the last case, through distributed shared memory, no merge launch) gives the bytes
     of the merge launch, run after run, ragged batch included, on both split kernels."""
     import cupy
 
@@ -436,7 +436,7 @@ def test_the_clusters_merge_matches_the_merge_launch_run_after_run(by_keys, Tq, 
     q = random_inputs(prob.shape, prob.dtype, 7)[0]
     _, k, v = random_inputs(prob.kv_shape, prob.dtype, 8)
     outs = {}
-    for cluster in (0, 8):
+    for cluster in (0, 16):
         runner = IMPL.decode_variant(parse_decode_config(f"SPLITS={splits},BY_KEYS={by_keys},CLUSTER={cluster}")).prepare(
             prob, q, k, v)
         assert runner.setup["cluster"] == (splits if cluster else 1), runner.setup
@@ -447,7 +447,7 @@ def test_the_clusters_merge_matches_the_merge_launch_run_after_run(by_keys, Tq, 
             runner.run()
             got.append(cupy.asnumpy(runner.out).view(np.uint16))
         outs[cluster] = got
-    for o in outs[8] + outs[0][1:]:
+    for o in outs[16] + outs[0][1:]:
         assert np.array_equal(o, outs[0][0])
 
 

@@ -45,7 +45,7 @@
 #ifndef CLUSTER
 #define CLUSTER 1
 #endif
-static_assert(CLUSTER >= 1 && CLUSTER <= 8, "CLUSTER: 1 (no cluster) to 8 splits a cluster");
+static_assert(CLUSTER >= 1 && CLUSTER <= 16, "CLUSTER: 1 (no cluster) to 16 splits a cluster (above 8: the non-portable sizes)");
 #if CLUSTER > 1
 #define DECODE_CLUSTER __cluster_dims__(CLUSTER, 1, 1)
 #else
