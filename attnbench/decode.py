@@ -249,6 +249,15 @@ def cluster_size(splits: int, longest: int, rows: int, cfg: DecodeConfig, comput
     return cfg.CLUSTER if longest <= cfg.CLUSTER * cfg.CLUSTER_TILES else 1
 
 
+def cluster_tries(cluster: int, longest: int, cfg: DecodeConfig) -> list[int]:
+    """The cluster sizes to try, largest first, until the driver says every pair's fits one wave: none for
+    ``cluster`` 1; for a short list (at most CLUSTER x CLUSTER_TILES tiles) ``cluster`` down to 2, fewer and
+    longer splits; for a longer one ``cluster`` only (fewer splits would lengthen a long chain)."""
+    if cluster == 1:
+        return []
+    return list(range(cluster, 1, -1)) if longest <= cfg.CLUSTER * cfg.CLUSTER_TILES else [cluster]
+
+
 def by_class(prob: Problem, cfg: DecodeConfig) -> tuple[int, Mask] | None:
     """(stride, inner pattern) when fast-decode reads only the query's residue class (CLASSES 1, a
     strided pattern, one query a sequence, and one inner predicate for every cache length), else None."""
@@ -418,10 +427,9 @@ class FastDecode(Impl):
         per_split, splits = split_count(longest, prob.B * prob.kv_heads, sms, cfg, resident)
         cluster = cluster_size(splits, longest, prob.H // prob.kv_heads * prob.q_len, cfg,
                                int(cupy.cuda.Device().compute_capability))
-        # the same kernel with the cluster's merge in it, where every pair's cluster fits one wave; else, for
-        # a short list, a smaller cluster (fewer, longer splits) down to 2; else the merge launch
-        short = longest <= cfg.CLUSTER * cfg.CLUSTER_TILES
-        for size in range(cluster, 1 if short else cluster - 1, -1):
+        # the same kernel with the cluster's merge in it, where every pair's cluster fits one wave; else a
+        # smaller one (``cluster_tries``); else the merge launch
+        for size in cluster_tries(cluster, longest, cfg):
             with timed(setup, "compile_s"):
                 split_c, _ = kernels(size)
             fit = setup["clusters_fit"] = max_active_clusters(split_c, (size, prob.kv_heads, prob.B), cfg.threads, smem)

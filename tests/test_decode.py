@@ -406,6 +406,15 @@ def test_the_cluster_is_the_pairs_splits_where_they_fit_one(splits, longest, cfg
     assert cluster_size(splits, longest, CLUSTER_ROWS + 1, replace(DEFAULT, **cfg), cc) == 1  # many rows: the launch
 
 
+def test_a_short_list_tries_smaller_clusters_and_a_long_one_its_own_only():
+    from attnbench.decode import DEFAULT, cluster_tries
+
+    assert cluster_tries(1, 10, DEFAULT) == []
+    assert cluster_tries(4, 16, DEFAULT) == [4, 3, 2]
+    assert cluster_tries(8, 64, DEFAULT) == [8, 7, 6, 5, 4, 3, 2]
+    assert cluster_tries(4, 512, DEFAULT) == [4]  # dense at 32768 keys: its splits or the merge launch
+
+
 @pytest.mark.parametrize("keys", [False, True])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("cluster", [2, 3, 8, 16])
