@@ -637,7 +637,8 @@ def profile_cmd(impl, pattern, T, B, H, D, dtype, causal, tile_config, decode_co
             + (f" pass {pass_name}" if pass_name != "fwd" else "")
             + (f" backward {setup['bwd_tile_config']} ({setup['bwd_launches']})" if "bwd_launches" in setup else "")
             + (f" tile {setup['tile_config']}" if "tile_config" in setup else "")
-            + (f" decode {setup['decode_config']} ({setup['kernel']}, {setup['splits']} splits)"
+            + (f" decode {setup['decode_config']} ({setup['kernel']}, {setup['splits']} splits"
+               + (f", merged in a cluster of {setup['cluster']}" if setup.get("cluster", 1) > 1 else "") + ")"
                if "decode_config" in setup else ""))
     if not res.ok:
         fail(f"{what}: the gate failed ({res.reason}); nothing was profiled", 1)
