@@ -31,7 +31,7 @@ def test_kernels_are_sanitizer_clean(impl, tool):
 def test_fast_decode_is_sanitizer_clean(tool, tq):
     """fast-decode on every pattern through the gate, grouped heads (8 over 2), one query and sixteen: the
     short lists' 32-key tiles (T 77 and 1000), the 64-key tiles and the key-slice kernel of a long list
-    (dense and window at T=4096, Tq=1), the merge launch (at Tq=16; a programmatic dependent on sm_90), the
+    (dense and window at T=4096, Tq=1), the merge launch (at Tq=16), the
     splits of a pair merging in their thread-block cluster (Tq=1, sm_90) and a dilated query's residue class."""
     # CuPy's own kernels left out: the tile classification's flatnonzero (classify.py) runs CuPy's scan, whose
     # racecheck warnings are its own
