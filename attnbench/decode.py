@@ -77,13 +77,13 @@ class DecodeConfig:
     dependent of the split launch (attnbench/launch.py): its blocks are placed while the splits run and
     wait for them, so the gap between the two launches is hidden (0: a plain launch). CLUSTER: on sm_90
     and later, where a pair's splits number 2 to CLUSTER (at most 16; above 8 the driver's non-portable
-    sizes), they run as one thread-block
-    cluster and merge through distributed shared memory in the split launch: no partials in global
-    memory and no merge launch (0: never); a pair whose list holds at most CLUSTER x CLUSTER_TILES key
-    tiles takes CLUSTER splits in a cluster even where more were derived. A cluster runs only where the
-    driver says every pair's cluster fits one wave (cuOccupancyMaxActiveClusters); where it does not, such
-    a short list takes fewer splits in a smaller cluster that fits, a longer one the merge launch. Pairs
-    of more than CLUSTER_ROWS query rows keep the merge launch."""
+    sizes), they run as one thread-block cluster and merge through distributed shared memory in the
+    split launch: no partials in global memory and no merge launch (0: never); a pair whose list holds
+    at most CLUSTER x CLUSTER_TILES key tiles takes CLUSTER splits in a cluster even where more were
+    derived. A cluster runs only where the driver says every pair's cluster fits one wave
+    (cuOccupancyMaxActiveClusters); where it does not, such a short list takes fewer splits in a smaller
+    cluster that fits (not when SPLITS is given), a longer one the merge launch. Pairs of more than
+    CLUSTER_ROWS query rows keep the merge launch."""
     NWARPS: int = 4
     BN: int = 64
     STAGES: int = 3
@@ -194,8 +194,8 @@ class DecodeSpec:
 
 def parse_decode_config(text: str, option: str = "--decode-config") -> DecodeSpec:
     """'FIELD=N,...' of NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, BY_KEYS,
-    ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES (any case; the others at their defaults) or all by position from
-    NWARPS,BN,STAGES; BadInput naming ``option`` and the limit."""
+    ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES (any case; the others at their defaults)
+    or all by position from NWARPS,BN,STAGES; BadInput naming ``option`` and the limit."""
     given = parse_fields(text, option, DecodeConfig, DECODE_LIMITS, min_positional=3)
     return DecodeSpec(tuple((f, given[f]) for f in DECODE_FIELDS if f in given))
 
@@ -253,10 +253,13 @@ def cluster_size(splits: int, longest: int, rows: int, cfg: DecodeConfig, comput
 def cluster_tries(cluster: int, longest: int, cfg: DecodeConfig) -> list[int]:
     """The cluster sizes to try, largest first, until the driver says every pair's fits one wave: none for
     ``cluster`` 1; for a short list (at most CLUSTER x CLUSTER_TILES tiles) ``cluster`` down to 2, fewer and
-    longer splits; for a longer one ``cluster`` only (fewer splits would lengthen a long chain)."""
+    longer splits; for a longer one, or splits given (SPLITS), ``cluster`` only (fewer splits would lengthen a
+    long chain, or override the count asked for)."""
     if cluster == 1:
         return []
-    return list(range(cluster, 1, -1)) if longest <= cfg.CLUSTER * cfg.CLUSTER_TILES else [cluster]
+    if cfg.SPLITS or longest > cfg.CLUSTER * cfg.CLUSTER_TILES:
+        return [cluster]
+    return list(range(cluster, 1, -1))
 
 
 def by_class(prob: Problem, cfg: DecodeConfig) -> tuple[int, Mask] | None:

@@ -413,6 +413,7 @@ def test_a_short_list_tries_smaller_clusters_and_a_long_one_its_own_only():
     assert cluster_tries(4, 16, DEFAULT) == [4, 3, 2]
     assert cluster_tries(8, 64, DEFAULT) == [8, 7, 6, 5, 4, 3, 2]
     assert cluster_tries(4, 512, DEFAULT) == [4]  # dense at 32768 keys: its splits or the merge launch
+    assert cluster_tries(4, 16, replace(DEFAULT, SPLITS=4)) == [4]  # splits asked for are kept
 
 
 @pytest.mark.parametrize("keys", [False, True])
@@ -432,8 +433,9 @@ def test_the_cluster_builds_compile_for_sm_90_without_spills(keys, D, cluster):
 @pytest.mark.gpu
 @pytest.mark.parametrize("by_keys,Tq,splits", [(2, 1, 4), (2, 1, 8), (0, 4, 3), (0, 1, 2), (2, 1, 16)])
 def test_the_clusters_merge_matches_the_merge_launch_run_after_run(by_keys, Tq, splits):
-    """CLUSTER=16 (the splits merge, 16 a cluster in the last case, through distributed shared memory, no merge launch) gives the bytes
-    of the merge launch, run after run, ragged batch included, on both split kernels."""
+    """CLUSTER=16 (the splits, up to 16 here, merge through distributed shared memory in their cluster, no
+    merge launch) gives the bytes of the merge launch, run after run, ragged batch included, on both split
+    kernels."""
     import cupy
 
     from attnbench.arrays import random_inputs
@@ -446,8 +448,8 @@ def test_the_clusters_merge_matches_the_merge_launch_run_after_run(by_keys, Tq, 
     _, k, v = random_inputs(prob.kv_shape, prob.dtype, 8)
     outs = {}
     for cluster in (0, 16):
-        runner = IMPL.decode_variant(parse_decode_config(f"SPLITS={splits},BY_KEYS={by_keys},CLUSTER={cluster}")).prepare(
-            prob, q, k, v)
+        spec = parse_decode_config(f"SPLITS={splits},BY_KEYS={by_keys},CLUSTER={cluster}")
+        runner = IMPL.decode_variant(spec).prepare(prob, q, k, v)
         assert runner.setup["cluster"] == (splits if cluster else 1), runner.setup
         assert runner.setup["splits"] == splits
         got = []
