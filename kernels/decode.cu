@@ -37,7 +37,7 @@ extern "C" __global__ void DECODE_CLUSTER __launch_bounds__(THREADS, MINB) decod
     extern __shared__ __align__(1024) unsigned char smem[];
     const DecodeBlock blk = decode_block(Qg, Kg, Vg, lists, lens, list_of, H, H_kv, Tq, Tk, per_split, one_len,
                                              list_count);
-    ab_pdl_trigger();  // the merge launch (a programmatic dependent) may be placed now: it waits for this grid
+    ab_pdl_trigger();  // a merge launched as a programmatic dependent (PDL=1) may be placed now; it waits
     const int b = blk.b, kvh = blk.kvh, rows = blk.rows, Tb = blk.Tb, count = blk.count;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane >> 2, t4 = lane & 3;
@@ -83,7 +83,8 @@ extern "C" __global__ void DECODE_CLUSTER __launch_bounds__(THREADS, MINB) decod
     // the cluster's merge: the rows in shared memory (Q's tile and the stages are free once every warp is
     // past its last tile), [BM][HEAD_D] then the log-sum-exps [BM]
     static_assert(!MERGE_LAST, "CLUSTER > 1 merges in the cluster, MERGE_LAST in the last split");
-    static_assert(BM * HEAD_D * 4 + BM * 4 <= (BM + 2 * STAGES * BN) * HEAD_D * 2, "the rows fit Q's tile and the stages");
+    static_assert(BM * HEAD_D * 4 + BM * 4 <= (BM + 2 * STAGES * BN) * HEAD_D * 2,
+                  "the rows fit Q's tile and the stages");
     __syncthreads();
     float* o = reinterpret_cast<float*>(smem);
     float* l = o + BM * HEAD_D;

@@ -36,7 +36,7 @@ extern "C" __global__ void DECODE_CLUSTER __launch_bounds__(THREADS, MINB) decod
     extern __shared__ __align__(1024) unsigned char smem[];
     const DecodeBlock blk = decode_block(Qg, Kg, Vg, lists, lens, list_of, H, H_kv, Tq, Tk, per_split, one_len,
                                              list_count);
-    ab_pdl_trigger();  // the merge launch (a programmatic dependent) may be placed now: it waits for this grid
+    ab_pdl_trigger();  // a merge launched as a programmatic dependent (PDL=1) may be placed now; it waits
     const int rows = blk.rows, Tb = blk.Tb, count = blk.count;  // rows <= RW (the host refuses more)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane >> 2, t4 = lane & 3;

@@ -39,13 +39,14 @@
         int per_split, float scale_log2, const int *__restrict__ table, u16 *__restrict__ Og,                     \
         int *__restrict__ tickets, int one_len, int list_count
 
-// CLUSTER > 1 (sm_90; the host sets it to the pair's split count, at most 8): the splits of a pair are one
+// CLUSTER > 1 (sm_90; the host sets it to the pair's split count, at most 16): the splits of a pair are one
 // thread-block cluster along x (grid.x == CLUSTER) and merge through distributed shared memory in the
 // split launch itself (decode_cluster_merge), so no partials go to global memory and no merge launches.
 #ifndef CLUSTER
 #define CLUSTER 1
 #endif
-static_assert(CLUSTER >= 1 && CLUSTER <= 16, "CLUSTER: 1 (no cluster) to 16 splits a cluster (above 8: the non-portable sizes)");
+static_assert(CLUSTER >= 1 && CLUSTER <= 16,
+              "CLUSTER: 1 (no cluster) to 16 splits a cluster (above 8: the non-portable sizes)");
 #if CLUSTER > 1
 #define DECODE_CLUSTER __cluster_dims__(CLUSTER, 1, 1)
 #else
@@ -186,8 +187,9 @@ __device__ __forceinline__ void decode_cluster_merge(const float* part_o, const 
 #endif
 
 // One output row (b, h, t) from the splits of its (b, key/value head), in a launch of its own (grid
-// B * H * Tq, block HEAD_D: a thread per column), on sm_90 a programmatic dependent of the split
-// launch (attnbench/launch.py): its blocks are placed while the splits run and wait for them here.
+// B * H * Tq, block HEAD_D: a thread per column). With PDL=1 on sm_90 it is a programmatic dependent
+// of the split launch (attnbench/launch.py): its blocks are placed while the splits run and wait for
+// them here.
 // The splits' log-sum-exps are read at once (a thread per split) for their largest; then each thread
 // walks the splits for its column with MERGE_UNROLL of them in flight, so the launch waits on about
 // splits / MERGE_UNROLL round trips to L2 rather than one per split.
