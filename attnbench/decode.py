@@ -171,7 +171,7 @@ LONG_BN = DEFAULT.BN
 SHORT_LIST_KEYS = 2048
 # the most query rows a pair may hold for its splits to merge in a cluster: each block's threads merge
 # rows x HEAD_D / (CLUSTER x THREADS) elements one after another, each a round trip to every split's
-# shared memory. H100, 64 rows (Tq=16): 4-30% slower than the merge launch (docs/PERF.md "decode v5")
+# shared memory. H100, 64 rows (Tq=16): 2-29% slower than the merge launch (docs/PERF.md "decode v5")
 CLUSTER_ROWS = 16
 NWARPS, BN, STAGES = DEFAULT.NWARPS, DEFAULT.BN, DEFAULT.STAGES
 ROWS = DEFAULT.rows  # query rows of a block: query heads of a group x Tq
