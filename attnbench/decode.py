@@ -436,7 +436,10 @@ class FastDecode(Impl):
         for size in cluster_tries(cluster, longest, cfg):
             with timed(setup, "compile_s"):
                 split_c, _ = kernels(size)
-            fit = setup["clusters_fit"] = max_active_clusters(split_c, (size, prob.kv_heads, prob.B), cfg.threads, smem)
+            fit, rc = max_active_clusters(split_c, (size, prob.kv_heads, prob.B), cfg.threads, smem)
+            setup["clusters_fit"] = fit
+            if rc:  # the driver refused the question: no cluster, and the row says why
+                setup["clusters_error"] = f"cuOccupancyMaxActiveClusters: CUresult {rc}"
             if fit >= prob.B * prob.kv_heads:
                 split_k, splits, cluster = split_c, size, size
                 per_split = -(-longest // splits)

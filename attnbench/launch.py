@@ -59,24 +59,23 @@ def _occupancy():
     return fn
 
 
-def max_active_clusters(kernel, grid, block, shared_mem: int = 0) -> int:
-    """How many clusters of CuPy RawKernel ``kernel`` (its cluster shape compiled in, ``__cluster_dims__``)
+def max_active_clusters(kernel, grid, block, shared_mem: int = 0) -> tuple[int, int]:
+    """(how many clusters of CuPy RawKernel ``kernel`` (its cluster shape compiled in, ``__cluster_dims__``)
     the device runs at once for this launch shape: the driver's cuOccupancyMaxActiveClusters, which
-    counts the GPCs' multiprocessors and each block's registers and shared memory. 0 where the driver
-    has no such call."""
+    counts the GPCs' multiprocessors and each block's registers and shared memory; its CUresult). The
+    count is 0 where the driver has no such call (CUresult -1) or refuses the shape, so that a caller
+    takes the launch without a cluster and can say why."""
     import cupy
 
     fn = _occupancy()
     if fn is None:
-        return 0
+        return 0, -1
     g, b = _dims(grid), _dims(block)
     cfg = _Config(g[0], g[1], g[2], b[0], b[1], b[2], int(shared_mem),
                   ctypes.c_void_p(cupy.cuda.get_current_stream().ptr), None, 0)
     n = ctypes.c_int(0)
     rc = fn(ctypes.byref(n), ctypes.c_void_p(kernel.kernel.ptr), ctypes.byref(cfg))
-    if rc != 0:
-        raise RuntimeError(f"cuOccupancyMaxActiveClusters failed: CUresult {rc}")
-    return n.value
+    return (n.value if rc == 0 else 0), rc
 
 
 _ATTR_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # CUfunction_attribute

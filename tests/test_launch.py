@@ -35,3 +35,8 @@ def test_none_packs_as_a_null_pointer_and_an_unsized_number_is_refused():
 
 def test_a_launch_grid_is_three_dimensions():
     assert launch._dims((5,)) == (5, 1, 1) and launch._dims(7) == (7, 1, 1) and launch._dims((2, 3, 4)) == (2, 3, 4)
+
+
+def test_without_the_drivers_occupancy_call_no_cluster_fits_and_the_result_says_why(monkeypatch):
+    monkeypatch.setattr(launch, "_occupancy", lambda: None)
+    assert launch.max_active_clusters(object(), (4, 8, 1), 128, 0) == (0, -1)
