@@ -35,28 +35,28 @@ class _Config(ctypes.Structure):  # CUlaunchConfig
 
 
 @functools.lru_cache(maxsize=None)
+def _driver_call(name: str, *argtypes):
+    """libcuda's function ``name`` (returning a CUresult, taking ``argtypes``), or None where there is no
+    libcuda or no such function."""
+    try:
+        fn = getattr(ctypes.CDLL("libcuda.so.1"), name)
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_int
+    fn.argtypes = list(argtypes)
+    return fn
+
+
 def _driver():
     """libcuda's cuLaunchKernelEx, or None."""
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-        fn = lib.cuLaunchKernelEx
-    except (OSError, AttributeError):
-        return None
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.POINTER(_Config), ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
-    return fn
+    return _driver_call("cuLaunchKernelEx", ctypes.POINTER(_Config), ctypes.c_void_p,
+                        ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)
 
 
-@functools.lru_cache(maxsize=None)
 def _occupancy():
     """libcuda's cuOccupancyMaxActiveClusters, or None."""
-    try:
-        fn = ctypes.CDLL("libcuda.so.1").cuOccupancyMaxActiveClusters
-    except (OSError, AttributeError):
-        return None
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.POINTER(_Config)]
-    return fn
+    return _driver_call("cuOccupancyMaxActiveClusters", ctypes.POINTER(ctypes.c_int), ctypes.c_void_p,
+                        ctypes.POINTER(_Config))
 
 
 def max_active_clusters(kernel, grid, block, shared_mem: int = 0) -> tuple[int, int]:
@@ -84,9 +84,9 @@ _ATTR_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # CUfunction_attribute
 def allow_nonportable_clusters(kernel) -> None:
     """Let CuPy RawKernel ``kernel`` run clusters of more than 8 blocks (up to 16 on sm_90): the driver's
     cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)."""
-    fn = ctypes.CDLL("libcuda.so.1").cuFuncSetAttribute
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    fn = _driver_call("cuFuncSetAttribute", ctypes.c_void_p, ctypes.c_int, ctypes.c_int)
+    if fn is None:
+        raise RuntimeError("clusters of more than 8 blocks: the driver's cuFuncSetAttribute is not there")
     rc = fn(ctypes.c_void_p(kernel.kernel.ptr), _ATTR_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
     if rc != 0:
         raise RuntimeError(f"cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED) failed: CUresult {rc}")

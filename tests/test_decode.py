@@ -326,13 +326,29 @@ def test_blocks_per_sm_0_takes_the_devices_occupancy():
     assert 8 * 8 * setup["splits"] <= setup["blocks_per_sm"] * sms  # one wave
 
 
+def _bytes_run_after_run(runner, runs: int = 3) -> list:
+    """The output's bytes after each of ``runs`` runs, poisoned before each (every run writes every element)."""
+    import cupy
+
+    got = []
+    for _ in range(runs):
+        runner.poison()
+        runner.run()
+        got.append(cupy.asnumpy(runner.out).view(np.uint16))
+    return got
+
+
+def _all_equal(base: list, other: list) -> None:
+    """Every run of ``other`` and every later run of ``base`` equals ``base``'s first, byte for byte."""
+    for o in other + base[1:]:
+        assert np.array_equal(o, base[0])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("Tq,splits", [(1, 16), (16, 5), (4, 1)])
 def test_the_merge_in_the_last_split_matches_the_merge_launch_run_after_run(Tq, splits):
     """MERGE=1 (the last split of each pair merges, its ticket put back for the next launch) gives
     the bytes MERGE=0's second launch gives, on every one of several runs."""
-    import cupy
-
     from attnbench.arrays import random_inputs
 
     prob = Problem(make_mask("streaming", 4096, True, sink=4, window=300), 3, 8, 128, "bfloat16", H_kv=2, Tq=Tq)
@@ -341,15 +357,8 @@ def test_the_merge_in_the_last_split_matches_the_merge_launch_run_after_run(Tq, 
     outs = {}
     for merge in (0, 1):
         impl = IMPL.decode_variant(parse_decode_config(f"SPLITS={splits},MERGE={merge},BY_KEYS=0"))
-        runner = impl.prepare(prob, q, k, v)
-        got = []
-        for _ in range(3):
-            runner.poison()  # every run writes every element
-            runner.run()
-            got.append(cupy.asnumpy(runner.out).view(np.uint16))
-        outs[merge] = got
-    for o in outs[1] + outs[0][1:]:
-        assert np.array_equal(o, outs[0][0])
+        outs[merge] = _bytes_run_after_run(impl.prepare(prob, q, k, v))
+    _all_equal(outs[0], outs[1])
 
 
 @pytest.mark.gpu
@@ -371,16 +380,10 @@ def test_the_merge_as_a_programmatic_dependent_matches_the_plain_launch_run_afte
             prob, q, k, v)
         assert runner.setup["splits"] == 12
         assert runner.setup["pdl"] == (pdl == 1 and pdl_available())
-        got = []
-        for _ in range(3):
-            runner.poison()
-            runner.run()
-            got.append(cupy.asnumpy(runner.out).view(np.uint16))
-        outs[pdl] = got
+        outs[pdl] = _bytes_run_after_run(runner)
     if int(cupy.cuda.Device().compute_capability) >= 90:
         assert pdl_available()
-    for o in outs[1] + outs[0][1:]:
-        assert np.array_equal(o, outs[0][0])
+    _all_equal(outs[0], outs[1])
 
 
 # ---- CLUSTER: the splits of a pair merge in their thread-block cluster ---------------------------------
@@ -452,14 +455,8 @@ def test_the_clusters_merge_matches_the_merge_launch_run_after_run(by_keys, Tq, 
         runner = IMPL.decode_variant(spec).prepare(prob, q, k, v)
         assert runner.setup["cluster"] == (splits if cluster else 1), runner.setup
         assert runner.setup["splits"] == splits
-        got = []
-        for _ in range(3):
-            runner.poison()
-            runner.run()
-            got.append(cupy.asnumpy(runner.out).view(np.uint16))
-        outs[cluster] = got
-    for o in outs[16] + outs[0][1:]:
-        assert np.array_equal(o, outs[0][0])
+        outs[cluster] = _bytes_run_after_run(runner)
+    _all_equal(outs[0], outs[16])
 
 
 # ---- CLASSES=1: a strided pattern's one query reads its residue class only ---------------------------
