@@ -132,7 +132,8 @@ DECODE_CONFIG_HELP = ("a fast-decode shape: FIELD=N,... of NWARPS, BN, STAGES, M
                       "only), BN_SHORT (the tiles of lists of at most 2048 keys; 0: BN's), PDL (1: the merge launch a "
                       "programmatic dependent on sm_90), CLUSTER (the most splits of a pair that merge in one "
                       "thread-block cluster on sm_90, no merge launch; 0: never), CLUSTER_TILES (a list of at most "
-                      "CLUSTER x CLUSTER_TILES tiles takes CLUSTER splits) (the others at their defaults); each adds a row per "
+                      "CLUSTER x CLUSTER_TILES tiles takes CLUSTER splits), CLUSTER_ROWS (the most query rows a pair may hold "
+                      "to merge in a cluster) (the others at their defaults); each adds a row per "
                       "configuration, named e.g. fast-decode[SPLITS=8], timed with the others (repeatable; the plain "
                       "fast-decode takes ATTNBENCH_DECODE_CONFIG)")
 
@@ -466,7 +467,7 @@ def compile_cmd(archs, hashes, gate_builds):
 @pattern_options(multiple=True)
 @click.option("--dtype", "dtypes", multiple=True, type=click.Choice(DTYPES),
               help="(repeatable; default: the config's)")
-@click.option("--B", "B", type=int, help="batch (default: the config's)")
+@click.option("--B", "B", type=int, multiple=True, help="batch sizes (repeatable; default: the config's)")
 @click.option("--H", "H", type=int, help="heads (default: the config's)")
 @click.option("--D", "D", type=int, multiple=True, help="head dims (repeatable; default: the config's)")
 @click.option("--causal/--no-causal", default=None,

@@ -100,6 +100,8 @@ class DecodeConfig:
     #               Tk=131072 measured 15% slower on an H100, not isolated (docs/PERF.md "decode v5")
     CLUSTER: int = 8
     CLUSTER_TILES: int = 8
+    CLUSTER_ROWS: int = 16  # H100, 64 rows (Tq=16), a merge of one float a thread: 2-29% slower than the merge
+    #                         launch (docs/PERF.md "decode v5")
 
     @property
     def rows(self) -> int:
@@ -161,7 +163,8 @@ DECODE_FIELDS = tuple(f.name for f in fields(DecodeConfig))
 DECODE_LIMITS = {"NWARPS": (4, 16, 4), "BN": (16, 256, 16), "STAGES": (2, 8, 1), "MINB": (1, 16, 1),
                  "SPLITS": (0, 4096, 1), "BLOCKS_PER_SM": (0, 64, 1), "MIN_PER_SPLIT": (1, 4096, 1),
                  "MERGE": (0, 1, 1), "BY_KEYS": (0, 2, 1), "ONE_PER_SM": (0, 1024, 1), "CLASSES": (0, 1, 1),
-                 "BN_SHORT": (0, 256, 16), "PDL": (0, 1, 1), "CLUSTER": (0, 16, 1), "CLUSTER_TILES": (1, 4096, 1)}
+                 "BN_SHORT": (0, 256, 16), "PDL": (0, 1, 1), "CLUSTER": (0, 16, 1), "CLUSTER_TILES": (1, 4096, 1),
+                 "CLUSTER_ROWS": (1, 4096, 1)}
 DEFAULT = DecodeConfig()
 LONG_BN = DEFAULT.BN
 # lists of at most this many keys (in 64-key tiles) take BN_SHORT-key tiles. H100, B 1 to 64, Tq 1 and 16, BN=32 /
@@ -169,10 +172,6 @@ LONG_BN = DEFAULT.BN
 # 0.93-0.99, dilated 512/2 0.92-1.00, bigbird 0.99-1.05; window 4096 (4111 keys) 1.00 at Tq=1 and 1.09 at
 # Tq=16, dense at 131072 keys 1.14
 SHORT_LIST_KEYS = 2048
-# the most query rows a pair may hold for its splits to merge in a cluster: each block's threads merge
-# rows x HEAD_D / (CLUSTER x THREADS) elements one after another, each a round trip to every split's
-# shared memory. H100, 64 rows (Tq=16): 2-29% slower than the merge launch (docs/PERF.md "decode v5")
-CLUSTER_ROWS = 16
 NWARPS, BN, STAGES = DEFAULT.NWARPS, DEFAULT.BN, DEFAULT.STAGES
 ROWS = DEFAULT.rows  # query rows of a block: query heads of a group x Tq
 BLOCKS_PER_SM = DEFAULT.BLOCKS_PER_SM  # the splits aim at this many blocks per multiprocessor (0: one wave)
@@ -194,7 +193,7 @@ class DecodeSpec:
 
 def parse_decode_config(text: str, option: str = "--decode-config") -> DecodeSpec:
     """'FIELD=N,...' of NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, BY_KEYS,
-    ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES (any case; the others at their defaults)
+    ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES, CLUSTER_ROWS (any case; the others at their defaults)
     or all by position from NWARPS,BN,STAGES; BadInput naming ``option`` and the limit."""
     given = parse_fields(text, option, DecodeConfig, DECODE_LIMITS, min_positional=3)
     return DecodeSpec(tuple((f, given[f]) for f in DECODE_FIELDS if f in given))
@@ -243,7 +242,7 @@ def cluster_size(splits: int, longest: int, rows: int, cfg: DecodeConfig, comput
     holds at most CLUSTER x CLUSTER_TILES tiles. The caller still checks that the clusters fit one wave
     (and takes fewer splits where they do not)."""
     if (cfg.MERGE or not cfg.CLUSTER or compute_capability < 90 or splits < 2 or cfg.SPLITS > cfg.CLUSTER
-            or rows > CLUSTER_ROWS):
+            or rows > cfg.CLUSTER_ROWS):
         return 1
     if splits <= cfg.CLUSTER:
         return splits

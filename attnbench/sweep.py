@@ -150,17 +150,21 @@ def plan(config: str = "seed", *, patterns=(), T=(), T_min=None, T_max=None, B=N
          **options) -> list[Case]:
     """Every configuration of a sweep, in order: by dtype, D, T, then pattern instance, then pass
     (``passes``, default the config's); serving configurations by dtype, D, T, B, Tq, then instance,
-    and the config's ragged batches last."""
-    cases = _plan(config, patterns=patterns, T=T, T_min=T_min, T_max=T_max, B=B, H=H, D=D, dtype=dtype,
-                  causal=causal, passes=passes, **options)
-    return serving_cases(config, cases, B=B, H_kv=H_kv, Tq=Tq, cache_lens=cache_lens, cache_dist=cache_dist,
+    and the config's ragged batches last. ``B`` is one batch or several (each a configuration)."""
+    Bs = tuple(dict.fromkeys((B,) if isinstance(B, int) else (B or ())))
+    for b in Bs:
+        if b < 1:
+            raise BadInput(f"B={b} must be a positive integer")
+    cases = _plan(config, patterns=patterns, T=T, T_min=T_min, T_max=T_max, B=Bs[0] if Bs else None, H=H, D=D,
+                  dtype=dtype, causal=causal, passes=passes, **options)
+    return serving_cases(config, cases, B=Bs, H_kv=H_kv, Tq=Tq, cache_lens=cache_lens, cache_dist=cache_dist,
                          cache_seed=cache_seed, explicit_T=bool(T or T_min or T_max))
 
 
-def serving_cases(config: str, cases: list[Case], *, B=None, H_kv=None, Tq=(), cache_lens=None, cache_dist=None,
+def serving_cases(config: str, cases: list[Case], *, B=(), H_kv=None, Tq=(), cache_lens=None, cache_dist=None,
                   cache_seed=0, explicit_T=False) -> list[Case]:
     """The prefill plan's cases at the serving shapes asked for: H_kv (--H-kv, else the config's),
-    every Tq (--Tq, else the config's; none: Tq = T), every B of the config unless --B is given,
+    every Tq (--Tq, else the config's; none: Tq = T), every B of the config unless B (--B) gives some,
     the config's longer T for its bounded patterns (unless T is given), cache lengths given for
     every case (--cache-lens) or drawn for each (--cache-dist), and the config's ragged batches."""
     import dataclasses
@@ -176,10 +180,12 @@ def serving_cases(config: str, cases: list[Case], *, B=None, H_kv=None, Tq=(), c
     if bad:
         raise BadInput(f"--Tq={bad[0]} must be a positive integer")
     Tqs = tuple(dict.fromkeys(Tq)) or c.Tqs or (None,)
-    Bs = (B,) if B is not None else (c.Bs or (None,))
+    B = (B,) if isinstance(B, int) else tuple(B or ())
+    Bs = B or (c.Bs or (None,))
     if cache_lens is not None:
-        if B is not None and B != len(cache_lens):
-            raise BadInput(f"--cache-lens gives {len(cache_lens)} lengths for --B={B}: give one per sequence")
+        if B and B != (len(cache_lens),):
+            raise BadInput(f"--cache-lens gives {len(cache_lens)} lengths for --B={','.join(map(str, B))}: "
+                           f"give one per sequence, for one batch")
         Bs = (len(cache_lens),)
         short = [cs.T for cs in cases if cs.T < max(cache_lens)]
         if short:
@@ -189,7 +195,7 @@ def serving_cases(config: str, cases: list[Case], *, B=None, H_kv=None, Tq=(), c
                                   if cs.T == cases[0].T and cs.inst.pattern in c.long_patterns]
     for cs in cases + long:
         for b in Bs:
-            if cs in long and c.long_Bs and b not in c.long_Bs and B is None:
+            if cs in long and c.long_Bs and b not in c.long_Bs and not B:
                 continue  # the config's batches whose caches fit at the longer T
             for tq in Tqs:
                 case = dataclasses.replace(cs, B=cs.B if b is None else b, H_kv=H_kv, Tq=tq)

@@ -136,7 +136,7 @@ def test_the_gpu_check_step_sweeps_these_shapes():
     ("BLOCKS_PER_SM=0,MIN_PER_SPLIT=2", (("BLOCKS_PER_SM", 0), ("MIN_PER_SPLIT", 2))),
     ("8,32,4", (("NWARPS", 8), ("BN", 32), ("STAGES", 4), ("MINB", 1), ("SPLITS", 0), ("BLOCKS_PER_SM", 0),
                 ("MIN_PER_SPLIT", 4), ("MERGE", 0), ("BY_KEYS", 2), ("ONE_PER_SM", 8), ("CLASSES", 1),
-                ("BN_SHORT", 32), ("PDL", 0), ("CLUSTER", 8), ("CLUSTER_TILES", 8))),
+                ("BN_SHORT", 32), ("PDL", 0), ("CLUSTER", 8), ("CLUSTER_TILES", 8), ("CLUSTER_ROWS", 16))),
     ("by_keys=0", (("BY_KEYS", 0),)),
 ])
 def test_a_decode_shape_parses_named_and_positional_forms(text, given):
@@ -150,8 +150,9 @@ def test_a_decode_shape_parses_named_and_positional_forms(text, given):
     ("STAGES=1", "STAGES=1 must be from 2 to 8"),
     ("SPLITS=-1", "SPLITS=-1 must be from 0 to 4096"),
     ("WG=1", "unknown field 'WG' (fields: NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, "
-             "BY_KEYS, ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES)"),
+             "BY_KEYS, ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES, CLUSTER_ROWS)"),
     ("CLUSTER=17", "CLUSTER=17 must be from 0 to 16"),
+    ("CLUSTER_ROWS=0", "CLUSTER_ROWS=0 must be from 1 to 4096"),
     ("PDL=2", "PDL=2 must be 0 or 1"),
     ("BY_KEYS=3", "BY_KEYS=3 must be from 0 to 2"),
     ("SPLITS=4,SPLITS=8", "SPLITS given twice"),
@@ -402,11 +403,12 @@ def test_the_merge_as_a_programmatic_dependent_matches_the_plain_launch_run_afte
     (4, 16, dict(CLUSTER=8, MERGE=1), 90, 1),
 ])
 def test_the_cluster_is_the_pairs_splits_where_they_fit_one(splits, longest, cfg, cc, want):
-    from attnbench.decode import CLUSTER_ROWS, DEFAULT, cluster_size
+    from attnbench.decode import DEFAULT, cluster_size
 
     assert cluster_size(splits, longest, 4, replace(DEFAULT, **cfg), cc) == want
-    assert cluster_size(splits, longest, CLUSTER_ROWS, replace(DEFAULT, **cfg), cc) == want
-    assert cluster_size(splits, longest, CLUSTER_ROWS + 1, replace(DEFAULT, **cfg), cc) == 1  # many rows: the launch
+    rows = DEFAULT.CLUSTER_ROWS
+    assert cluster_size(splits, longest, rows, replace(DEFAULT, **cfg), cc) == want
+    assert cluster_size(splits, longest, rows + 1, replace(DEFAULT, **cfg), cc) == 1  # many rows: the launch
 
 
 def test_a_short_list_tries_smaller_clusters_and_a_long_one_its_own_only():
@@ -434,11 +436,12 @@ def test_the_cluster_builds_compile_for_sm_90_without_spills(keys, D, cluster):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("by_keys,Tq,splits", [(2, 1, 4), (2, 1, 8), (0, 4, 3), (0, 1, 2), (2, 1, 16)])
+@pytest.mark.parametrize("by_keys,Tq,splits", [(2, 1, 4), (2, 1, 8), (0, 4, 3), (0, 1, 2), (2, 1, 16), (0, 16, 8),
+                                                (0, 16, 16)])
 def test_the_clusters_merge_matches_the_merge_launch_run_after_run(by_keys, Tq, splits):
     """CLUSTER=16 (the splits, up to 16 here, merge through distributed shared memory in their cluster, no
     merge launch) gives the bytes of the merge launch, run after run, ragged batch included, on both split
-    kernels."""
+    kernels, up to 64 rows a pair (CLUSTER_ROWS=64, Tq=16 against 4 query heads a key/value head)."""
     import cupy
 
     from attnbench.arrays import random_inputs
@@ -451,7 +454,7 @@ def test_the_clusters_merge_matches_the_merge_launch_run_after_run(by_keys, Tq, 
     _, k, v = random_inputs(prob.kv_shape, prob.dtype, 8)
     outs = {}
     for cluster in (0, 16):
-        spec = parse_decode_config(f"SPLITS={splits},BY_KEYS={by_keys},CLUSTER={cluster}")
+        spec = parse_decode_config(f"SPLITS={splits},BY_KEYS={by_keys},CLUSTER={cluster},CLUSTER_ROWS=64")
         runner = IMPL.decode_variant(spec).prepare(prob, q, k, v)
         assert runner.setup["cluster"] == (splits if cluster else 1), runner.setup
         assert runner.setup["splits"] == splits

@@ -16,6 +16,7 @@ from test_sweep import ctx_for  # noqa: E402
 from test_trust import device, one_error  # noqa: E402,F401
 
 from attnbench import sweep as sw  # noqa: E402
+from attnbench.errors import BadInput  # noqa: E402
 from attnbench.cli import main  # noqa: E402
 from attnbench.impls import Problem  # noqa: E402
 from attnbench.patterns import make_mask  # noqa: E402
@@ -48,6 +49,15 @@ def test_decode_plan_is_spec_section_5():
     assert len(set(cases)) == len(cases)
     for c in cases[:3] + ragged[:1]:  # the problems are valid as planned
         Problem(c.inst.mask(c.T), c.B, c.H, c.D, c.dtype, H_kv=c.H_kv, Tq=c.Tq, cache_lens=c.cache_lens)
+
+
+def test_several_batches_are_each_a_configuration():
+    cases = sw.plan("decode", patterns=("dense",), T=(32768,), B=(1, 8), Tq=(1,))
+    assert sorted(c.B for c in cases) == [1, 8]
+    assert sorted(c.B for c in sw.plan("llm", patterns=("dense",), T=(4096,), D=(64,), B=(2, 3))) == [2, 3]
+    assert [c.B for c in sw.plan("llm", patterns=("dense",), T=(4096,), D=(64,), B=5)] == [5]
+    with pytest.raises(BadInput, match="B=0"):
+        sw.plan("decode", B=(1, 0))
 
 
 def test_prefill_plans_are_unchanged():
@@ -120,6 +130,7 @@ def test_decode_sweep_on_the_command_line(tmp_path, device, registry):
     (["--Tq", "0"], ["--Tq=0"]),
     (["--cache-lens", "8,x"], ["--cache-lens"]),
     (["--cache-lens", "8,16,32"], ["--cache-lens", "3", "--B=2"]),
+    (["--B", "1", "--B", "2", "--cache-lens", "8,16"], ["--cache-lens", "--B=1,2"]),
     (["--B", "1", "--cache-lens", "128"], ["--cache-lens", "128", "T=64"]),
     (["--cache-dist", "zipf"], ["--cache-dist"]),
 ])

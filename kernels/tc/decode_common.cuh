@@ -143,44 +143,67 @@ __device__ __forceinline__ float* decode_part_lse(float* Lp, const DecodeBlock& 
 __device__ __forceinline__ void decode_cluster_sync() {  // every thread of every block of the cluster
     asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
-// a float in the shared memory of the cluster's block `rank`, at the address this block's own `addr` names
-__device__ __forceinline__ float decode_dsmem_f32(u32 addr, int rank) {
+// a float, or four, in the shared memory of the cluster's block `rank`, at the address this block's own
+// `addr` names
+__device__ __forceinline__ u32 decode_dsmem_addr(u32 addr, int rank) {
     u32 remote;
-    float v;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+    return remote;
+}
+__device__ __forceinline__ float decode_dsmem_f32(u32 addr, int rank) {
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(decode_dsmem_addr(addr, rank)) : "memory");
+    return v;
+}
+__device__ __forceinline__ float4 decode_dsmem_f32x4(u32 addr, int rank) {
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(decode_dsmem_addr(addr, rank))
+                 : "memory");
     return v;
 }
 
 // The splits of a pair, one cluster, merge: each block has left its rows (normalised by its own sums) in
-// part_o [DEC_ROWS][HEAD_D] and their log-sum-exps (base 2) in part_l [DEC_ROWS], both in its shared
-// memory at the same offsets as every other block of the cluster. After the cluster's barrier, block k
-// (blockIdx.x, its rank) merges output elements k * THREADS + tid, stepping CLUSTER * THREADS, reading
-// the CLUSTER splits' rows through distributed shared memory in split order, with the sums of
-// decode_merge (so both give the same bits); a second barrier keeps every block's shared memory alive
-// until the others have read it.
+// part_o [DEC_ROWS][HEAD_D] (16-byte aligned) and their log-sum-exps (base 2) in part_l [DEC_ROWS], both in
+// its shared memory at the same offsets as every other block of the cluster. After the cluster's barrier,
+// block k (blockIdx.x, its rank) merges the output's four-column pieces k * THREADS + tid, stepping
+// CLUSTER * THREADS: the piece's row's CLUSTER log-sum-exps, then its CLUSTER float4s, all read through
+// distributed shared memory before any is used, so a piece waits on two round trips, whatever its row.
+// The sums are decode_merge's, in split order (so both give the same bits). A second barrier keeps every
+// block's shared memory alive until the others have read it.
 __device__ __forceinline__ void decode_cluster_merge(const float* part_o, const float* part_l, int rows, u16* og) {
     decode_cluster_sync();
+    constexpr int PIECES = HEAD_D / 4;  // a row's four-column pieces
     const u32 o_at = tc_smem_addr(part_o), l_at = tc_smem_addr(part_l);
-    for (int e = blockIdx.x * THREADS + threadIdx.x; e < rows * HEAD_D; e += CLUSTER * THREADS) {
-        const int r = e / HEAD_D;
+    for (int e = blockIdx.x * THREADS + threadIdx.x; e < rows * PIECES; e += CLUSTER * THREADS) {
+        const int r = e / PIECES;
         float lse[CLUSTER];
+        float4 v[CLUSTER];
+#pragma unroll
+        for (int s = 0; s < CLUSTER; ++s) lse[s] = decode_dsmem_f32(l_at + 4u * r, s);
+#pragma unroll
+        for (int s = 0; s < CLUSTER; ++s) v[s] = decode_dsmem_f32x4(o_at + 16u * e, s);
         float mx = AB_NEG_INF;
 #pragma unroll
-        for (int s = 0; s < CLUSTER; ++s) {
-            lse[s] = decode_dsmem_f32(l_at + 4u * r, s);
-            mx = fmaxf(mx, lse[s]);
-        }
-        float num = 0.f, den = 0.f;
+        for (int s = 0; s < CLUSTER; ++s) mx = fmaxf(mx, lse[s]);
+        float4 num = make_float4(0.f, 0.f, 0.f, 0.f);
+        float den = 0.f;
         if (mx != AB_NEG_INF) {
 #pragma unroll
             for (int s = 0; s < CLUSTER; ++s) {
                 const float wgt = lse[s] == AB_NEG_INF ? 0.f : tc_exp2(lse[s] - mx);
-                num += wgt * decode_dsmem_f32(o_at + 4u * e, s);
+                num.x += wgt * v[s].x;
+                num.y += wgt * v[s].y;
+                num.z += wgt * v[s].z;
+                num.w += wgt * v[s].w;
                 den += wgt;
             }
         }
-        og[e] = decode_to_u16(den > 0.f ? num / den : 0.f);
+        const bool any = den > 0.f;
+        *reinterpret_cast<uint2*>(og + 4 * (size_t)e) =
+            make_uint2(tc_pack(any ? num.x / den : 0.f, any ? num.y / den : 0.f),
+                       tc_pack(any ? num.z / den : 0.f, any ? num.w / den : 0.f));
     }
     decode_cluster_sync();
 }
