@@ -100,8 +100,8 @@ class DecodeConfig:
     #               Tk=131072 measured 15% slower on an H100, not isolated (docs/PERF.md "decode v5")
     CLUSTER: int = 8
     CLUSTER_TILES: int = 8
-    CLUSTER_ROWS: int = 16  # H100, 64 rows (Tq=16), a merge of one float a thread: 2-29% slower than the merge
-    #                         launch (docs/PERF.md "decode v5")
+    CLUSTER_ROWS: int = 64  # H100, 64 rows (Tq=16), the merge of four columns a load: 0.78-0.96 of the merge
+    #                         launch's time at B 1 and 8 (docs/PERF.md "decode v5")
 
     @property
     def rows(self) -> int:
