@@ -99,7 +99,8 @@ class DecodeConfig:
     PDL: int = 0  # on from 323d0cd to 8aa3719: 0.3-1.3 us less on short lists, and dense B=1 Tq=1
     #               Tk=131072 measured 15% slower on an H100, not isolated (docs/PERF.md "decode v5")
     CLUSTER: int = 8
-    CLUSTER_TILES: int = 8
+    CLUSTER_TILES: int = 9  # window 4096 at Tq=16 (65 tiles) in a cluster: B=8 73.3 -> 70.2 us, others within
+    #                          2% (H100; docs/PERF.md "decode v5")
     CLUSTER_ROWS: int = 64  # H100, 64 rows (Tq=16), the merge of four columns a load: 0.78-0.96 of the merge
     #                         launch's time at B 1 and 8 (docs/PERF.md "decode v5")
 

@@ -136,7 +136,7 @@ def test_the_gpu_check_step_sweeps_these_shapes():
     ("BLOCKS_PER_SM=0,MIN_PER_SPLIT=2", (("BLOCKS_PER_SM", 0), ("MIN_PER_SPLIT", 2))),
     ("8,32,4", (("NWARPS", 8), ("BN", 32), ("STAGES", 4), ("MINB", 1), ("SPLITS", 0), ("BLOCKS_PER_SM", 0),
                 ("MIN_PER_SPLIT", 4), ("MERGE", 0), ("BY_KEYS", 2), ("ONE_PER_SM", 8), ("CLASSES", 1),
-                ("BN_SHORT", 32), ("PDL", 0), ("CLUSTER", 8), ("CLUSTER_TILES", 8), ("CLUSTER_ROWS", 64))),
+                ("BN_SHORT", 32), ("PDL", 0), ("CLUSTER", 8), ("CLUSTER_TILES", 9), ("CLUSTER_ROWS", 64))),
     ("by_keys=0", (("BY_KEYS", 0),)),
 ])
 def test_a_decode_shape_parses_named_and_positional_forms(text, given):
@@ -391,8 +391,10 @@ def test_the_merge_as_a_programmatic_dependent_matches_the_plain_launch_run_afte
 @pytest.mark.parametrize("splits, longest, cfg, cc, want", [
     (4, 16, dict(CLUSTER=8), 90, 4),
     (8, 500, dict(CLUSTER=8), 90, 8),
-    (16, 64, dict(CLUSTER=8), 90, 8),    # more splits derived, a list of at most 8 x 8 tiles: 8 in a cluster
-    (16, 65, dict(CLUSTER=8), 90, 1),    # a longer list keeps its splits and the merge launch
+    (16, 64, dict(CLUSTER=8, CLUSTER_TILES=8), 90, 8),  # more splits derived, a list of at most 8 x 8 tiles: 8
+    (16, 65, dict(CLUSTER=8, CLUSTER_TILES=8), 90, 1),  # a longer list keeps its splits and the merge launch
+    (16, 72, dict(CLUSTER=8), 90, 8),    # the default's 9 tiles a split
+    (16, 73, dict(CLUSTER=8), 90, 1),
     (16, 96, dict(CLUSTER=8, CLUSTER_TILES=12), 90, 8),
     (9, 9, dict(CLUSTER=8, SPLITS=9), 90, 1),  # splits given beyond a cluster: the merge launch
     (1, 4, dict(CLUSTER=8), 90, 1),      # one split stores the output itself
