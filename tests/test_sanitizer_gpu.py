@@ -26,19 +26,21 @@ def test_kernels_are_sanitizer_clean(impl, tool):
 
 
 @pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer not on PATH")
-@pytest.mark.parametrize("tq", [1, 16])
+@pytest.mark.parametrize("tq, shape", [(1, ""), (16, ""), (16, "CLUSTER=0")])
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
-def test_fast_decode_is_sanitizer_clean(tool, tq):
+def test_fast_decode_is_sanitizer_clean(tool, tq, shape):
     """fast-decode on every pattern through the gate, grouped heads (8 over 2), one query and sixteen: the
     short lists' 32-key tiles (T 77 and 1000), the 64-key tiles and the key-slice kernel of a long list
-    (dense and window at T=4096, Tq=1), the merge launch (at Tq=16), the
-    splits of a pair merging in their thread-block cluster (Tq=1, sm_90) and a dilated query's residue class."""
+    (dense and window at T=4096, Tq=1), the splits of a pair merging in their thread-block cluster (sm_90:
+    4 rows a pair at Tq=1, 64 at Tq=16), the merge launch (CLUSTER=0, and before sm_90) and a dilated
+    query's residue class."""
     # CuPy's own kernels left out: the tile classification's flatnonzero (classify.py) runs CuPy's scan, whose
     # racecheck warnings are its own
     cmd = ["compute-sanitizer", "--tool", tool, "--error-exitcode", "17", "--kernel-name-exclude", "kns=cupy_",
            sys.executable, "-m", "attnbench.cli", "check", "--impl", "fast-decode", "--T", "77", "--T", "1000",
            "--T", "4096", "--Tq", str(tq), "--D", "64", "--B", "2", "--H", "8", "--H-kv", "2"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=dict(os.environ))
+    env = dict(os.environ, ATTNBENCH_DECODE_CONFIG=shape) if shape else dict(os.environ)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     assert "ERROR SUMMARY: 0 errors" in out or "RACECHECK SUMMARY: 0 hazards" in out, out[-2000:]
