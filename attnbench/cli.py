@@ -589,7 +589,7 @@ def merge(csv_paths, out, replace):
 @click.option("--tile-config", "tile_config", default=None, metavar="SPEC",
               help=TILE_CONFIG_HELP + " (fast-tc and fast-tc-sync)")
 @click.option("--decode-config", "decode_config", default=None, metavar="SPEC",
-              help=DECODE_CONFIG_HELP.split(";")[0] + ") (fast-decode)")
+              help=DECODE_CONFIG_HELP.split("; each adds")[0] + " (fast-decode)")
 @click.option("--bwd-config", "bwd_config", default=None, metavar="SPEC",
               help="fast-tc's backward with fields fixed, as `sweep --bwd-config` takes them (with --pass bwd "
                    "or fwd+bwd)")
