@@ -143,6 +143,12 @@ __device__ __forceinline__ float* decode_part_lse(float* Lp, const DecodeBlock& 
 __device__ __forceinline__ void decode_cluster_sync() {  // every thread of every block of the cluster
     asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
+// the same without ordering this block's earlier memory operations (no fence before the arrive): for the
+// last barrier, which only keeps each block's shared memory alive until the others' reads of it are done
+// (a read is done before the arrive that follows it, since the output it feeds is computed before)
+__device__ __forceinline__ void decode_cluster_sync_relaxed() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
+}
 // a float, or four, in the shared memory of the cluster's block `rank`, at the address this block's own
 // `addr` names
 __device__ __forceinline__ u32 decode_dsmem_addr(u32 addr, int rank) {
@@ -170,8 +176,9 @@ __device__ __forceinline__ float4 decode_dsmem_f32x4(u32 addr, int rank) {
 // block k (blockIdx.x, its rank) merges the output's four-column pieces k * THREADS + tid, stepping
 // CLUSTER * THREADS: the piece's row's CLUSTER log-sum-exps, then its CLUSTER float4s, all read through
 // distributed shared memory before any is used, so a piece waits on two round trips, whatever its row.
-// The sums are decode_merge's, in split order (so both give the same bits). A second barrier keeps every
-// block's shared memory alive until the others have read it.
+// The sums are decode_merge's, in split order (so both give the same bits). A second barrier, relaxed (its
+// arrive waits for none of the output's stores), keeps every block's shared memory alive until the others
+// have read it.
 __device__ __forceinline__ void decode_cluster_merge(const float* part_o, const float* part_l, int rows, u16* og) {
     decode_cluster_sync();
     constexpr int PIECES = HEAD_D / 4;  // a row's four-column pieces
@@ -205,7 +212,7 @@ __device__ __forceinline__ void decode_cluster_merge(const float* part_o, const 
             make_uint2(tc_pack(any ? num.x / den : 0.f, any ? num.y / den : 0.f),
                        tc_pack(any ? num.z / den : 0.f, any ? num.w / den : 0.f));
     }
-    decode_cluster_sync();
+    decode_cluster_sync_relaxed();
 }
 #endif
 
