@@ -39,8 +39,34 @@ def friendly(fn):
     return wrapper
 
 
+class OnceCommand(click.Command):
+    """A command whose single-valued options may be given once: click would keep the last of two
+    silently (`--H 8 --H 16` runs H=16 only), so a second one is a usage error naming the option."""
+
+    def parse_args(self, ctx, args):
+        valued = {o: p for p in self.params if isinstance(p, click.Option) and not p.is_flag and not p.count
+                  for o in p.opts}  # the options that take a value (the next word, or after '=')
+        seen, i = {}, 0
+        while i < len(args) and args[i] != "--":
+            name, eq, _ = args[i].partition("=")
+            p = valued.get(name)
+            if p is None:
+                i += 1
+                continue
+            if not p.multiple:
+                if p.name in seen:
+                    raise click.UsageError(f"{name} given twice (after {seen[p.name]}): it takes one value; "
+                                           f"give it once", ctx)
+                seen[p.name] = args[i] if eq else " ".join(args[i:i + 2])
+            i += 1 if eq else 2
+        return super().parse_args(ctx, args)
+
+
 class Cli(click.Group):
-    """click's own usage errors in the same style as attnbench's: one 'error: ...' line, exit 2."""
+    """click's own usage errors in the same style as attnbench's: one 'error: ...' line, exit 2; single-valued
+    options given twice refused (OnceCommand)."""
+
+    command_class = OnceCommand
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:

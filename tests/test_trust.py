@@ -386,3 +386,24 @@ def test_an_implementation_s_own_limits_come_before_the_machine(monkeypatch):
     monkeypatch.setattr(type(impl), "availability", lambda self: "no CUDA device (test)")
     with pytest.raises(BadInput, match="D=100 is not supported by fast-tc"):
         impl.require(Problem(make_mask("dense", 64), 1, 1, 100, "bfloat16"))
+
+
+@pytest.mark.parametrize("args, words", [
+    (["sweep", "--config", "decode", "--H", "8", "--H", "16"], ["--H given twice", "--H 8"]),
+    (["sweep", "--H-kv=2", "--H-kv", "4"], ["--H-kv given twice", "--H-kv=2"]),
+    (["run", "--T", "64", "--T=128"], ["--T given twice", "--T 64"]),
+    (["check", "--impl", "naive", "--B", "1", "--B", "2"], ["--B given twice"]),
+    (["sweep", "--out", "a.csv", "--out", "b.csv"], ["--out given twice"]),
+])
+def test_a_single_valued_option_given_twice_is_refused_by_name(args, words, monkeypatch):
+    """click keeps the last of two silently; attnbench refuses before any device, naming the option."""
+    def no_device(*a, **k):
+        raise AssertionError("a device was asked for")
+    monkeypatch.setattr(sw, "device_context", no_device)
+    one_error(CliRunner().invoke(main, args), *words)
+
+
+def test_repeatable_options_and_a_value_that_looks_like_an_option_still_pass_the_parse():
+    r = CliRunner().invoke(main, ["sweep", "--T", "64", "--T", "128", "--D", "16", "--D", "32", "--B", "1", "--B", "2",
+                                  "--H", "4", "--pattern", "custom", "--expr", "--H", "--help"])
+    assert r.exit_code == 0 and "given twice" not in r.output, r.output
