@@ -159,7 +159,9 @@ DECODE_CONFIG_HELP = ("a fast-decode shape: FIELD=N,... of NWARPS, BN, STAGES, M
                       "programmatic dependent on sm_90), CLUSTER (the most splits of a pair that merge in one "
                       "thread-block cluster on sm_90, no merge launch; 0: never), CLUSTER_TILES (a list of at most "
                       "CLUSTER x CLUSTER_TILES tiles takes CLUSTER splits), CLUSTER_ROWS (the most query rows a pair may hold "
-                      "to merge in a cluster) (the others at their defaults); each adds a row per "
+                      "to merge in a cluster), BY_PAIRS (1: a warp takes a whole pair where its rows fit 16 and the "
+                      "stages fit; 2: that where the pairs outnumber a wave of split blocks; 0: never) (the others at "
+                      "their defaults); each adds a row per "
                       "configuration, named e.g. fast-decode[SPLITS=8], timed with the others (repeatable; the plain "
                       "fast-decode takes ATTNBENCH_DECODE_CONFIG)")
 

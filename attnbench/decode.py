@@ -48,8 +48,8 @@ from .launch import allow_nonportable_clusters, max_active_clusters, pdl_availab
 from .patterns import Mask
 from .serving import one_predicate
 
-KERNEL, KEYS_KERNEL = "decode", "decode_keys"  # warps take a tile's rows / a tile's keys
-SPLIT, KEYS_SPLIT, MERGE = "decode_split", "decode_keys_split", "decode_merge"
+KERNEL, KEYS_KERNEL, PAIRS_KERNEL = "decode", "decode_keys", "decode_pairs"  # warps take a tile's rows / keys / pairs
+SPLIT, KEYS_SPLIT, PAIRS_SPLIT, MERGE = "decode_split", "decode_keys_split", "decode_pairs", "decode_merge"
 HEAD_DS = (64, 128)
 ENV = "ATTNBENCH_DECODE_CONFIG"
 MAX_SMEM = 227 * 1024  # dynamic shared memory a block may ask for (sm_80 163 KiB: refused there at launch)
@@ -83,7 +83,10 @@ class DecodeConfig:
     derived. A cluster runs only where the driver says every pair's cluster fits one wave
     (cuOccupancyMaxActiveClusters); where it does not, such a short list takes fewer splits in a smaller
     cluster that fits (not when SPLITS is given), a longer one the merge launch. Pairs of more than
-    CLUSTER_ROWS query rows keep the merge launch."""
+    CLUSTER_ROWS query rows keep the merge launch. BY_PAIRS 0: a pair's splits are blocks; 1: a warp takes a
+    whole pair (kernels/decode_pairs.cu: NWARPS pairs a block, no splits) wherever a pair's rows fit 16 and
+    the warps' stages fit shared memory (``pairs_take``); 2: that where the pairs also outnumber one wave of
+    the split kernel's blocks."""
     NWARPS: int = 4
     BN: int = 64
     STAGES: int = 3
@@ -103,6 +106,7 @@ class DecodeConfig:
     #                          2% (H100; docs/PERF.md "decode v6")
     CLUSTER_ROWS: int = 64  # H100, 64 rows (Tq=16), the merge of four columns a load: 0.78-0.96 of the merge
     #                         launch's time at B 1 and 8 (docs/PERF.md "decode v6")
+    BY_PAIRS: int = 0
 
     @property
     def rows(self) -> int:
@@ -119,6 +123,19 @@ class DecodeConfig:
 
     def smem_bytes(self, D: int, keys: bool = False) -> int:
         return (self.tile_rows(keys) + 2 * self.STAGES * self.BN) * D * 2
+
+    def pairs_smem(self, D: int) -> int:
+        """kernels/decode_pairs.cu's shared memory: each warp's 16 query rows and its K and V stages."""
+        return self.NWARPS * (16 + 2 * self.STAGES * self.BN) * D * 2
+
+    def pairs_take(self, rows: int, pairs: int, D: int, wave: int, smem_limit: int) -> bool:
+        """Whether ``pairs`` (sequence, key/value head) pairs of ``rows`` query rows each at head dimension D
+        run kernels/decode_pairs.cu, a warp a pair: BY_PAIRS 1 or 2, the rows one m16 tile, no split count or
+        merge given, the warps' stages within ``smem_limit`` bytes; with BY_PAIRS 2 only where the pairs
+        outnumber ``wave``, the split kernel's blocks in one wave (one block a pair would need more)."""
+        if not self.BY_PAIRS or rows > 16 or self.SPLITS > 1 or self.MERGE or self.pairs_smem(D) > smem_limit:
+            return False
+        return self.BY_PAIRS == 1 or pairs > wave
 
     @property
     def spec(self) -> str:
@@ -165,7 +182,7 @@ DECODE_LIMITS = {"NWARPS": (4, 16, 4), "BN": (16, 256, 16), "STAGES": (2, 8, 1),
                  "SPLITS": (0, 4096, 1), "BLOCKS_PER_SM": (0, 64, 1), "MIN_PER_SPLIT": (1, 4096, 1),
                  "MERGE": (0, 1, 1), "BY_KEYS": (0, 2, 1), "ONE_PER_SM": (0, 1024, 1), "CLASSES": (0, 1, 1),
                  "BN_SHORT": (0, 256, 16), "PDL": (0, 1, 1), "CLUSTER": (0, 16, 1), "CLUSTER_TILES": (1, 4096, 1),
-                 "CLUSTER_ROWS": (1, 4096, 1)}
+                 "CLUSTER_ROWS": (1, 4096, 1), "BY_PAIRS": (0, 2, 1)}
 DEFAULT = DecodeConfig()
 LONG_BN = DEFAULT.BN
 # lists of at most this many keys (in 64-key tiles) take BN_SHORT-key tiles. H100, B 1 to 64, Tq 1 and 16, BN=32 /
@@ -194,21 +211,22 @@ class DecodeSpec:
 
 def parse_decode_config(text: str, option: str = "--decode-config") -> DecodeSpec:
     """'FIELD=N,...' of NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, BY_KEYS,
-    ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES, CLUSTER_ROWS (any case; the others at their defaults)
-    or all by position from NWARPS,BN,STAGES; BadInput naming ``option`` and the limit."""
+    ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES, CLUSTER_ROWS, BY_PAIRS (any case; the others at
+    their defaults) or all by position from NWARPS,BN,STAGES; BadInput naming ``option`` and the limit."""
     given = parse_fields(text, option, DecodeConfig, DECODE_LIMITS, min_positional=3)
     return DecodeSpec(tuple((f, given[f]) for f in DECODE_FIELDS if f in given))
 
 
 def kernel_defines(D: int, dtype: str, mask: Mask, cfg: DecodeConfig = DEFAULT, keys: bool = False,
-                   stride: int = 1, cluster: int = 1) -> dict:
+                   stride: int = 1, cluster: int = 1, pairs: bool = False) -> dict:
     """The -D constants of kernels/decode.cu (kernels/decode_keys.cu when ``keys``: BN is then a warp's
-    slice of the tile): the head dimension, dtype, shape and the pattern (with ``stride`` > 1, the
-    inner pattern of a residue class, one query a sequence: ``by_class``; with ``cluster`` > 1, the
-    splits of a pair are a cluster of that many blocks that merges in the launch: sm_90 only)."""
+    slice of the tile; kernels/decode_pairs.cu when ``pairs``): the head dimension, dtype, shape and the
+    pattern (with ``stride`` > 1, the inner pattern of a residue class, one query a sequence: ``by_class``;
+    with ``cluster`` > 1, the splits of a pair are a cluster of that many blocks that merges in the
+    launch: sm_90 only)."""
     bn = cfg.BN // cfg.NWARPS if keys else cfg.BN
     d = dict(HEAD_D=D, BN=bn, NWARPS=cfg.NWARPS, STAGES=cfg.STAGES, MT=1, MINB=cfg.MINB, QREG=1, STRIDE=stride)
-    if not keys:
+    if not keys and not pairs:
         d["MERGE_LAST"] = cfg.MERGE
     if cluster > 1:
         d["CLUSTER"] = cluster
@@ -431,6 +449,20 @@ class FastDecode(Impl):
         per_split, splits = split_count(longest, prob.B * prob.kv_heads, sms, cfg, resident)
         cluster = cluster_size(splits, longest, prob.H // prob.kv_heads * prob.q_len, cfg,
                                int(cupy.cuda.Device().compute_capability))
+        # a warp a pair (kernels/decode_pairs.cu) where the shape takes it: one split, the whole list
+        by_pairs = bool(cfg.BY_PAIRS) and cfg.pairs_take(
+            prob.H // prob.kv_heads * prob.q_len, prob.B * prob.kv_heads, prob.D,
+            resident_blocks(split_k, cfg.threads, smem) * sms,
+            cupy.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"])
+        if by_pairs:
+            setup["kernel"] = PAIRS_KERNEL
+            smem = cfg.pairs_smem(prob.D)
+            with timed(setup, "compile_s"):
+                split_k = get_module(PAIRS_KERNEL, kernel_defines(prob.D, prob.dtype, mask, cfg, stride=stride,
+                                                                  pairs=True)).get_function(PAIRS_SPLIT)
+            if smem > 48 * 1024:
+                split_k.max_dynamic_shared_size_bytes = smem
+            per_split, splits, cluster = max(longest, 1), 1, 1
         # the same kernel with the cluster's merge in it, where every pair's cluster fits one wave; else a
         # smaller one (``cluster_tries``); else the merge launch
         for size in cluster_tries(cluster, longest, cfg):
@@ -452,7 +484,7 @@ class FastDecode(Impl):
         list_of = cupy.asarray(np.array([order.index(t) for t in lens], np.int32))
         lens_d = cupy.asarray(np.array(lens, np.int32))
         tent_d = cupy.asarray(tent)
-        part_rows = cfg.tile_rows(keys)
+        part_rows = 0 if splits == 1 else cfg.tile_rows(keys)  # a single split stores the output itself
         op = cupy.empty((prob.B, prob.kv_heads, splits, part_rows, prob.D), cupy.float32)
         lp = cupy.empty((prob.B, prob.kv_heads, splits, part_rows), cupy.float32)
         out = cupy.empty(prob.shape, dtype=qa.dtype)
@@ -468,8 +500,9 @@ class FastDecode(Impl):
         # when the splits merge in their cluster
         merge = None if cfg.MERGE or splits == 1 or cluster > 1 else merge_k
         pdl = setup["pdl"] = bool(merge is not None and cfg.PDL and pdl_available())
-        return DecodeRunner(split_k, merge, (splits, prob.kv_heads, prob.B), (prob.B * prob.H * prob.q_len,),
-                            smem, args, merge_args, out, setup, prob.D, cfg.threads, pdl)
+        grid = (-(-prob.kv_heads // cfg.NWARPS), 1, prob.B) if by_pairs else (splits, prob.kv_heads, prob.B)
+        return DecodeRunner(split_k, merge, grid, (prob.B * prob.H * prob.q_len,), smem, args, merge_args, out,
+                            setup, prob.D, cfg.threads, pdl)
 
 
 IMPL = register(FastDecode(
@@ -504,6 +537,8 @@ def standard_builds() -> list[tuple[str, dict]]:
                 cfg, stride, mask, _ = plan_lists(prob, DEFAULT, [prob.T])
                 keys = cfg.by_keys(c.H // c.H_kv * tq, D)
                 add((KEYS_KERNEL if keys else KERNEL, kernel_defines(D, "bfloat16", mask, cfg, keys, stride)))
+                if c.H // c.H_kv * tq <= 16 and cfg.BN != LONG_BN:  # a warp a pair: the short lists' tiles
+                    add((PAIRS_KERNEL, kernel_defines(D, "bfloat16", mask, cfg, stride=stride, pairs=True)))
     # the merge in the last split (MERGE=1), on the first instance
     add((KERNEL, kernel_defines(128, "bfloat16", c.instances[0].mask(c.build_T), replace(DEFAULT, MERGE=1))))
     # a residue class's keys (CLASSES=1) for the strided instances, both kernels
@@ -515,5 +550,5 @@ def standard_builds() -> list[tuple[str, dict]]:
     return builds
 
 
-__all__ = ["FastDecode", "IMPL", "DecodeConfig", "DecodeSpec", "parse_decode_config", "decode_list", "kernel_defines",
+__all__ = ["FastDecode", "IMPL", "DecodeConfig", "KERNEL", "KEYS_KERNEL", "PAIRS_KERNEL", "DecodeSpec", "parse_decode_config", "decode_list", "kernel_defines",
            "split_count", "standard_builds", "by_class", "class_len", "plan_lists", "SHORT_LIST_KEYS", "LONG_BN"]

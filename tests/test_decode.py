@@ -136,7 +136,8 @@ def test_the_gpu_check_step_sweeps_these_shapes():
     ("BLOCKS_PER_SM=0,MIN_PER_SPLIT=2", (("BLOCKS_PER_SM", 0), ("MIN_PER_SPLIT", 2))),
     ("8,32,4", (("NWARPS", 8), ("BN", 32), ("STAGES", 4), ("MINB", 1), ("SPLITS", 0), ("BLOCKS_PER_SM", 0),
                 ("MIN_PER_SPLIT", 4), ("MERGE", 0), ("BY_KEYS", 2), ("ONE_PER_SM", 8), ("CLASSES", 1),
-                ("BN_SHORT", 32), ("PDL", 0), ("CLUSTER", 8), ("CLUSTER_TILES", 9), ("CLUSTER_ROWS", 64))),
+                ("BN_SHORT", 32), ("PDL", 0), ("CLUSTER", 8), ("CLUSTER_TILES", 9), ("CLUSTER_ROWS", 64),
+                ("BY_PAIRS", 0))),
     ("by_keys=0", (("BY_KEYS", 0),)),
 ])
 def test_a_decode_shape_parses_named_and_positional_forms(text, given):
@@ -150,7 +151,7 @@ def test_a_decode_shape_parses_named_and_positional_forms(text, given):
     ("STAGES=1", "STAGES=1 must be from 2 to 8"),
     ("SPLITS=-1", "SPLITS=-1 must be from 0 to 4096"),
     ("WG=1", "unknown field 'WG' (fields: NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, "
-             "BY_KEYS, ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES, CLUSTER_ROWS)"),
+             "BY_KEYS, ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES, CLUSTER_ROWS, BY_PAIRS)"),
     ("CLUSTER=17", "CLUSTER=17 must be from 0 to 16"),
     ("CLUSTER_ROWS=0", "CLUSTER_ROWS=0 must be from 1 to 4096"),
     ("PDL=2", "PDL=2 must be 0 or 1"),
@@ -569,3 +570,80 @@ def _gate_inputs(prob):
     from attnbench.check import problem_inputs
 
     return problem_inputs(prob, 7)
+
+
+# ---- BY_PAIRS: a warp a pair (kernels/decode_pairs.cu) ------------------------------------------------
+def test_a_warp_takes_a_pair_where_the_shape_says_and_the_stages_fit():
+    """pairs_take: BY_PAIRS 1 wherever a pair's rows fit one m16 tile and the warps' stages fit shared memory;
+    2 only where the pairs also outnumber one wave of the split kernel's blocks; never with a split count or
+    the last split's merge given."""
+    short = replace(DEFAULT, BN=32)
+    limit = 227 * 1024
+    assert short.pairs_smem(128) == 4 * (16 + 2 * 3 * 32) * 128 * 2 == 208 * 1024
+    one, two = replace(short, BY_PAIRS=1), replace(short, BY_PAIRS=2)
+    assert not replace(short, BY_PAIRS=0).pairs_take(4, 512, 128, 264, limit)
+    assert one.pairs_take(4, 16, 128, 264, limit) and one.pairs_take(16, 16, 64, 264, limit)
+    assert not one.pairs_take(17, 512, 128, 264, limit)  # rows past one m16 tile
+    assert not one.pairs_take(4, 512, 128, 264, 163 * 1024)  # 208 KiB of stages: not on an A100
+    assert not replace(DEFAULT, BY_PAIRS=1).pairs_take(4, 512, 128, 264, limit)  # 64-key stages: 400 KiB
+    assert not replace(one, SPLITS=4).pairs_take(4, 512, 128, 264, limit)
+    assert not replace(one, MERGE=1).pairs_take(4, 512, 128, 264, limit)
+    assert two.pairs_take(4, 512, 128, 264, limit) and not two.pairs_take(4, 264, 128, 264, limit)
+    assert parse_decode_config("BY_PAIRS=2").apply().BY_PAIRS == 2
+    with pytest.raises(BadInput, match="BY_PAIRS=3"):
+        parse_decode_config("BY_PAIRS=3")
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("pattern", ["dense", "streaming", "document", "custom"])
+def test_the_pairs_kernel_compiles_without_spills(arch, D, pattern):
+    from attnbench.decode import PAIRS_KERNEL
+
+    mask = make_mask(pattern, 4096, True)
+    reports = compile_only(PAIRS_KERNEL, kernel_defines(D, "bfloat16", mask, replace(DEFAULT, BN=32), pairs=True), arch)
+    assert sorted(r.kernel for r in reports) == ["decode_merge", "decode_pairs"]
+    for r in reports:
+        assert 0 < r.registers <= 255 and (r.spill_stores, r.spill_loads) == (0, 0), r
+    assert "MERGE_LAST" not in kernel_defines(D, "bfloat16", mask, DEFAULT, pairs=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("text", ("BY_PAIRS=1", "BY_PAIRS=1,STAGES=2", "BY_PAIRS=1,BN_SHORT=16", "BY_PAIRS=1,NWARPS=8,STAGES=2"))
+@pytest.mark.parametrize("pattern,params", [("dense", {}), ("streaming", {"sink": 16, "window": 64}),
+                                            ("window", {"window": 100}), ("dilated", {"window": 512, "dilation": 2}),
+                                            ("bigbird", {})])
+def test_gate_of_the_pairs_kernel(text, pattern, params):
+    """kernels/decode_pairs.cu on groups of 4 and 16 rows, both dtypes and head dims, key/value heads that leave
+    a block's last warps idle (2 over 4 warps), ragged batches, a dilated query's residue class, and lists
+    from a tile to 32 (T 1000: the short lists' tiles; T=4096 dense runs the split kernel, its 64-key stages
+    too large)."""
+    from attnbench.check import gate
+
+    impl = IMPL.decode_variant(parse_decode_config(text))
+    ran = 0
+    for T in (1000, 4096):
+        mask = make_mask(pattern, T, True, **params)
+        for prob in (Problem(mask, 3, 32, 128, "bfloat16", H_kv=8, Tq=1),
+                     Problem(mask, 2, 8, 64, "float16", H_kv=2, Tq=1),
+                     Problem(mask, 2, 16, 64, "bfloat16", H_kv=4, Tq=4),
+                     Problem(mask, 4, 8, 128, "bfloat16", H_kv=2, Tq=1, cache_lens=(T, 1, T // 3, T - 5))):
+            if impl.unsupported(prob):
+                continue
+            runner = impl.prepare(prob, *_gate_inputs(prob))
+            ran += runner.setup["kernel"] == "decode_pairs"
+            res = gate(impl, prob)
+            assert res.ok, (text, T, prob.q_len, res)
+    assert ran >= 4
+
+
+@pytest.mark.gpu
+def test_the_default_takes_a_warp_a_pair_only_where_the_pairs_outnumber_a_wave():
+    from attnbench.decode import PAIRS_KERNEL
+
+    mask = make_mask("streaming", 4096, True, sink=16, window=64)
+    kernels = {}
+    for B in (8, 64):
+        prob = Problem(mask, B, 32, 128, "bfloat16", H_kv=8, Tq=1)
+        kernels[B] = IMPL.prepare(prob, *_gate_inputs(prob)).setup["kernel"]
+    assert kernels == {8: KERNEL, 64: PAIRS_KERNEL} if DEFAULT.BY_PAIRS == 2 else kernels[64] != PAIRS_KERNEL

@@ -1,6 +1,6 @@
 // What the decoding kernels (kernels/decode.cu: the warps take a tile's rows; kernels/decode_keys.cu:
-// the warps take a tile's keys) share: their parameters, a block's work, the split partials' layout,
-// and the merge launch.
+// the warps take a tile's keys; kernels/decode_pairs.cu: the warps take pairs) share: their parameters,
+// a block's work, the split partials' layout, and the merge launch.
 //
 // A block takes one (sequence b, key/value head kvh) and one stretch (split) of the key tiles that
 // sequence's queries may read. A row r of (b, kvh) is query head h0 + r / Tq at position t = r % Tq;
@@ -16,6 +16,7 @@
 //   decode_block(...) -> DecodeBlock: the block's pair, split, rows, keys, Q slab, K/V and its stretch of
 //     the list (first entry in tent, count); from the arguments alone when the batch is not ragged;
 //     with STRIDE > 1 (one query a sequence) the keys and K/V of the query's residue class;
+//     decode_block_at(split, kvh, b, ...) the same for a pair named otherwise than by blockIdx;
 //   decode_out_slab(Og, blk, H, Tq): the group's first output row;
 //   decode_part_rows / decode_part_lse(..., blk, H_kv): the split's partial rows and log-sum-exps;
 //   decode_work(blk): the loader's work item (TcLoadAsync::init);
@@ -63,13 +64,15 @@ struct DecodeBlock {
 
 // (one_len: every sequence holds Tk keys and reads the list at tent[0 .. list_count), given as
 // arguments so that a block's first loads wait on no read of lens, list_of and lists)
-__device__ __forceinline__ DecodeBlock decode_block(const u16* Qg, const u16* Kg, const u16* Vg, const int2* lists,
-                                                    const int* lens, const int* list_of, int H, int H_kv, int Tq,
-                                                    int Tk, int per_split, int one_len, int list_count) {
+// decode_block_at: the same for a given (split, kvh, b) (kernels/decode_pairs.cu: a warp's pair)
+__device__ __forceinline__ DecodeBlock decode_block_at(int split, int kvh, int b, const u16* Qg, const u16* Kg,
+                                                       const u16* Vg, const int2* lists, const int* lens,
+                                                       const int* list_of, int H, int H_kv, int Tq, int Tk,
+                                                       int per_split, int one_len, int list_count) {
     DecodeBlock d;
-    d.split = blockIdx.x;
-    d.kvh = blockIdx.y;
-    d.b = blockIdx.z;
+    d.split = split;
+    d.kvh = kvh;
+    d.b = b;
     d.group = H / H_kv;
     d.rows = d.group * Tq;
     const int Tfull = one_len ? Tk : lens[d.b];
@@ -87,6 +90,12 @@ __device__ __forceinline__ DecodeBlock decode_block(const u16* Qg, const u16* Kg
     d.k = Kg + kv;
     d.v = Vg + kv;
     return d;
+}
+__device__ __forceinline__ DecodeBlock decode_block(const u16* Qg, const u16* Kg, const u16* Vg, const int2* lists,
+                                                    const int* lens, const int* list_of, int H, int H_kv, int Tq,
+                                                    int Tk, int per_split, int one_len, int list_count) {
+    return decode_block_at(blockIdx.x, blockIdx.y, blockIdx.z, Qg, Kg, Vg, lists, lens, list_of, H, H_kv, Tq, Tk,
+                           per_split, one_len, list_count);
 }
 
 // the loader's work item (TcLoadAsync reads K and V from the TcGlobal pointers, rows >= Tb zero-filled
