@@ -14,7 +14,10 @@ Two kernels share the lists, the splits and the merge: kernels/decode.cu gives e
 block's rows; kernels/decode_keys.cu, for groups whose rows fit 16 (one query against 4 heads, the
 decode configuration's Tq = 1), gives every warp the same 16 rows and a slice of each key tile's
 keys, so no warp multiplies padding rows (``BY_KEYS`` picks; by default the second wherever it takes
-the case). A pair with a single split stores its output from the split kernel; no merge runs.
+the case). A pair with a single split stores its output from the split kernel; no merge runs. Where
+the pairs are many (more than one wave of split blocks, e.g. B=64 against 8 key/value heads) and a pair's
+rows fit 16, kernels/decode_pairs.cu gives each warp a whole pair instead, NWARPS pairs a block and no
+splits (``BY_PAIRS``; its stages need the short lists' tiles to fit shared memory).
 
 A strided pattern (dilated) with one query a sequence reads only the keys of that query's residue
 class (``CLASSES=1``, the default): K and V rows the stride apart (the loader's row step, ``STRIDE``),
@@ -106,7 +109,8 @@ class DecodeConfig:
     #                          2% (H100; docs/PERF.md "decode v6")
     CLUSTER_ROWS: int = 64  # H100, 64 rows (Tq=16), the merge of four columns a load: 0.78-0.96 of the merge
     #                         launch's time at B 1 and 8 (docs/PERF.md "decode v6")
-    BY_PAIRS: int = 0
+    BY_PAIRS: int = 2  # B=64, Tq=1 on an H100: streaming 16+64 19.8 -> 17.4 us, bigbird 49.7 -> 48.2, dilated 61.6 ->
+    #                    59.4; fewer pairs keep the split kernel (docs/PERF.md "decode v7")
 
     @property
     def rows(self) -> int:
@@ -123,6 +127,14 @@ class DecodeConfig:
 
     def smem_bytes(self, D: int, keys: bool = False) -> int:
         return (self.tile_rows(keys) + 2 * self.STAGES * self.BN) * D * 2
+
+    def cluster_rows_fit(self, D: int, keys: bool = False) -> bool:
+        """Whether a block's float32 rows and log-sum-exps for the cluster's merge fit the shared memory it
+        already has (Q's tile and the stages; kernels/decode_keys.cu: the stages, beside the warps' rows):
+        the kernels' static assertion, asked before a cluster is built."""
+        if keys:
+            return (self.NWARPS + 1) * 16 * D * 4 + 16 * 4 <= 2 * self.STAGES * self.BN * D * 2
+        return self.rows * D * 4 + self.rows * 4 <= self.smem_bytes(D)
 
     def pairs_smem(self, D: int) -> int:
         """kernels/decode_pairs.cu's shared memory: each warp's 16 query rows and its K and V stages."""
@@ -448,7 +460,7 @@ class FastDecode(Impl):
         longest = int(counts.max()) if counts.size else 0
         per_split, splits = split_count(longest, prob.B * prob.kv_heads, sms, cfg, resident)
         cluster = cluster_size(splits, longest, prob.H // prob.kv_heads * prob.q_len, cfg,
-                               int(cupy.cuda.Device().compute_capability))
+                               int(cupy.cuda.Device().compute_capability)) if cfg.cluster_rows_fit(prob.D, keys) else 1
         # a warp a pair (kernels/decode_pairs.cu) where the shape takes it: one split, the whole list
         by_pairs = bool(cfg.BY_PAIRS) and cfg.pairs_take(
             prob.H // prob.kv_heads * prob.q_len, prob.B * prob.kv_heads, prob.D,

@@ -137,7 +137,7 @@ def test_the_gpu_check_step_sweeps_these_shapes():
     ("8,32,4", (("NWARPS", 8), ("BN", 32), ("STAGES", 4), ("MINB", 1), ("SPLITS", 0), ("BLOCKS_PER_SM", 0),
                 ("MIN_PER_SPLIT", 4), ("MERGE", 0), ("BY_KEYS", 2), ("ONE_PER_SM", 8), ("CLASSES", 1),
                 ("BN_SHORT", 32), ("PDL", 0), ("CLUSTER", 8), ("CLUSTER_TILES", 9), ("CLUSTER_ROWS", 64),
-                ("BY_PAIRS", 0))),
+                ("BY_PAIRS", 2))),
     ("by_keys=0", (("BY_KEYS", 0),)),
 ])
 def test_a_decode_shape_parses_named_and_positional_forms(text, given):
@@ -616,18 +616,18 @@ def test_the_pairs_kernel_compiles_without_spills(arch, D, pattern):
 def test_gate_of_the_pairs_kernel(text, pattern, params):
     """kernels/decode_pairs.cu on groups of 4 and 16 rows, both dtypes and head dims, key/value heads that leave
     a block's last warps idle (2 over 4 warps), ragged batches, a dilated query's residue class, and lists
-    from a tile to 32 (T 1000: the short lists' tiles; T=4096 dense runs the split kernel, its 64-key stages
-    too large)."""
+    from a tile to 32 (T 1024: the short lists' tiles; T=4096 dense runs the split kernel, its 64-key stages
+    too large; with NWARPS=8,STAGES=2 without a cluster, whose rows would not fit its shared memory)."""
     from attnbench.check import gate
 
     impl = IMPL.decode_variant(parse_decode_config(text))
     ran = 0
-    for T in (1000, 4096):
+    for T in (1024, 4096):
         mask = make_mask(pattern, T, True, **params)
         for prob in (Problem(mask, 3, 32, 128, "bfloat16", H_kv=8, Tq=1),
                      Problem(mask, 2, 8, 64, "float16", H_kv=2, Tq=1),
                      Problem(mask, 2, 16, 64, "bfloat16", H_kv=4, Tq=4),
-                     Problem(mask, 4, 8, 128, "bfloat16", H_kv=2, Tq=1, cache_lens=(T, 1, T // 3, T - 5))):
+                     Problem(mask, 4, 8, 128, "bfloat16", H_kv=2, Tq=1, cache_lens=(T, 17, T // 3, T - 5))):
             if impl.unsupported(prob):
                 continue
             runner = impl.prepare(prob, *_gate_inputs(prob))
@@ -647,3 +647,30 @@ def test_the_default_takes_a_warp_a_pair_only_where_the_pairs_outnumber_a_wave()
         prob = Problem(mask, B, 32, 128, "bfloat16", H_kv=8, Tq=1)
         kernels[B] = IMPL.prepare(prob, *_gate_inputs(prob)).setup["kernel"]
     assert kernels == {8: KERNEL, 64: PAIRS_KERNEL} if DEFAULT.BY_PAIRS == 2 else kernels[64] != PAIRS_KERNEL
+
+
+def test_a_cluster_is_asked_only_where_its_rows_fit_the_blocks_shared_memory():
+    """The kernels' static assertion, on the host: the block's float32 rows (and, for the key slices, the warps'
+    rows beside them) must fit the shared memory the block has, or the pair keeps the merge launch."""
+    assert DEFAULT.cluster_rows_fit(128) and DEFAULT.cluster_rows_fit(128, keys=True)
+    assert replace(DEFAULT, BN=32).cluster_rows_fit(128)  # 64 rows: 33 KiB of 64
+    assert not replace(DEFAULT, NWARPS=8, BN=32, STAGES=2).cluster_rows_fit(128)  # 128 rows: 66048 bytes of 65536
+    assert not replace(DEFAULT, BN=16, STAGES=2).cluster_rows_fit(64)
+    assert replace(DEFAULT, BN=64, STAGES=2).cluster_rows_fit(128, keys=True)  # 5 warps' rows: 41024 bytes of 65536
+    built = refused = 0
+    for text in ("NWARPS=8,BN=32,STAGES=2", "BN=16,STAGES=2", "BN=64,STAGES=2"):
+        cfg = parse_decode_config(text).apply()
+        for D in (64, 128):
+            for keys in (False, True):
+                if cfg.problem(D, keys):
+                    continue
+                defines = kernel_defines(D, "bfloat16", make_mask("dense", 64, True), cfg, keys, cluster=2)
+                name = KEYS_KERNEL if keys else KERNEL
+                if cfg.cluster_rows_fit(D, keys):
+                    compile_only(name, defines, "sm_90")
+                    built += 1
+                else:
+                    with pytest.raises(Exception, match="the rows fit Q's tile and the stages"):
+                        compile_only(name, defines, "sm_90")
+                    refused += 1
+    assert built >= 3 and refused >= 2
