@@ -627,7 +627,7 @@ def test_gate_of_the_pairs_kernel(text, pattern, params):
         for prob in (Problem(mask, 3, 32, 128, "bfloat16", H_kv=8, Tq=1),
                      Problem(mask, 2, 8, 64, "float16", H_kv=2, Tq=1),
                      Problem(mask, 2, 16, 64, "bfloat16", H_kv=4, Tq=4),
-                     Problem(mask, 4, 8, 128, "bfloat16", H_kv=2, Tq=1, cache_lens=(T, 64, T // 2, T - 64))):
+                     Problem(mask, 4, 8, 128, "bfloat16", H_kv=2, Tq=1, cache_lens=(T, 320, T // 2, T - 64))):
             if impl.unsupported(prob):
                 continue
             runner = impl.prepare(prob, *_gate_inputs(prob))
