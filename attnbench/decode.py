@@ -496,7 +496,9 @@ class FastDecode(Impl):
         list_of = cupy.asarray(np.array([order.index(t) for t in lens], np.int32))
         lens_d = cupy.asarray(np.array(lens, np.int32))
         tent_d = cupy.asarray(tent)
-        part_rows = 0 if splits == 1 else cfg.tile_rows(keys)  # a single split stores the output itself
+        # partials only for the merge launch or the last split's merge: a single split stores the output itself, a
+        # cluster merges in shared memory
+        part_rows = 0 if splits == 1 or cluster > 1 else cfg.tile_rows(keys)
         op = cupy.empty((prob.B, prob.kv_heads, splits, part_rows, prob.D), cupy.float32)
         lp = cupy.empty((prob.B, prob.kv_heads, splits, part_rows), cupy.float32)
         out = cupy.empty(prob.shape, dtype=qa.dtype)

@@ -674,3 +674,25 @@ def test_a_cluster_is_asked_only_where_its_rows_fit_the_blocks_shared_memory():
                         compile_only(name, defines, "sm_90")
                     refused += 1
     assert built >= 3 and refused >= 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B, text", [(8, ""), (64, ""), (2, "SPLITS=1"), (2, "SPLITS=4,CLUSTER=0")])
+def test_split_partials_are_allocated_only_where_a_merge_launch_reads_them(B, text):
+    """A single split stores the output itself and a cluster merges in shared memory: neither allocates the
+    float32 partials (the peak_mem_mb column counts what runs); the merge launch does."""
+    import cupy
+
+    impl = IMPL.decode_variant(parse_decode_config(text)) if text else IMPL
+    prob = Problem(make_mask("streaming", 4096, True, sink=4, window=1024), B, 32, 128, "bfloat16", H_kv=8, Tq=1)
+    inputs = _gate_inputs(prob)
+    pool = cupy.get_default_memory_pool()
+    before = pool.used_bytes()
+    runner = impl.prepare(prob, *inputs)
+    extra = pool.used_bytes() - before - 2 * int(np.prod(prob.shape))  # beyond the output
+    setup = runner.setup
+    partials = B * 8 * setup["splits"] * 16 * (128 + 1) * 4
+    if setup["splits"] == 1 or setup["cluster"] > 1:
+        assert extra < 64 * 1024, setup
+    else:
+        assert extra >= partials, setup
