@@ -207,6 +207,7 @@ def compile_only(name: str, defines: dict, arch: str) -> list[KernelReport]:
 MIN_SM = {"fast_tc": (80, "mma.sync on bfloat16 and cp.async need sm_80 or newer"),
           "fast_tc_bwd": (80, "mma.sync on bfloat16 and cp.async need sm_80 or newer"),
           "fast_tc_bwd_wg": (90, "its products are Hopper's warpgroup MMA (wgmma, sm_90a)"),
+          "fast_tc_bwd_dq_wg": (90, "its products are Hopper's warpgroup MMA (wgmma, sm_90a)"),
           "fast_f32": (80, "cp.async needs sm_80 or newer")}
 
 

@@ -52,6 +52,7 @@ KERNEL = "fast_tc_bwd"
 KERNEL_WG = "fast_tc_bwd_wg"  # the same kernels, the main one on wgmma (sm_90a)
 MAIN, PREP, DQ = "fast_tc_bwd", "fast_tc_bwd_prep", "fast_tc_bwd_dq"
 DQ_PASS = "fast_tc_bwd_dq_pass"  # BWD_DQ_PASS builds: dQ by a pass over the forward list
+KERNEL_DQ_WG = "fast_tc_bwd_dq_wg"  # that pass on wgmma (sm_90a), the same entry point and parameters
 FUSED = "fast_tc_bwd_fused"      # BWD_FUSED builds (wgmma, one warpgroup): the main loop's items and the pass's blocks
 DQ_WAYS = ("atomic", "pass", "fused")  # how dQ is summed: reductions into float32 in the main kernel, its own
 # pass, or that pass's blocks in the main kernel's launch, ordered beside the items that read the same tiles
@@ -181,9 +182,34 @@ PASS_SKIP = {64: 0, 128: 1}
 PASS_STATS_SPLIT = {64: True, 128: True}
 
 
-def choose_dq(D: int, keys_per_query: float | None) -> str:
-    """How dQ is summed where nothing forces it: its own pass below ``DQ_PASS_MAX_KEYS`` keys a query,
-    float32 reductions from there (and when the keys a query reads are not known)."""
+# dQ's own pass beside the wgmma main loop: on wgmma too (kernels/fast_tc_bwd_dq_wg.cu, one warpgroup a
+# 64-row query tile), 1; or a launch of the mma.sync build (``BWD_SHAPES``), 0. Since backward v15 (H100,
+# T=32768, --pass bwd, the default against --bwd-config PWG=0, docs/PERF.md "backward v15"): window 256 0.87
+# (D=64 and 128), dilated 512/2 0.83 (D=64), bigbird 0.93 and 0.91, streaming 16+64 0.94 and 0.96; and
+# with it dQ's pass wins at every count of keys a query reads (``choose_dq``)
+PASS_WG = 1
+PASS_SHAPES_WG: dict[int, tuple[BwdConfig, str]] = {
+    64: (BwdConfig(NWARPS=4, STAGES=2, MINB=3, WG=1), "one warpgroup, 64 x 64 tiles, K and V in 2 stages (48 KiB): "
+                                                      "3 blocks per SM"),
+    128: (BwdConfig(NWARPS=4, STAGES=2, MINB=2, WG=1), "one warpgroup, 64 x 64 tiles, K and V in 2 stages (96 KiB): "
+                                                       "2 blocks per SM"),
+}
+
+
+def pass_kernel(pcfg: BwdConfig) -> str:
+    """The source of dQ's pass of shape ``pcfg``: the wgmma pass's for a WG shape, else the mma.sync build's."""
+    return KERNEL_DQ_WG if pcfg.WG else KERNEL
+
+
+def choose_dq(D: int, keys_per_query: float | None, wgmma: bool = False) -> str:
+    """How dQ is summed where nothing forces it: beside the wgmma main loop with the pass on wgmma
+    (PASS_WG), its own pass always (H100, T=32768, --pass bwd, pass / float32 reductions, docs/PERF.md
+    "backward v15": dense 0.85 and 0.93 at D=64 and 128, window 4096 0.84 and 0.93, document 0.71 and 0.70,
+    streaming 4+1024 0.81 and 0.80, dilated 512/2 at D=128 0.76, dilated levels 0.96 and 0.99); otherwise
+    its own pass below ``DQ_PASS_MAX_KEYS`` keys a query, float32 reductions from there (and when the keys
+    a query reads are not known)."""
+    if wgmma and PASS_WG:
+        return "pass"
     return "pass" if keys_per_query is not None and keys_per_query < DQ_PASS_MAX_KEYS[D] else "atomic"
 
 
@@ -277,7 +303,9 @@ class BwdFields:
     order, ``tiles.work_items``: 0, longest first; 1, by the query tiles they read, so that a split key
     tile's items run beside the band's items that read the same Q and dO) and L (the most query
     tiles a work item walks; 0, ``split_length``'s) and CUT (the most query tiles an item of a key tile
-    that L splits walks, the others whole; 0: L's); the defaults are those of the positional form."""
+    that L splits walks, the others whole; 0: L's) and PWG (dQ's own pass beside the wgmma main loop: 1, on
+    wgmma, kernels/fast_tc_bwd_dq_wg.cu; 0, a launch of the mma.sync build); the defaults are those of the
+    positional form."""
     NWARPS: int = 8
     STAGES: int = 2
     MINB: int = 1
@@ -290,13 +318,15 @@ class BwdFields:
     ORDER: int = 0
     L: int = 0
     CUT: int = 0
+    PWG: int = 0
 
 
 BWD_FIELDS = tuple(f.name for f in dataclasses.fields(BwdFields))
 BWD_LIMITS = {"NWARPS": (4, 8, 4), "STAGES": (2, 4, 1), "MINB": (1, 4, 1), "DQ": (0, 2, 1), "STATS": (0, 2, 1),
               "PAIRS": (0, 2, 1), "SKIP": (0, 1, 1), "WAVES": (1, 16, 1), "PMINB": (0, 4, 1), "ORDER": (0, 1, 1),
-              "L": (0, 65536, 1), "CUT": (0, 65536, 1)}
-WORK_FIELDS = ("DQ", "STATS", "SKIP", "WAVES", "PMINB", "ORDER", "L", "CUT")  # not the main kernel's shape
+              "L": (0, 65536, 1), "CUT": (0, 65536, 1),
+              "PWG": (0, 1, 1)}
+WORK_FIELDS = ("DQ", "STATS", "SKIP", "WAVES", "PMINB", "ORDER", "L", "CUT", "PWG")  # not the main kernel's shape
 
 
 @dataclass(frozen=True)
@@ -354,6 +384,11 @@ class BwdSpec:
         return self.field("CUT") or None
 
     @property
+    def pass_wg(self) -> int | None:
+        """Whether dQ's own pass runs on wgmma beside the wgmma main loop (PWG), None when not given."""
+        return self.field("PWG")
+
+    @property
     def skip(self) -> int | None:
         """Whether dQ's pass skips the all-zero key blocks of P (SKIP), None when not given."""
         return self.field("SKIP")
@@ -384,11 +419,13 @@ def choose_bwd_config(D: int, wgmma: bool, dq: str = "atomic", keys_per_query: f
     return cfg
 
 
-def dq_pass_config(D: int, cfg: BwdConfig, minb: int | None = None) -> BwdConfig:
+def dq_pass_config(D: int, cfg: BwdConfig, minb: int | None = None, wg: int | None = None) -> BwdConfig:
     """The shape of the dQ pass beside a main kernel of shape ``cfg``: that shape on mma.sync; beside
-    the wgmma main loop, mma.sync's own for D (``BWD_SHAPES``), a launch of the mma.sync build; with
-    ``minb`` (PMINB) its blocks per multiprocessor asked of the register allocator replaced."""
-    pcfg = BWD_SHAPES[D][0] if cfg.WG else cfg
+    the wgmma main loop, the wgmma pass's (``PASS_SHAPES_WG``) where ``wg`` (None: PASS_WG), else
+    mma.sync's own for D (``BWD_SHAPES``), a launch of the mma.sync build; with ``minb`` (PMINB) its
+    blocks per multiprocessor asked of the register allocator replaced."""
+    wg = PASS_WG if wg is None else wg
+    pcfg = (PASS_SHAPES_WG if wg else BWD_SHAPES)[D][0] if cfg.WG else cfg
     return pcfg if not minb else dataclasses.replace(pcfg, MINB=minb)
 
 
@@ -484,12 +521,14 @@ class Backward:
     ``pass_minb``: the pass's MINB (``dq_pass_config``; None: its shape's). ``order``: the work items'
     launch order (``tiles.work_items``; None: ``default_item_layout``'s); ``cut``: the most query tiles an
     item of a split key tile walks (``tiles.work_items``; None: ``default_item_layout``'s, 0: L's).
-    ``wgmma``: the wgmma main loop (fast-tc on sm_90; ``choose_bwd_config``), else mma.sync's."""
+    ``wgmma``: the wgmma main loop (fast-tc on sm_90; ``choose_bwd_config``), else mma.sync's. ``pass_wg``:
+    dQ's pass beside the wgmma main loop on wgmma too (``dq_pass_config``; None: PASS_WG); it has no skip."""
 
     def __init__(self, prob: Problem, setup: dict | None = None, cfg: BwdConfig | None = None,
                  split: int | None = None, dq: str | None = None, wgmma: bool = False, fields: dict | None = None,
                  stats: int | None = None, skip: int | None = None, waves: int | None = None,
-                 pass_minb: int | None = None, order: int | None = None, cut: int | None = None):
+                 pass_minb: int | None = None, order: int | None = None, cut: int | None = None,
+                 pass_wg: int | None = None):
         check_dtype(prob.dtype)
         if prob.D not in BWD_SHAPES:
             raise BadInput(f"D={prob.D} is not supported by the backward of fast-tc "
@@ -497,7 +536,7 @@ class Backward:
         self.prob = prob
         kpq = prob.mask.pairs / prob.mask.T
         dq = forced_dq() if dq is None else dq
-        self.dq_way = dq = choose_dq(prob.D, kpq) if dq is None else dq
+        self.dq_way = dq = choose_dq(prob.D, kpq, wgmma) if dq is None else dq
         if dq not in DQ_WAYS:
             raise BadInput(f"dq={dq!r}: expected one of {', '.join(DQ_WAYS)}")
         self.cfg = cfg = cfg or choose_bwd_config(prob.D, wgmma, dq, kpq, fields)
@@ -542,9 +581,13 @@ class Backward:
         self.stats = int(stats) if dq == "pass" else 0
         self.skip = (PASS_SKIP[prob.D] if skip is None else int(skip)) if dq != "atomic" else 0
         if dq != "atomic":  # the forward list at the dQ pass's tiles, on the device (built above on mma.sync)
+            self.pcfg = pcfg = cfg if dq == "fused" else dq_pass_config(prob.D, cfg, pass_minb, pass_wg)
+            if pcfg.WG and pcfg is not cfg:
+                if skip:
+                    raise BadInput("SKIP=1 is not built by dQ's pass on wgmma (PWG=1): give SKIP=0 or PWG=0")
+                self.skip = 0
             setup["bwd_pass_stats"] = int(self.stats)
             setup["bwd_pass_skip"] = self.skip
-            self.pcfg = pcfg = cfg if dq == "fused" else dq_pass_config(prob.D, cfg, pass_minb)
             self.fwd_tiles = tile_list(inner, pcfg.BM, pcfg.BN).device()
             setup["bwd_dq_tile_config"] = pcfg.spec
         if dq == "fused":
@@ -564,8 +607,8 @@ class Backward:
             if self.smem > DEFAULT_SMEM:
                 self.main.max_dynamic_shared_size_bytes = self.smem
             if dq == "pass":
-                pmod = mod if pcfg is cfg else get_module(pcfg.kernel, bwd_defines(prob.D, prob.dtype, prob.mask, pcfg, dq,
-                                                                                   self.stats, self.skip), pcfg.arch)
+                pmod = mod if pcfg is cfg else get_module(pass_kernel(pcfg), bwd_defines(
+                    prob.D, prob.dtype, prob.mask, pcfg, dq, self.stats, self.skip), pcfg.arch)
                 self.dq_pass = pmod.get_function(DQ_PASS)
                 self.dq_smem = pcfg.dq_pass_smem_bytes(prob.D)
                 if self.dq_smem > DEFAULT_SMEM:
@@ -685,7 +728,8 @@ def build_backward(impl: FastTC, prob: Problem, q, k, v, do, cfg: TileConfig | N
                    fields=spec.shape if spec else None, stats=spec.stats if spec else None,
                    skip=spec.skip if spec else None, waves=spec.waves if spec else None,
                    pass_minb=spec.pass_minb if spec else None, order=spec.order if spec else None,
-                   split=spec.split if spec else None, cut=spec.cut if spec else None)
+                   split=spec.split if spec else None, cut=spec.cut if spec else None,
+                   pass_wg=spec.pass_wg if spec else None)
     grads = tuple(cupy.empty(prob.shape, dtype=q.dtype) for _ in range(3))
     launches = bwd.launches(q, k, v, o, lse, do, *grads, *bwd.scratch())
     with_fwd = prob.pass_name == "fwd+bwd"
@@ -775,13 +819,18 @@ def _builds_of(mask: Mask, D: int, dtype: str) -> list[tuple[str, dict]]:
     from .fast_tc import KERNEL as FWD, choose_config, kernel_defines, lse_shape
 
     kpq = mask.pairs / mask.T
-    dq = choose_dq(D, kpq)
-    wg = bwd_config(D, True, kpq, dq)  # what Backward chooses for it
     # the pass's stats where no key tile is split, and at the D of PASS_STATS_SPLIT where one is (the GPU's
     # size decides): elsewhere prep's too
-    stats = (PASS_STATS_FROM,) + (() if dq != "pass" or PASS_STATS_SPLIT[D] else (0,))
-    return [b for st in stats for b in ((KERNEL, bwd_defines(D, dtype, mask, dq=dq, stats=st)),
-                                        (KERNEL_WG, bwd_defines(D, dtype, mask, wg, dq, st)))] + [
+    stats = (PASS_STATS_FROM,) + (() if PASS_STATS_SPLIT[D] else (0,))
+    dq = choose_dq(D, kpq)  # mma.sync's way; beside the wgmma main loop, ``choose_dq``'s for it
+    dq_wg = choose_dq(D, kpq, wgmma=True)
+    wg = bwd_config(D, True, kpq, dq_wg)  # what Backward chooses for it
+    # dQ's pass on wgmma beside the wgmma main loop (PASS_SHAPES_WG) wherever dQ has its pass there
+    pwg = PASS_SHAPES_WG[D][0]
+    passes = ([(KERNEL_DQ_WG, bwd_defines(D, dtype, mask, pwg, dq_wg, st, skip=0)) for st in stats]
+              if dq_wg == "pass" else [])
+    return [(KERNEL, bwd_defines(D, dtype, mask, dq=dq, stats=st)) for st in (stats if dq == "pass" else stats[:1])] + [
+        (KERNEL_WG, bwd_defines(D, dtype, mask, wg, dq_wg, st)) for st in (stats if dq_wg == "pass" else stats[:1])] + passes + [
         (FWD, {**kernel_defines(D, dtype, mask, lse_shape(choose_config(mask, D, wgmma))), "FWD_LSE": 1})
         for wgmma in (False, True)]
 

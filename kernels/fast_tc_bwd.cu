@@ -153,13 +153,8 @@ fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
 // dQ's own pass: one block a query tile of the forward list (tc_block_work's grid and order), the
 // work of tc/bwd_dq_pass.cuh
 extern "C" __global__ void __launch_bounds__(THREADS, MINB)
-fast_tc_bwd_dq_pass(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* __restrict__ Vg,
-                    const u16* __restrict__ dOg, float2* __restrict__ LD, u16* __restrict__ dQg,
-                    const int4* __restrict__ thead, const int* __restrict__ tent, int T_all, float scale_log2,
-                    float scale, const int* __restrict__ table, const u16* __restrict__ Og,
-                    const float* __restrict__ Lg) {
+fast_tc_bwd_dq_pass(TC_BWD_DQ_PASS_PARAMS) {
     extern __shared__ __align__(1024) unsigned char smem[];
-    tc_bwd_dq_pass_block(smem, tc_block_work(T_all), blockIdx.z, Qg, Kg, Vg, dOg, LD, dQg, thead, tent, T_all,
-                         scale_log2, scale, table, Og, Lg);
+    tc_bwd_dq_pass_block(smem, tc_block_work(T_all), blockIdx.z, TC_BWD_DQ_PASS_ARGS);
 }
 #endif

@@ -83,8 +83,9 @@ def test_the_wgmma_backward_compiles_for_sm_90a_without_spills(D, dtype, pattern
 
 def test_fast_tc_takes_the_wgmma_backward_on_sm_90_and_mma_sync_otherwise():
     """The main kernel's shape follows the products (wgmma: fast-tc on sm_90) whatever the dQ way; dQ's
-    own pass runs on mma.sync's shape for D beside either main loop (dq_pass_config)."""
-    from attnbench.fast_tc_bwd import dq_pass_config
+    own pass runs on mma.sync's shape for D beside the mma.sync loop, and beside the wgmma loop on wgmma's
+    (PASS_WG) or with PWG=0 mma.sync's (dq_pass_config)."""
+    from attnbench.fast_tc_bwd import PASS_SHAPES_WG, PASS_WG, dq_pass_config
 
     for D in DIMS:
         assert choose_bwd_config(D, True).WG == 1 and choose_bwd_config(D, True) == BWD_SHAPES_WG2[D][0]
@@ -93,8 +94,11 @@ def test_fast_tc_takes_the_wgmma_backward_on_sm_90_and_mma_sync_otherwise():
         assert choose_bwd_config(D, True, "pass") == BWD_SHAPES_WG[D][0]
         assert choose_bwd_config(D, True, "pass", keys_per_query=256) == BWD_SHAPES_WG[D][0]
         assert choose_bwd_config(D, True, "atomic", keys_per_query=TWO_WG_MIN_KEYS[D]) == BWD_SHAPES_WG2[D][0]
-        for wg in (True, False):
-            assert dq_pass_config(D, choose_bwd_config(D, wg, "pass")) == BWD_SHAPES[D][0]
+        assert dq_pass_config(D, choose_bwd_config(D, False, "pass")) == BWD_SHAPES[D][0]
+        assert dq_pass_config(D, choose_bwd_config(D, True, "pass")) == (PASS_SHAPES_WG if PASS_WG else BWD_SHAPES)[D][0]
+        assert dq_pass_config(D, choose_bwd_config(D, True, "pass"), wg=0) == BWD_SHAPES[D][0]
+        assert dq_pass_config(D, choose_bwd_config(D, True, "pass"), wg=1) == PASS_SHAPES_WG[D][0]
+        assert dq_pass_config(D, choose_bwd_config(D, True, "pass"), 4, wg=1).MINB == 4
         assert choose_bwd_config(D, True).BM == 64  # every warpgroup's query tile
         assert choose_bwd_config(D, False).BN == 64
         assert choose_bwd_config(D, True).BN == 128  # two warpgroups, 64 keys each
@@ -181,6 +185,32 @@ def test_the_dq_pass_builds_compile_without_spills(arch, D, pattern, T, causal, 
 @pytest.mark.parametrize("D", DIMS)
 @pytest.mark.parametrize("pattern,T,causal,params", [
     ("dense", 4096, True, {}), ("streaming", 4096, True, dict(sink=16, window=64)),
+    ("dilated", 4096, True, dict(window=512, dilation=2)), ("bigbird", 4096, True, {}),
+    ("prefix_lm", 4096, False, dict(prefix=1000)), ("document", 4096, False, {}),
+])
+@pytest.mark.parametrize("stats", [1, 2, 0], ids=["pass-stats-global", "pass-stats-shared", "prep-stats"])
+def test_the_wgmma_dq_pass_compiles_without_spills_at_its_blocks_per_sm(D, pattern, T, causal, params, stats):
+    """kernels/fast_tc_bwd_dq_wg.cu: dQ's pass on wgmma (one warpgroup, sm_90a only), the mma.sync pass's
+    entry point and parameters; its shape's blocks per multiprocessor held by registers and shared memory."""
+    from attnbench.compile import unbuildable
+    from attnbench.fast_tc_bwd import KERNEL_DQ_WG, PASS_SHAPES_WG, pass_kernel
+
+    pcfg = PASS_SHAPES_WG[D][0]
+    assert pass_kernel(pcfg) == KERNEL_DQ_WG and pass_kernel(BWD_SHAPES[D][0]) == "fast_tc_bwd"
+    assert unbuildable(KERNEL_DQ_WG, "sm_80") and not unbuildable(KERNEL_DQ_WG, "sm_90a")
+    mask = make_mask(pattern, T, causal, **params)
+    d = bwd_defines(D, "bfloat16", mask, pcfg, dq="pass", stats=stats, skip=0)
+    assert d["WG"] == 1 and d["BWD_DQ_PASS"] == 1 and "BWD_PASS_SKIP" not in d
+    (r,) = compile_only(KERNEL_DQ_WG, d, "sm_90a")
+    assert r.kernel == "fast_tc_bwd_dq_pass" and r.arch == "sm_90a"
+    assert (r.spill_stores, r.spill_loads, r.stack) == (0, 0, 0), r
+    assert r.registers * pcfg.threads * pcfg.MINB <= 65536, r  # MINB blocks' registers fit the register file
+    assert pcfg.MINB * (pcfg.dq_pass_smem_bytes(D) + 1024) <= 228 * 1024  # ... and their shared memory
+
+
+@pytest.mark.parametrize("D", DIMS)
+@pytest.mark.parametrize("pattern,T,causal,params", [
+    ("dense", 4096, True, {}), ("streaming", 4096, True, dict(sink=16, window=64)),
     ("dilated", 4096, True, dict(window=512, dilation=2)), ("document", 4096, False, {}),
 ])
 @pytest.mark.parametrize("nwarps", [8, 4], ids=["two-warpgroups", "one"])
@@ -229,7 +259,7 @@ def test_the_pass_that_skips_keeps_three_blocks_at_d64_with_pminb_3(arch):
     from attnbench.fast_tc_bwd import dq_pass_config
 
     mask = make_mask("streaming", 32768, True, sink=16, window=64)
-    pcfg = dq_pass_config(64, bwd_config(64, True, 80, "pass"), 3)
+    pcfg = dq_pass_config(64, bwd_config(64, True, 80, "pass"), 3, wg=0)  # the mma.sync pass
     assert (pcfg.MINB, pcfg.WG, pcfg.NWARPS) == (3, 0, 4)
     d = bwd_defines(64, "bfloat16", mask, pcfg, dq="pass", skip=1)
     assert d["BWD_PASS_SKIP"] == 1 and d["MINB"] == 3
@@ -300,6 +330,12 @@ def test_dq_takes_its_own_pass_where_a_query_reads_few_keys():
         assert choose_dq(D, None) == "atomic"
     T = 32768
     masks = [i.mask(T) for i in LLM.instances]
+    # beside the wgmma main loop with dQ's pass on wgmma, the pass at every count (backward v15)
+    from attnbench.fast_tc_bwd import PASS_WG
+
+    assert {choose_dq(D, m.pairs / T, wgmma=True) for m in masks for D in DIMS} == {"pass" if PASS_WG else "atomic",
+                                                                                     "pass"}
+    assert choose_dq(64, None, wgmma=True) == ("pass" if PASS_WG else "atomic")
     ways = {(m.label(), D): choose_dq(D, m.pairs / T) for m in masks for D in DIMS}
     for D in DIMS:
         assert ways["streaming(sink=16,window=64)", D] == ways["block_diagonal(block=128)", D] == "pass"
@@ -313,8 +349,11 @@ def test_dq_takes_its_own_pass_where_a_query_reads_few_keys():
 def test_the_runner_takes_the_dq_way_the_rule_gives(monkeypatch, impl):
     from attnbench.fast_tc_bwd import DQ_ENV
 
+    from attnbench.fast_tc_bwd import PASS_WG
+
     monkeypatch.delenv(DQ_ENV, raising=False)
-    for pattern, params, way in (("streaming", dict(sink=16, window=64), "pass"), ("dense", {}, "atomic")):
+    dense_way = "pass" if impl.uses_wgmma() and PASS_WG else "atomic"
+    for pattern, params, way in (("streaming", dict(sink=16, window=64), "pass"), ("dense", {}, dense_way)):
         mask = make_mask(pattern, 2048, True, **params)
         prob = Problem(mask, 1, 2, 64, "bfloat16", pass_name="bwd")
         q, k, v, do = _inputs(prob, seed=3)
@@ -374,7 +413,12 @@ def test_standard_builds_hold_the_backward_of_every_llm_instance():
             m = inst.mask(LLM.build_T)
             dq = choose_dq(D, m.pairs / m.T)  # the way the runner takes: its builds, main loop and pass
             assert bwd_defines(D, "bfloat16", m, dq=dq) in bwd
+            dq = choose_dq(D, m.pairs / m.T, wgmma=True)  # ... beside the wgmma main loop
             assert bwd_defines(D, "bfloat16", m, bwd_config(D, True, m.pairs / m.T, dq), dq) in wg
+            if dq == "pass":
+                from attnbench.fast_tc_bwd import KERNEL_DQ_WG, PASS_SHAPES_WG
+
+                assert (KERNEL_DQ_WG, bwd_defines(D, "bfloat16", m, PASS_SHAPES_WG[D][0], dq, skip=0)) in builds
     assert any(d.get("BWD_DQ_PASS") for d in bwd) and not all(d.get("BWD_DQ_PASS") for d in bwd)
     from attnbench import compile as kc
 
@@ -810,14 +854,16 @@ def test_bwd_config_parses_fields_and_refuses_bad_ones_by_name():
     assert parse_bwd_config("DQ=1,SKIP=0").shape == {}
     assert parse_bwd_config("DQ=1,PMINB=3").pass_minb == 3 and parse_bwd_config("PMINB=3").shape == {}
     assert parse_bwd_config("PMINB=0").pass_minb is None  # 0: the pass's shape's own
+    assert parse_bwd_config("DQ=1,PWG=1").pass_wg == 1 and parse_bwd_config("PWG=0").shape == {}
+    assert parse_bwd_config("DQ=1").pass_wg is None
     s = parse_bwd_config("ORDER=1,L=8")
     assert s.order == 1 and s.split == 8 and s.shape == {} and str(s) == "ORDER=1,L=8"
     assert parse_bwd_config("ORDER=1,CUT=8").cut == 8 and parse_bwd_config("CUT=8").shape == {}
     assert parse_bwd_config("L=0").split is None and parse_bwd_config("DQ=1").order is None  # 0: split_length's
     for bad, words in (("DQ=3", "DQ=3 must be from 0 to 2"), ("NWARPS=6", "NWARPS=6 must be a multiple of 4"),
-                       ("BN=64", "unknown field 'BN'"), ("8,2", "positional form takes 4 to 12"),
+                       ("BN=64", "unknown field 'BN'"), ("8,2", "positional form takes 4 to 13"),
                        ("ORDER=2", "ORDER=2 must be 0 or 1"),
-                       ("STATS=3", "STATS=3 must be from 0 to 2"), ("SKIP=2", "SKIP=2 must be 0 or 1"), ("PAIRS=3", "PAIRS=3 must be from 0 to 2")):
+                       ("STATS=3", "STATS=3 must be from 0 to 2"), ("SKIP=2", "SKIP=2 must be 0 or 1"), ("PWG=2", "PWG=2 must be 0 or 1"), ("PAIRS=3", "PAIRS=3 must be from 0 to 2")):
         with pytest.raises(BadInput, match="--bwd-config") as e:
             parse_bwd_config(bad)
         assert words in str(e.value)
@@ -853,6 +899,20 @@ def test_the_items_launch_by_position_and_cut_where_a_long_split_leaves_room():
     assert default_item_layout(17, True) == (1, 8) and default_item_layout(362, False) == (0, 0)
 
 
+@pytest.mark.gpu
+def test_the_wgmma_pass_refuses_the_key_block_skip_before_any_launch():
+    """SKIP=1 is the mma.sync pass's: with the pass on wgmma (PWG=1) it is refused by name."""
+    from attnbench.fast_tc_bwd import parse_bwd_config
+
+    if not IMPL.uses_wgmma():
+        pytest.skip("the wgmma pass runs beside the wgmma main loop (sm_90)")
+    mask = make_mask("streaming", 777, True, sink=16, window=64)
+    prob = Problem(mask, 1, 2, 64, "bfloat16", pass_name="bwd")
+    q, k, v, do = _inputs(prob, seed=3)
+    with pytest.raises(BadInput, match="SKIP=1 is not built by dQ's pass on wgmma"):
+        IMPL.bwd_variant(parse_bwd_config("DQ=1,SKIP=1,PWG=1")).prepare(prob, q, k, v, do=do)
+
+
 def test_the_variants_fields_win_over_the_environments(monkeypatch):
     from attnbench.fast_tc_bwd import SHAPE_ENV
 
@@ -868,9 +928,11 @@ def test_the_variants_fields_win_over_the_environments(monkeypatch):
                                               ("NWARPS=8,MINB=1,DQ=0,PAIRS=2", "atomic", 8), ("DQ=1,STATS=0", "pass", None),
                                               ("DQ=1,STATS=1", "pass", None), ("DQ=1,STATS=2", "pass", None),
                                               ("DQ=2", "fused", 4), ("DQ=1,SKIP=0", "pass", None),
-                                              ("DQ=1,SKIP=1", "pass", None), ("DQ=1,SKIP=1,PMINB=3", "pass", None),
+                                              ("DQ=1,SKIP=1,PWG=0", "pass", None), ("DQ=1,SKIP=1,PMINB=3,PWG=0", "pass", None),
                                               ("ORDER=1,L=4", "pass", None), ("DQ=0,ORDER=1,L=3", "atomic", None),
-                                              ("ORDER=1,CUT=2", "pass", None)])
+                                              ("ORDER=1,CUT=2", "pass", None), ("DQ=1,PWG=1", "pass", None),
+                                              ("DQ=1,PWG=1,STATS=0", "pass", None), ("DQ=1,PWG=1,STATS=1", "pass", None),
+                                              ("DQ=1,PWG=0", "pass", None), ("DQ=1,PWG=1,PMINB=4", "pass", None)])
 @pytest.mark.parametrize("split", ["", "0"], ids=["split-as-chosen", "nothing-split"])
 def test_a_bwd_variant_runs_its_fields_and_matches_the_reference(monkeypatch, text, dq, nwarps, split):
     from attnbench.fast_tc_bwd import PASS_SKIP, PASS_STATS_FROM, PASS_STATS_SPLIT, SPLIT_ENV, parse_bwd_config
@@ -906,8 +968,12 @@ def test_a_bwd_variant_runs_its_fields_and_matches_the_reference(monkeypatch, te
             "prep,main,dq_pass" + (",convert" if cut else ""))
     assert runner.setup["bwd_launches"] == want
     assert runner.setup.get("bwd_pass_stats") == (None if dq == "atomic" else stats)
-    skip = dict(parse_bwd_config(text).given).get("SKIP", PASS_SKIP[64])
+    from attnbench.fast_tc_bwd import PASS_WG
+    pass_wg = IMPL.uses_wgmma() and dq == "pass" and fields.get("PWG", PASS_WG)
+    skip = 0 if pass_wg else dict(parse_bwd_config(text).given).get("SKIP", PASS_SKIP[64])
     assert runner.setup.get("bwd_pass_skip") == (None if dq == "atomic" else skip)
+    if dq == "pass":
+        assert (",WG=1" in runner.setup["bwd_dq_tile_config"]) == bool(pass_wg)
     runner.poison()
     runner.run()
     _check_grads(prob, runner.grads, q, k, v_, do)

@@ -47,13 +47,15 @@ struct TcBwdWalk {
 //     from L2), loads the block waits for before its first tile;
 //   BWD_PASS_STATS 2: shared memory, O's tile copied (cp.async) in the group of Q and dO into the
 //     K stage the loop refills first (free until then), so its read overlaps theirs; rl0 the
-//     warp's first row in the tiles (TcRowLayout).
+//     warp's first row in the tiles (in layout L).
 __device__ __forceinline__ uint4 tc_lds16(u32 addr) {
     uint4 v;
     asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
     return v;
 }
 
+// (L: the tiles' layout, TcRowLayout for the mma.sync products, TcPanelLayout for wgmma's)
+template <class L = TcRowLayout>
 __device__ __forceinline__ void tc_bwd_pass_stats(const u16* __restrict__ o, const u16* __restrict__ dO, u32 sOt,
                                                   u32 sdO, int rl0, const float* __restrict__ lse,
                                                   float2* __restrict__ ld, int row0, int T, int lane, int g,
@@ -65,7 +67,7 @@ __device__ __forceinline__ void tc_bwd_pass_stats(const u16* __restrict__ o, con
         const int rl = rl0 + (lane >> 1);
 #pragma unroll
         for (int c = h * (HEAD_D / 16); c < (h + 1) * (HEAD_D / 16); ++c) {
-            const u32 at = TcRowLayout::swz<BM>(rl, c);
+            const u32 at = L::template swz<BM>(rl, c);
             d = tc_dot8(tc_lds16(sOt + at), tc_lds16(sdO + at), d);
         }
 #else
@@ -88,12 +90,17 @@ __device__ __forceinline__ void tc_bwd_pass_stats(const u16* __restrict__ o, con
 // its list through the forward's stages and, per tile, recomputes S, P, dP and dS as the main
 // kernel does and adds dS K to dQ in registers; dQ (times the scale) stored once in the storage
 // dtype. One barrier a tile (the refill's): nothing is staged.
-__device__ __forceinline__ void
-tc_bwd_dq_pass_block(unsigned char* smem, const TcWork& w, int cls, const u16* __restrict__ Qg,
-                     const u16* __restrict__ Kg, const u16* __restrict__ Vg, const u16* __restrict__ dOg,
-                     float2* __restrict__ LD, u16* __restrict__ dQg, const int4* __restrict__ thead,
-                     const int* __restrict__ tent, int T_all, float scale_log2, float scale,
-                     const int* __restrict__ table, const u16* __restrict__ Og, const float* __restrict__ Lg) {
+// the pass's parameters, in the order of its entry point (fast_tc_bwd_dq_pass of fast_tc_bwd.cu and of
+// fast_tc_bwd_dq_wg.cu: the host launches either the same way), and of the blocks' work after (smem, w, cls)
+#define TC_BWD_DQ_PASS_PARAMS                                                                               \
+    const u16 *__restrict__ Qg, const u16 *__restrict__ Kg, const u16 *__restrict__ Vg,                    \
+        const u16 *__restrict__ dOg, float2 *__restrict__ LD, u16 *__restrict__ dQg,                       \
+        const int4 *__restrict__ thead, const int *__restrict__ tent, int T_all, float scale_log2, float scale, \
+        const int *__restrict__ table, const u16 *__restrict__ Og, const float *__restrict__ Lg
+#define TC_BWD_DQ_PASS_ARGS Qg, Kg, Vg, dOg, LD, dQg, thead, tent, T_all, scale_log2, scale, table, Og, Lg
+
+__device__ __forceinline__ void tc_bwd_dq_pass_block(unsigned char* smem, const TcWork& w, int cls,
+                                                     TC_BWD_DQ_PASS_PARAMS) {
     const int qt = w.qt, T = w.T;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane >> 2, t4 = lane & 3;
