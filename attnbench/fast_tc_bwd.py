@@ -12,11 +12,13 @@ list alone (streaming's sink tile, BigBird's global blocks, a prefix); the items
 several add their dK and dV in float32. Three launches: ``fast_tc_bwd_prep`` (delta = rowsum(dO * O)
 beside the log-sum-exp, the dQ and split dK / dV accumulators zeroed), ``fast_tc_bwd`` (dK, dV, and
 dQ's sums), ``fast_tc_bwd_dq`` (dQ times the scale in the storage dtype, and the split key tiles' dK
-and dV). Where a query reads few keys (``choose_dq``: below ``DQ_PASS_MAX_KEYS``), or with
-``Backward(dq="pass")`` ($ATTNBENCH_BWD_DQ=pass, ``--bwd-config DQ=1``), dQ comes instead from a pass of
-its own over the forward list (``fast_tc_bwd_dq_pass``, on mma.sync; beside the wgmma main loop it is
-a launch of the mma.sync build, the main loop then skipping dQ): no float32 accumulator and no
-reductions, 1.4x the products; docs/PERF.md "backward v2" and "backward v6" measure both ways. The
+and dV). Where a query reads few keys (``choose_dq``: below ``DQ_PASS_MAX_KEYS``; beside the wgmma main
+loop below ``PASS_WG_MAX_KEYS``, every llm instance but dense at T=131072), or with ``Backward(dq="pass")``
+($ATTNBENCH_BWD_DQ=pass, ``--bwd-config DQ=1``), dQ comes instead from a pass of its own over the forward
+list (``fast_tc_bwd_dq_pass``, the main loop then skipping dQ: on mma.sync, and beside the wgmma main loop
+on wgmma too, kernels/fast_tc_bwd_dq_wg.cu, ``PASS_WG``; ``--bwd-config PWG=0``: the mma.sync build's):
+no float32 accumulator and no reductions, 1.4x the products; docs/PERF.md "backward v2", "backward v6" and
+"backward v15" measure both ways. The
 pass computes the rows' stats itself and runs first (prep then only zeroes a split key tile's
 accumulators, or does not run), reading O from a tile copied into shared memory ("backward v8" to
 "backward v12"). ``--bwd-config DQ=2`` (``fast_tc_bwd_fused``) runs the pass's blocks in the wgmma
@@ -186,8 +188,13 @@ PASS_STATS_SPLIT = {64: True, 128: True}
 # 64-row query tile), 1; or a launch of the mma.sync build (``BWD_SHAPES``), 0. Since backward v15 (H100,
 # T=32768, --pass bwd, the default against --bwd-config PWG=0, docs/PERF.md "backward v15"): window 256 0.87
 # (D=64 and 128), dilated 512/2 0.83 (D=64), bigbird 0.93 and 0.91, streaming 16+64 0.94 and 0.96; and
-# with it dQ's pass wins at every count of keys a query reads (``choose_dq``)
+# with it dQ's pass wins up to PASS_WG_MAX_KEYS keys a query (``choose_dq``)
 PASS_WG = 1
+# ... keys a query reads (pairs / T) from which dQ's float32 reductions win again beside the wgmma main loop with the
+# pass on wgmma: H100, --pass bwd, pass / reductions (docs/PERF.md "backward v15"), dense causal at T=32768
+# (16384 keys) 0.85 and 0.93 at D=64 and 128, at T=131072 (65536 keys) 1.02 and 1.20: there the one-warpgroup
+# main loop and the pass each stream a head's Q and dO (or K and V), 64 MB at D=128, past the 50 MB L2
+PASS_WG_MAX_KEYS = 32768
 PASS_SHAPES_WG: dict[int, tuple[BwdConfig, str]] = {
     64: (BwdConfig(NWARPS=4, STAGES=2, MINB=3, WG=1), "one warpgroup, 64 x 64 tiles, K and V in 2 stages (48 KiB): "
                                                       "3 blocks per SM"),
@@ -202,15 +209,14 @@ def pass_kernel(pcfg: BwdConfig) -> str:
 
 
 def choose_dq(D: int, keys_per_query: float | None, wgmma: bool = False) -> str:
-    """How dQ is summed where nothing forces it: beside the wgmma main loop with the pass on wgmma
-    (PASS_WG), its own pass always (H100, T=32768, --pass bwd, pass / float32 reductions, docs/PERF.md
-    "backward v15": dense 0.85 and 0.93 at D=64 and 128, window 4096 0.84 and 0.93, document 0.71 and 0.70,
-    streaming 4+1024 0.81 and 0.80, dilated 512/2 at D=128 0.76, dilated levels 0.96 and 0.99); otherwise
-    its own pass below ``DQ_PASS_MAX_KEYS`` keys a query, float32 reductions from there (and when the keys
-    a query reads are not known)."""
-    if wgmma and PASS_WG:
-        return "pass"
-    return "pass" if keys_per_query is not None and keys_per_query < DQ_PASS_MAX_KEYS[D] else "atomic"
+    """How dQ is summed where nothing forces it: its own pass below a count of keys a query reads, float32
+    reductions from there (and when the count is not known). Beside the wgmma main loop with the pass on
+    wgmma (PASS_WG) the count is PASS_WG_MAX_KEYS (H100, --pass bwd, pass / float32 reductions, docs/PERF.md
+    "backward v15": at T=32768 dense 0.85 and 0.93 at D=64 and 128, window 4096 0.84 and 0.93, document 0.71
+    and 0.70, streaming 4+1024 0.81 and 0.80, dilated 512/2 at D=128 0.76, dilated levels 0.96 and 0.99; at
+    T=131072 dense 1.02 and 1.20); otherwise ``DQ_PASS_MAX_KEYS`` for D."""
+    limit = PASS_WG_MAX_KEYS if wgmma and PASS_WG else DQ_PASS_MAX_KEYS[D]
+    return "pass" if keys_per_query is not None and keys_per_query < limit else "atomic"
 
 
 def bwd_config(D: int, wgmma: bool = False, keys_per_query: float | None = None, dq: str = "atomic") -> BwdConfig:
@@ -822,15 +828,15 @@ def _builds_of(mask: Mask, D: int, dtype: str) -> list[tuple[str, dict]]:
     # the pass's stats where no key tile is split, and at the D of PASS_STATS_SPLIT where one is (the GPU's
     # size decides): elsewhere prep's too
     stats = (PASS_STATS_FROM,) + (() if PASS_STATS_SPLIT[D] else (0,))
-    dq = choose_dq(D, kpq)  # mma.sync's way; beside the wgmma main loop, ``choose_dq``'s for it
-    dq_wg = choose_dq(D, kpq, wgmma=True)
-    wg = bwd_config(D, True, kpq, dq_wg)  # what Backward chooses for it
-    # dQ's pass on wgmma beside the wgmma main loop (PASS_SHAPES_WG) wherever dQ has its pass there
+    dq = choose_dq(D, kpq)  # mma.sync's way at this T
+    # beside the wgmma main loop both ways (which one a T takes: ``choose_dq``), with dQ's pass on wgmma
+    # (PASS_SHAPES_WG) where it is the pass
     pwg = PASS_SHAPES_WG[D][0]
-    passes = ([(KERNEL_DQ_WG, bwd_defines(D, dtype, mask, pwg, dq_wg, st, skip=0)) for st in stats]
-              if dq_wg == "pass" else [])
-    return [(KERNEL, bwd_defines(D, dtype, mask, dq=dq, stats=st)) for st in (stats if dq == "pass" else stats[:1])] + [
-        (KERNEL_WG, bwd_defines(D, dtype, mask, wg, dq_wg, st)) for st in (stats if dq_wg == "pass" else stats[:1])] + passes + [
+    wgmma = [(KERNEL_WG, bwd_defines(D, dtype, mask, bwd_config(D, True, kpq, way), way, st))
+             for way in ("pass", "atomic") for st in (stats if way == "pass" else stats[:1])]
+    passes = [(KERNEL_DQ_WG, bwd_defines(D, dtype, mask, pwg, "pass", st, skip=0)) for st in stats]
+    return [(KERNEL, bwd_defines(D, dtype, mask, dq=dq, stats=st)) for st in (stats if dq == "pass" else stats[:1])] + \
+        wgmma + passes + [
         (FWD, {**kernel_defines(D, dtype, mask, lse_shape(choose_config(mask, D, wgmma))), "FWD_LSE": 1})
         for wgmma in (False, True)]
 

@@ -14,8 +14,8 @@
 // dS^T staged, dQ += dS K by 64 columns, added to the float32 accumulator. Two barriers a tile (the
 // refill's, the staged dS^T's); two warpgroups at D = 64 (BWG_DQ_PAIRED) stage two tiles' dS^T and
 // then take one tile's dQ each: three barriers a pair. BWD_DQ_PASS 1: no dQ here, one barrier a tile; dQ comes from
-// fast_tc_bwd.cu's fast_tc_bwd_dq_pass (a launch of the mma.sync build, query-major over the
-// forward list, no accumulator).
+// a pass query-major over the forward list, no accumulator: fast_tc_bwd_dq_wg.cu's on wgmma, or
+// fast_tc_bwd.cu's fast_tc_bwd_dq_pass (a launch of the mma.sync build).
 #include "tc/config.cuh"
 #include "tc/common.cuh"
 #include "tc/scheduler.cuh"

@@ -330,12 +330,17 @@ def test_dq_takes_its_own_pass_where_a_query_reads_few_keys():
         assert choose_dq(D, None) == "atomic"
     T = 32768
     masks = [i.mask(T) for i in LLM.instances]
-    # beside the wgmma main loop with dQ's pass on wgmma, the pass at every count (backward v15)
-    from attnbench.fast_tc_bwd import PASS_WG
+    # beside the wgmma main loop with dQ's pass on wgmma, the pass below PASS_WG_MAX_KEYS (backward v15): every llm
+    # instance at T=32768, dense causal at 131072 not
+    from attnbench.fast_tc_bwd import PASS_WG, PASS_WG_MAX_KEYS
 
-    assert {choose_dq(D, m.pairs / T, wgmma=True) for m in masks for D in DIMS} == {"pass" if PASS_WG else "atomic",
-                                                                                     "pass"}
-    assert choose_dq(64, None, wgmma=True) == ("pass" if PASS_WG else "atomic")
+    if PASS_WG:
+        assert {choose_dq(D, m.pairs / T, wgmma=True) for m in masks for D in DIMS} == {"pass"}
+        dense = make_mask("dense", 131072, True)
+        assert dense.pairs / dense.T >= PASS_WG_MAX_KEYS
+        assert {choose_dq(D, dense.pairs / dense.T, wgmma=True) for D in DIMS} == {"atomic"}
+        assert choose_dq(64, PASS_WG_MAX_KEYS - 1, wgmma=True) == "pass"
+    assert choose_dq(64, None, wgmma=True) == "atomic"
     ways = {(m.label(), D): choose_dq(D, m.pairs / T) for m in masks for D in DIMS}
     for D in DIMS:
         assert ways["streaming(sink=16,window=64)", D] == ways["block_diagonal(block=128)", D] == "pass"
