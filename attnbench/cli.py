@@ -530,8 +530,9 @@ def compile_cmd(archs, hashes, gate_builds):
                    "fill), PMINB (the pass's blocks per multiprocessor asked of the register allocator; 0: its "
                    "shape's), ORDER (the work items' launch order: 0, longest first; 1, by the query tiles they "
                    "read), L (the most query tiles a work item walks; 0: as chosen), CUT (the same for the items "
-                   "of the key tiles L splits only; 0: L's) and PWG (dQ's pass beside the wgmma main loop: 1, on "
-                   "wgmma; 0, the mma.sync build's) "
+                   "of the key tiles L splits only; 0: L's), PWG (dQ's pass beside the wgmma main loop: 1, on "
+                   "wgmma; 0, the mma.sync build's) and PTMA (that wgmma pass's tiles: 1, by bulk tensor copies on "
+                   "unstrided patterns; 0, by cp.async) "
                    "as FIELD=N,...; "
                    "each adds a row per bwd / fwd+bwd configuration for fast-tc and fast-tc-sync, named e.g. "
                    "fast-tc[bwd:DQ=1], timed with the others (repeatable)")

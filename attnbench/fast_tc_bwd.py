@@ -77,6 +77,8 @@ class BwdConfig:
     #                 a time, a tile a warpgroup (two staged dS^T); 2, the same with the pair's dQ products
     #                 in flight through the next pair's first tile (four staged dS^T); 0, both compute one
     #                 tile's panel and each reduces half its columns
+    TMA: int = 0    # dQ's pass on wgmma (kernels/fast_tc_bwd_dq_wg.cu): 1, its tiles by bulk tensor copies
+    #                 (unstrided patterns), each stage on an mbarrier; 0, by cp.async
 
     def paired(self, D: int, dq: str = "atomic") -> bool:
         """Whether the wgmma main loop takes its query tiles two at a time for dQ (BWG_DQ_PAIRED)."""
@@ -114,13 +116,14 @@ class BwdConfig:
         return 2 * D * (2 * self.BN + 2 * self.STAGES * self.BM) + 2 * 2 * self.BM * self.BN
 
     def dq_pass_smem_bytes(self, D: int) -> int:
-        """The dQ pass's: Q and dO, STAGES K and V tiles."""
-        return 2 * D * (2 * self.BM + 2 * self.STAGES * self.BN)
+        """The dQ pass's: Q and dO, STAGES K and V tiles (with TMA, mbarriers after them: Q's, one a stage,
+        dO's and O's)."""
+        return 2 * D * (2 * self.BM + 2 * self.STAGES * self.BN) + (8 * (self.STAGES + 2) if self.TMA else 0)
 
     @property
     def spec(self) -> str:
         return (f"NWARPS={self.NWARPS},BN={self.BN},STAGES={self.STAGES},MINB={self.MINB}" + (",WG=1" if self.WG else "")
-                + ("" if self.PAIRS == 1 else f",PAIRS={self.PAIRS}"))
+                + ("" if self.PAIRS == 1 else f",PAIRS={self.PAIRS}") + (",TMA=1" if self.TMA else ""))
 
 
 # per head dimension: (shape, why). Registers (sm_80 / sm_90, NVRTC 13): D=64 198-206, D=128
@@ -195,6 +198,9 @@ PASS_WG = 1
 # (16384 keys) 0.85 and 0.93 at D=64 and 128, at T=131072 (65536 keys) 1.02 and 1.20: there the one-warpgroup
 # main loop and the pass each stream a head's Q and dO (or K and V), 64 MB at D=128, past the 50 MB L2
 PASS_WG_MAX_KEYS = 32768
+# ... its tiles by bulk tensor copies (``--bwd-config PTMA=1``, unstrided patterns): written and compiled, not yet
+# measured, so 0 (cp.async)
+PASS_TMA = 0
 PASS_SHAPES_WG: dict[int, tuple[BwdConfig, str]] = {
     64: (BwdConfig(NWARPS=4, STAGES=2, MINB=3, WG=1), "one warpgroup, 64 x 64 tiles, K and V in 2 stages (48 KiB): "
                                                       "3 blocks per SM"),
@@ -310,8 +316,9 @@ class BwdFields:
     tile's items run beside the band's items that read the same Q and dO) and L (the most query
     tiles a work item walks; 0, ``split_length``'s) and CUT (the most query tiles an item of a key tile
     that L splits walks, the others whole; 0: L's) and PWG (dQ's own pass beside the wgmma main loop: 1, on
-    wgmma, kernels/fast_tc_bwd_dq_wg.cu; 0, a launch of the mma.sync build); the defaults are those of the
-    positional form."""
+    wgmma, kernels/fast_tc_bwd_dq_wg.cu; 0, a launch of the mma.sync build) and PTMA (that wgmma pass's tiles:
+    1, by bulk tensor copies on unstrided patterns; 0, by cp.async); the defaults are those of the positional
+    form."""
     NWARPS: int = 8
     STAGES: int = 2
     MINB: int = 1
@@ -325,14 +332,15 @@ class BwdFields:
     L: int = 0
     CUT: int = 0
     PWG: int = 0
+    PTMA: int = 0
 
 
 BWD_FIELDS = tuple(f.name for f in dataclasses.fields(BwdFields))
 BWD_LIMITS = {"NWARPS": (4, 8, 4), "STAGES": (2, 4, 1), "MINB": (1, 4, 1), "DQ": (0, 2, 1), "STATS": (0, 2, 1),
               "PAIRS": (0, 2, 1), "SKIP": (0, 1, 1), "WAVES": (1, 16, 1), "PMINB": (0, 4, 1), "ORDER": (0, 1, 1),
               "L": (0, 65536, 1), "CUT": (0, 65536, 1),
-              "PWG": (0, 1, 1)}
-WORK_FIELDS = ("DQ", "STATS", "SKIP", "WAVES", "PMINB", "ORDER", "L", "CUT", "PWG")  # not the main kernel's shape
+              "PWG": (0, 1, 1), "PTMA": (0, 1, 1)}
+WORK_FIELDS = ("DQ", "STATS", "SKIP", "WAVES", "PMINB", "ORDER", "L", "CUT", "PWG", "PTMA")  # not the main kernel's shape
 
 
 @dataclass(frozen=True)
@@ -395,6 +403,11 @@ class BwdSpec:
         return self.field("PWG")
 
     @property
+    def pass_tma(self) -> int | None:
+        """Whether the wgmma pass loads its tiles by bulk tensor copies (PTMA), None when not given."""
+        return self.field("PTMA")
+
+    @property
     def skip(self) -> int | None:
         """Whether dQ's pass skips the all-zero key blocks of P (SKIP), None when not given."""
         return self.field("SKIP")
@@ -425,13 +438,17 @@ def choose_bwd_config(D: int, wgmma: bool, dq: str = "atomic", keys_per_query: f
     return cfg
 
 
-def dq_pass_config(D: int, cfg: BwdConfig, minb: int | None = None, wg: int | None = None) -> BwdConfig:
+def dq_pass_config(D: int, cfg: BwdConfig, minb: int | None = None, wg: int | None = None,
+                   tma: int | None = None, stride: int = 1) -> BwdConfig:
     """The shape of the dQ pass beside a main kernel of shape ``cfg``: that shape on mma.sync; beside
-    the wgmma main loop, the wgmma pass's (``PASS_SHAPES_WG``) where ``wg`` (None: PASS_WG), else
-    mma.sync's own for D (``BWD_SHAPES``), a launch of the mma.sync build; with ``minb`` (PMINB) its
-    blocks per multiprocessor asked of the register allocator replaced."""
+    the wgmma main loop, the wgmma pass's (``PASS_SHAPES_WG``) where ``wg`` (None: PASS_WG), its tiles by
+    bulk tensor copies where ``tma`` (None: PASS_TMA) and the pattern's ``stride`` is 1, else mma.sync's
+    own for D (``BWD_SHAPES``), a launch of the mma.sync build; with ``minb`` (PMINB) its blocks per
+    multiprocessor asked of the register allocator replaced."""
     wg = PASS_WG if wg is None else wg
     pcfg = (PASS_SHAPES_WG if wg else BWD_SHAPES)[D][0] if cfg.WG else cfg
+    if pcfg.WG and pcfg is not cfg and (PASS_TMA if tma is None else tma) and stride == 1:
+        pcfg = dataclasses.replace(pcfg, TMA=1)
     return pcfg if not minb else dataclasses.replace(pcfg, MINB=minb)
 
 
@@ -473,6 +490,8 @@ def bwd_defines(D: int, dtype: str, mask: Mask, cfg: BwdConfig | None = None, dq
         d["WG"] = 1
         if cfg.PAIRS != 1:
             d["BWD_DQ_PAIRS"] = cfg.PAIRS
+        if cfg.TMA:
+            d["TMA"] = 1
     if dq != "atomic" and (PASS_SKIP[D] if skip is None else skip):
         d["BWD_PASS_SKIP"] = 1
     if dq == "fused":  # the main loop's build with the pass's blocks beside it; prep's stats
@@ -528,13 +547,14 @@ class Backward:
     launch order (``tiles.work_items``; None: ``default_item_layout``'s); ``cut``: the most query tiles an
     item of a split key tile walks (``tiles.work_items``; None: ``default_item_layout``'s, 0: L's).
     ``wgmma``: the wgmma main loop (fast-tc on sm_90; ``choose_bwd_config``), else mma.sync's. ``pass_wg``:
-    dQ's pass beside the wgmma main loop on wgmma too (``dq_pass_config``; None: PASS_WG); it has no skip."""
+    dQ's pass beside the wgmma main loop on wgmma too (``dq_pass_config``; None: PASS_WG); it has no skip.
+    ``pass_tma``: that pass's tiles by bulk tensor copies on unstrided patterns (None: PASS_TMA)."""
 
     def __init__(self, prob: Problem, setup: dict | None = None, cfg: BwdConfig | None = None,
                  split: int | None = None, dq: str | None = None, wgmma: bool = False, fields: dict | None = None,
                  stats: int | None = None, skip: int | None = None, waves: int | None = None,
                  pass_minb: int | None = None, order: int | None = None, cut: int | None = None,
-                 pass_wg: int | None = None):
+                 pass_wg: int | None = None, pass_tma: int | None = None):
         check_dtype(prob.dtype)
         if prob.D not in BWD_SHAPES:
             raise BadInput(f"D={prob.D} is not supported by the backward of fast-tc "
@@ -587,7 +607,7 @@ class Backward:
         self.stats = int(stats) if dq == "pass" else 0
         self.skip = (PASS_SKIP[prob.D] if skip is None else int(skip)) if dq != "atomic" else 0
         if dq != "atomic":  # the forward list at the dQ pass's tiles, on the device (built above on mma.sync)
-            self.pcfg = pcfg = cfg if dq == "fused" else dq_pass_config(prob.D, cfg, pass_minb, pass_wg)
+            self.pcfg = pcfg = cfg if dq == "fused" else dq_pass_config(prob.D, cfg, pass_minb, pass_wg, pass_tma, stride)
             if pcfg.WG and pcfg is not cfg:
                 if skip:
                     raise BadInput("SKIP=1 is not built by dQ's pass on wgmma (PWG=1): give SKIP=0 or PWG=0")
@@ -676,9 +696,17 @@ class Backward:
             fused = Launch(self.main, (self.order.size,), (cfg.threads,), self.smem, main.args + (
                 dq, ft.heads, ft.entries, self.order, np.int32(ft.heads.shape[0])))
             return self._order([("prep", prep), ("fused", fused)] + ([("convert", conv)] if s8 else []))
-        dq_pass = Launch(self.dq_pass, (ft.heads.shape[0], B * H, min(self.stride, T)), (self.pcfg.threads,), self.dq_smem,
-                         (q, k, v, do, ld, dq, ft.heads, ft.entries, np.int32(T), np.float32(scale * LOG2E),
-                          np.float32(scale), self.table, o, lse))
+        pargs = (q, k, v, do, ld, dq, ft.heads, ft.entries, np.int32(T), np.float32(scale * LOG2E), np.float32(scale),
+                 self.table, o, lse)
+        maps = []
+        if pass_kernel(self.pcfg) == KERNEL_DQ_WG:  # then the maps of Q, K, V, dO and O (zeros without TMA)
+            from .tma import TensorMap, head_maps
+
+            BM, BN = self.pcfg.BM, self.pcfg.BN
+            maps = head_maps([q, k, v, do, o], (BM, BN, BN, BM, BM)) if self.pcfg.TMA else [TensorMap()] * 5
+            pargs += tuple(m.arg for m in maps)
+        dq_pass = Launch(self.dq_pass, (ft.heads.shape[0], B * H, min(self.stride, T)), (self.pcfg.threads,),
+                         self.dq_smem, pargs, maps)
         tail = [("convert", conv)] if s8 else []
         if self.stats:  # the pass writes the stats the main kernel reads: before it; prep on no row but
             # the split key tiles' accumulators, to zero them
@@ -735,7 +763,7 @@ def build_backward(impl: FastTC, prob: Problem, q, k, v, do, cfg: TileConfig | N
                    skip=spec.skip if spec else None, waves=spec.waves if spec else None,
                    pass_minb=spec.pass_minb if spec else None, order=spec.order if spec else None,
                    split=spec.split if spec else None, cut=spec.cut if spec else None,
-                   pass_wg=spec.pass_wg if spec else None)
+                   pass_wg=spec.pass_wg if spec else None, pass_tma=spec.pass_tma if spec else None)
     grads = tuple(cupy.empty(prob.shape, dtype=q.dtype) for _ in range(3))
     launches = bwd.launches(q, k, v, o, lse, do, *grads, *bwd.scratch())
     with_fwd = prob.pass_name == "fwd+bwd"
@@ -834,7 +862,8 @@ def _builds_of(mask: Mask, D: int, dtype: str) -> list[tuple[str, dict]]:
     pwg = PASS_SHAPES_WG[D][0]
     wgmma = [(KERNEL_WG, bwd_defines(D, dtype, mask, bwd_config(D, True, kpq, way), way, st))
              for way in ("pass", "atomic") for st in (stats if way == "pass" else stats[:1])]
-    passes = [(KERNEL_DQ_WG, bwd_defines(D, dtype, mask, pwg, "pass", st, skip=0)) for st in stats]
+    passes = [(KERNEL_DQ_WG, bwd_defines(D, dtype, mask, p, "pass", st, skip=0)) for st in stats
+              for p in ((pwg,) + ((dataclasses.replace(pwg, TMA=1),) if mask.strided()[0] == 1 else ()))]
     return [(KERNEL, bwd_defines(D, dtype, mask, dq=dq, stats=st)) for st in (stats if dq == "pass" else stats[:1])] + \
         wgmma + passes + [
         (FWD, {**kernel_defines(D, dtype, mask, lse_shape(choose_config(mask, D, wgmma))), "FWD_LSE": 1})

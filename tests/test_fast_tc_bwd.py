@@ -189,18 +189,30 @@ def test_the_dq_pass_builds_compile_without_spills(arch, D, pattern, T, causal, 
     ("prefix_lm", 4096, False, dict(prefix=1000)), ("document", 4096, False, {}),
 ])
 @pytest.mark.parametrize("stats", [1, 2, 0], ids=["pass-stats-global", "pass-stats-shared", "prep-stats"])
-def test_the_wgmma_dq_pass_compiles_without_spills_at_its_blocks_per_sm(D, pattern, T, causal, params, stats):
+@pytest.mark.parametrize("tma", [0, 1], ids=["cp.async", "bulk-copies"])
+def test_the_wgmma_dq_pass_compiles_without_spills_at_its_blocks_per_sm(D, pattern, T, causal, params, stats, tma):
     """kernels/fast_tc_bwd_dq_wg.cu: dQ's pass on wgmma (one warpgroup, sm_90a only), the mma.sync pass's
-    entry point and parameters; its shape's blocks per multiprocessor held by registers and shared memory."""
+    entry point and parameters then five tensor maps; its tiles by cp.async or (TMA, unstrided patterns) by
+    bulk tensor copies; its shape's blocks per multiprocessor held by registers and shared memory."""
+    import dataclasses
+
     from attnbench.compile import unbuildable
-    from attnbench.fast_tc_bwd import KERNEL_DQ_WG, PASS_SHAPES_WG, pass_kernel
+    from attnbench.fast_tc_bwd import KERNEL_DQ_WG, PASS_SHAPES_WG, dq_pass_config, pass_kernel
 
     pcfg = PASS_SHAPES_WG[D][0]
+    if tma:
+        if make_mask(pattern, T, causal, **params).strided()[0] > 1:
+            pytest.skip("a residue class's rows are no box of the [B*H, T, D] view: strided patterns load by cp.async")
+        pcfg = dataclasses.replace(pcfg, TMA=1)
+        assert pcfg.spec.endswith(",TMA=1") and pcfg.dq_pass_smem_bytes(D) == PASS_SHAPES_WG[D][0].dq_pass_smem_bytes(D) + 8 * 4
+        main = choose_bwd_config(D, True, "pass")
+        assert dq_pass_config(D, main, wg=1, tma=1) == pcfg and dq_pass_config(D, main, wg=1, tma=1, stride=3).TMA == 0
+        assert dq_pass_config(D, main, wg=0, tma=1).TMA == 0  # the mma.sync pass has none
     assert pass_kernel(pcfg) == KERNEL_DQ_WG and pass_kernel(BWD_SHAPES[D][0]) == "fast_tc_bwd"
     assert unbuildable(KERNEL_DQ_WG, "sm_80") and not unbuildable(KERNEL_DQ_WG, "sm_90a")
     mask = make_mask(pattern, T, causal, **params)
     d = bwd_defines(D, "bfloat16", mask, pcfg, dq="pass", stats=stats, skip=0)
-    assert d["WG"] == 1 and d["BWD_DQ_PASS"] == 1 and "BWD_PASS_SKIP" not in d
+    assert d["WG"] == 1 and d["BWD_DQ_PASS"] == 1 and "BWD_PASS_SKIP" not in d and d.get("TMA", 0) == tma
     (r,) = compile_only(KERNEL_DQ_WG, d, "sm_90a")
     assert r.kernel == "fast_tc_bwd_dq_pass" and r.arch == "sm_90a"
     assert (r.spill_stores, r.spill_loads, r.stack) == (0, 0, 0), r
@@ -552,6 +564,32 @@ def test_gradients_match_the_reference(pattern, causal, params, D, dtype, T, syn
     _check_grads(prob, runner.grads, q, k, v, do)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("pattern,causal,params,T", [
+    ("dense", True, {}, 1000), ("window", False, dict(window=100), 777), ("bigbird", True, {}, 1024),
+    ("prefix_lm", False, dict(prefix=256), 777), ("document", True, 0, 1000),
+    ("dilated", True, dict(window=70, dilation=3), 777),  # strided: the variant loads by cp.async
+])
+@pytest.mark.parametrize("D,dtype", [(64, "bfloat16"), (128, "float16")])
+def test_the_wgmma_pass_by_bulk_copies_matches_the_reference(pattern, causal, params, T, D, dtype):
+    """--bwd-config DQ=1,PTMA=1: dQ's pass on wgmma with its tiles by bulk tensor copies (zero-filled past T),
+    through the gate on patterns of every kind, odd T, both head dims."""
+    from attnbench.fast_tc_bwd import parse_bwd_config
+
+    if not IMPL.uses_wgmma():
+        pytest.skip("the wgmma pass runs beside the wgmma main loop (sm_90)")
+    params = PATTERNS[pattern].examples(T)[params] if isinstance(params, int) else params
+    mask = make_mask(pattern, T, causal, **params)
+    prob = Problem(mask, 2, 3, D, dtype, pass_name="bwd")
+    q, k, v, do = _inputs(prob, seed=T + D + 7)
+    runner = IMPL.bwd_variant(parse_bwd_config("DQ=1,PTMA=1")).prepare(prob, q, k, v, do=do)
+    assert (",TMA=1" in runner.setup["bwd_dq_tile_config"]) == (mask.strided()[0] == 1)
+    for _ in range(2):  # a second run writes every gradient again
+        runner.poison()
+        runner.run()
+        _check_grads(prob, runner.grads, q, k, v, do)
+
+
 def _split_cases():
     """Transposed lists cut into items of L query tiles (L=1: every entry an item; 2, 3: the long
     lists split, the short ones not; 0: nothing split, the long lists walked whole): the shapes
@@ -861,14 +899,15 @@ def test_bwd_config_parses_fields_and_refuses_bad_ones_by_name():
     assert parse_bwd_config("PMINB=0").pass_minb is None  # 0: the pass's shape's own
     assert parse_bwd_config("DQ=1,PWG=1").pass_wg == 1 and parse_bwd_config("PWG=0").shape == {}
     assert parse_bwd_config("DQ=1").pass_wg is None
+    assert parse_bwd_config("DQ=1,PTMA=1").pass_tma == 1 and parse_bwd_config("PTMA=1").shape == {}
     s = parse_bwd_config("ORDER=1,L=8")
     assert s.order == 1 and s.split == 8 and s.shape == {} and str(s) == "ORDER=1,L=8"
     assert parse_bwd_config("ORDER=1,CUT=8").cut == 8 and parse_bwd_config("CUT=8").shape == {}
     assert parse_bwd_config("L=0").split is None and parse_bwd_config("DQ=1").order is None  # 0: split_length's
     for bad, words in (("DQ=3", "DQ=3 must be from 0 to 2"), ("NWARPS=6", "NWARPS=6 must be a multiple of 4"),
-                       ("BN=64", "unknown field 'BN'"), ("8,2", "positional form takes 4 to 13"),
+                       ("BN=64", "unknown field 'BN'"), ("8,2", "positional form takes 4 to 14"),
                        ("ORDER=2", "ORDER=2 must be 0 or 1"),
-                       ("STATS=3", "STATS=3 must be from 0 to 2"), ("SKIP=2", "SKIP=2 must be 0 or 1"), ("PWG=2", "PWG=2 must be 0 or 1"), ("PAIRS=3", "PAIRS=3 must be from 0 to 2")):
+                       ("STATS=3", "STATS=3 must be from 0 to 2"), ("SKIP=2", "SKIP=2 must be 0 or 1"), ("PWG=2", "PWG=2 must be 0 or 1"), ("PTMA=2", "PTMA=2 must be 0 or 1"), ("PAIRS=3", "PAIRS=3 must be from 0 to 2")):
         with pytest.raises(BadInput, match="--bwd-config") as e:
             parse_bwd_config(bad)
         assert words in str(e.value)
@@ -937,7 +976,9 @@ def test_the_variants_fields_win_over_the_environments(monkeypatch):
                                               ("ORDER=1,L=4", "pass", None), ("DQ=0,ORDER=1,L=3", "atomic", None),
                                               ("ORDER=1,CUT=2", "pass", None), ("DQ=1,PWG=1", "pass", None),
                                               ("DQ=1,PWG=1,STATS=0", "pass", None), ("DQ=1,PWG=1,STATS=1", "pass", None),
-                                              ("DQ=1,PWG=0", "pass", None), ("DQ=1,PWG=1,PMINB=4", "pass", None)])
+                                              ("DQ=1,PWG=0", "pass", None), ("DQ=1,PWG=1,PMINB=4", "pass", None),
+                                              ("DQ=1,PTMA=1", "pass", None), ("DQ=1,PTMA=1,STATS=0", "pass", None),
+                                              ("DQ=1,PTMA=1,STATS=1", "pass", None)])
 @pytest.mark.parametrize("split", ["", "0"], ids=["split-as-chosen", "nothing-split"])
 def test_a_bwd_variant_runs_its_fields_and_matches_the_reference(monkeypatch, text, dq, nwarps, split):
     from attnbench.fast_tc_bwd import PASS_SKIP, PASS_STATS_FROM, PASS_STATS_SPLIT, SPLIT_ENV, parse_bwd_config
@@ -978,7 +1019,10 @@ def test_a_bwd_variant_runs_its_fields_and_matches_the_reference(monkeypatch, te
     skip = 0 if pass_wg else dict(parse_bwd_config(text).given).get("SKIP", PASS_SKIP[64])
     assert runner.setup.get("bwd_pass_skip") == (None if dq == "atomic" else skip)
     if dq == "pass":
+        from attnbench.fast_tc_bwd import PASS_TMA
+
         assert (",WG=1" in runner.setup["bwd_dq_tile_config"]) == bool(pass_wg)
+        assert (",TMA=1" in runner.setup["bwd_dq_tile_config"]) == bool(pass_wg and fields.get("PTMA", PASS_TMA))
     runner.poison()
     runner.run()
     _check_grads(prob, runner.grads, q, k, v_, do)
