@@ -56,21 +56,24 @@ def test_fast_decode_is_sanitizer_clean(tool, tq, shape):
 # with two warpgroups on 128-key tiles at both head dims; dQ's way forced each way (the default takes the
 # pass for the short lists here), with two warpgroups too (on sm_90 the wgmma main loop without dQ); and
 # two warpgroups at D=64 with their dQ products in flight a tile longer (PAIRS=2; dense T=600 walks lists
-# of up to 10 query tiles, so several pairs a list)
+# of up to 10 query tiles, so several pairs a list); on sm_90 the pass on wgmma by default, the mma.sync
+# build's beside the wgmma main loop (PWG=0), and the wgmma pass's tiles by bulk tensor copies (PTMA=1)
 BACKWARD_RUNS = """
 import os
 import cupy
 from attnbench.arrays import random_inputs
-from attnbench.fast_tc_bwd import DQ_ENV, SHAPE_ENV, SPLIT_ENV
+from attnbench.fast_tc_bwd import DQ_ENV, SHAPE_ENV, SPLIT_ENV, parse_bwd_config
 from attnbench.impls import Problem, get_impl
 from attnbench.patterns import make_mask
 n = 0
-for impl, split, dq, shape in (("fast-tc", "", "", ""), ("fast-tc-sync", "", "", ""), ("fast-tc", "1", "", ""),
-                               ("fast-tc", "1", "pass", ""), ("fast-tc", "", "", "NWARPS=8,MINB=1"),
-                               ("fast-tc", "", "atomic", ""), ("fast-tc", "", "pass", "NWARPS=8,MINB=1"),
-                               ("fast-tc", "", "atomic", "NWARPS=8,MINB=1,PAIRS=2"),
-                               ("fast-tc", "1", "atomic", "NWARPS=8,MINB=1,PAIRS=2"),
-                               ("fast-tc", "", "fused", ""), ("fast-tc", "1", "fused", "")):
+for impl, split, dq, shape, fields in (
+        ("fast-tc", "", "", "", ""), ("fast-tc-sync", "", "", "", ""), ("fast-tc", "1", "", "", ""),
+        ("fast-tc", "1", "pass", "", ""), ("fast-tc", "", "", "NWARPS=8,MINB=1", ""),
+        ("fast-tc", "", "atomic", "", ""), ("fast-tc", "", "pass", "NWARPS=8,MINB=1", ""),
+        ("fast-tc", "", "atomic", "NWARPS=8,MINB=1,PAIRS=2", ""),
+        ("fast-tc", "1", "atomic", "NWARPS=8,MINB=1,PAIRS=2", ""),
+        ("fast-tc", "", "fused", "", ""), ("fast-tc", "1", "fused", "", ""),
+        ("fast-tc", "", "pass", "", "PWG=0"), ("fast-tc", "1", "pass", "", "PTMA=1")):
     os.environ[SPLIT_ENV] = split  # 1: every key tile visited twice or more split, its dK and dV summed
     os.environ[DQ_ENV] = dq  # pass: dQ by its own pass over the forward list; atomic: float32 reductions;
     #                          fused: that pass's blocks in the main loop's launch
@@ -85,7 +88,10 @@ for impl, split, dq, shape in (("fast-tc", "", "", ""), ("fast-tc-sync", "", "",
             prob = Problem(make_mask(pattern, T, causal, **params), 1, 2, D, dtype, pass_name="fwd+bwd")
             q, k, v = random_inputs(prob.shape, prob.dtype, seed=1)
             do = random_inputs(prob.shape, prob.dtype, seed=2)[0]
-            get_impl(impl).prepare(prob, q, k, v, do=do).run()
+            im = get_impl(impl)
+            if fields:  # the backward's fields of a --bwd-config variant
+                im = im.bwd_variant(parse_bwd_config(fields))
+            im.prepare(prob, q, k, v, do=do).run()
             cupy.cuda.get_current_stream().synchronize()
             n += 1
 print(f"backward runs {n}")
@@ -100,4 +106,4 @@ def test_backward_kernels_are_sanitizer_clean(tool):
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     assert "ERROR SUMMARY: 0 errors" in out or "RACECHECK SUMMARY: 0 hazards" in out, out[-2000:]
-    assert "backward runs 132" in out, out[-2000:]
+    assert "backward runs 156" in out, out[-2000:]
