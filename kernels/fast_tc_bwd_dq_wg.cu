@@ -38,16 +38,12 @@ typedef TcLoadTma TcPassLoad;
 typedef TcLoadAsync<TcMmaWgmma> TcPassLoad;
 #endif
 
-// k-step ks of a K-major tile of ROWS-row panels: panel ks / 4, 32 bytes a step within it (descriptor units)
-template <int ROWS>
-__device__ __forceinline__ u32 tc_pass_kstep(int ks) { return (u32)(((ks >> 2) * ROWS * 128 + (ks & 3) * 32) >> 4); }
-
 // x = A B^T over HEAD_D, both K-major: A the resident tile at descriptor word a, B the stage's at b; one
 // commit group
 __device__ __forceinline__ void tc_pass_scores(TcBwdRows& x, u32 a, u32 b) {
 #pragma unroll
     for (int ks = 0; ks < HEAD_D / 16; ++ks)
-        wg_ss64(x, wg_desc_of(a + tc_pass_kstep<BM>(ks)), wg_desc_of(b + tc_pass_kstep<BN>(ks)), ks);
+        wg_ss64(x, wg_desc_of(a + tc_wg_kstep<BM>(ks)), wg_desc_of(b + tc_wg_kstep<BN>(ks)), ks);
     wg_commit();
 }
 

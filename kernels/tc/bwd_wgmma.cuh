@@ -175,21 +175,17 @@ __device__ __forceinline__ TcBwgOps tc_bwg_ops(const TcBwgSmem& sm, int wg) {
     return op;
 }
 
-// k-step ks of a K-major tile of ROWS-row panels: panel ks / 4, 32 bytes a step within it
-// (descriptor units)
-template <int ROWS>
-__device__ __forceinline__ u32 tc_bwg_kstep(int ks) { return (u32)(((ks >> 2) * ROWS * 128 + (ks & 3) * 32) >> 4); }
 
 __device__ __forceinline__ void tc_bwg_scores(TcBwgRows& s, TcBwgRows& dp, const TcBwgOps& op, int st) {
     const u32 so = (u32)st * (BWG_QBYTES >> 4);
     wg_fence();
 #pragma unroll
     for (int ks = 0; ks < HEAD_D / 16; ++ks)
-        wg_ss64(s, wg_desc_of(op.k + tc_bwg_kstep<BN>(ks)), wg_desc_of(op.q + so + tc_bwg_kstep<BWG_QT>(ks)), ks);
+        wg_ss64(s, wg_desc_of(op.k + tc_wg_kstep<BN>(ks)), wg_desc_of(op.q + so + tc_wg_kstep<BWG_QT>(ks)), ks);
     wg_commit();
 #pragma unroll
     for (int ks = 0; ks < HEAD_D / 16; ++ks)
-        wg_ss64(dp, wg_desc_of(op.v + tc_bwg_kstep<BN>(ks)), wg_desc_of(op.o + so + tc_bwg_kstep<BWG_QT>(ks)), ks);
+        wg_ss64(dp, wg_desc_of(op.v + tc_wg_kstep<BN>(ks)), wg_desc_of(op.o + so + tc_wg_kstep<BWG_QT>(ks)), ks);
     wg_commit();
     wg_wait<1>();
 }

@@ -25,6 +25,11 @@
 #define WG_CAT2(a, b) a##b
 #define WG_CAT(a, b) WG_CAT2(a, b)
 
+// k-step ks of a K-major tile of ROWS-row panels: panel ks / 4, 32 bytes a step within it (descriptor units;
+// the backward's products and dQ's pass on wgmma)
+template <int ROWS>
+__device__ __forceinline__ u32 tc_wg_kstep(int ks) { return (u32)(((ks >> 2) * ROWS * 128 + (ks & 3) * 32) >> 4); }
+
 struct TcMmaWgmma {
     typedef TcPanelLayout Layout;
 
