@@ -198,9 +198,9 @@ PASS_WG = 1
 # (16384 keys) 0.85 and 0.93 at D=64 and 128, at T=131072 (65536 keys) 1.02 and 1.20: there the one-warpgroup
 # main loop and the pass each stream a head's Q and dO (or K and V), 64 MB at D=128, past the 50 MB L2
 PASS_WG_MAX_KEYS = 32768
-# ... its tiles by bulk tensor copies (``--bwd-config PTMA=1``, unstrided patterns): written and compiled, not yet
-# measured, so 0 (cp.async)
-PASS_TMA = 0
+# ... its tiles by bulk tensor copies on unstrided patterns (``--bwd-config PTMA=0``: by cp.async): H100, --pass bwd,
+# T=32768, 0.94-0.98 of the cp.async pass's time on every llm instance (docs/PERF.md "backward v16")
+PASS_TMA = 1
 PASS_SHAPES_WG: dict[int, tuple[BwdConfig, str]] = {
     64: (BwdConfig(NWARPS=4, STAGES=2, MINB=3, WG=1), "one warpgroup, 64 x 64 tiles, K and V in 2 stages (48 KiB): "
                                                       "3 blocks per SM"),

@@ -978,7 +978,7 @@ def test_the_variants_fields_win_over_the_environments(monkeypatch):
                                               ("DQ=1,PWG=1,STATS=0", "pass", None), ("DQ=1,PWG=1,STATS=1", "pass", None),
                                               ("DQ=1,PWG=0", "pass", None), ("DQ=1,PWG=1,PMINB=4", "pass", None),
                                               ("DQ=1,PTMA=1", "pass", None), ("DQ=1,PTMA=1,STATS=0", "pass", None),
-                                              ("DQ=1,PTMA=1,STATS=1", "pass", None)])
+                                              ("DQ=1,PTMA=1,STATS=1", "pass", None), ("DQ=1,PTMA=0", "pass", None)])
 @pytest.mark.parametrize("split", ["", "0"], ids=["split-as-chosen", "nothing-split"])
 def test_a_bwd_variant_runs_its_fields_and_matches_the_reference(monkeypatch, text, dq, nwarps, split):
     from attnbench.fast_tc_bwd import PASS_SKIP, PASS_STATS_FROM, PASS_STATS_SPLIT, SPLIT_ENV, parse_bwd_config

@@ -57,7 +57,8 @@ def test_fast_decode_is_sanitizer_clean(tool, tq, shape):
 # pass for the short lists here), with two warpgroups too (on sm_90 the wgmma main loop without dQ); and
 # two warpgroups at D=64 with their dQ products in flight a tile longer (PAIRS=2; dense T=600 walks lists
 # of up to 10 query tiles, so several pairs a list); on sm_90 the pass on wgmma by default, the mma.sync
-# build's beside the wgmma main loop (PWG=0), and the wgmma pass's tiles by bulk tensor copies (PTMA=1)
+# build's beside the wgmma main loop (PWG=0), and the wgmma pass's tiles by cp.async (PTMA=0; by bulk tensor
+# copies by default)
 BACKWARD_RUNS = """
 import os
 import cupy
@@ -73,7 +74,7 @@ for impl, split, dq, shape, fields in (
         ("fast-tc", "", "atomic", "NWARPS=8,MINB=1,PAIRS=2", ""),
         ("fast-tc", "1", "atomic", "NWARPS=8,MINB=1,PAIRS=2", ""),
         ("fast-tc", "", "fused", "", ""), ("fast-tc", "1", "fused", "", ""),
-        ("fast-tc", "", "pass", "", "PWG=0"), ("fast-tc", "1", "pass", "", "PTMA=1")):
+        ("fast-tc", "", "pass", "", "PWG=0"), ("fast-tc", "1", "pass", "", "PTMA=0")):
     os.environ[SPLIT_ENV] = split  # 1: every key tile visited twice or more split, its dK and dV summed
     os.environ[DQ_ENV] = dq  # pass: dQ by its own pass over the forward list; atomic: float32 reductions;
     #                          fused: that pass's blocks in the main loop's launch
