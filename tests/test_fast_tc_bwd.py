@@ -85,7 +85,9 @@ def test_fast_tc_takes_the_wgmma_backward_on_sm_90_and_mma_sync_otherwise():
     """The main kernel's shape follows the products (wgmma: fast-tc on sm_90) whatever the dQ way; dQ's
     own pass runs on mma.sync's shape for D beside the mma.sync loop, and beside the wgmma loop on wgmma's
     (PASS_WG) or with PWG=0 mma.sync's (dq_pass_config)."""
-    from attnbench.fast_tc_bwd import PASS_SHAPES_WG, PASS_WG, dq_pass_config
+    import dataclasses
+
+    from attnbench.fast_tc_bwd import PASS_SHAPES_WG, PASS_TMA, PASS_WG, dq_pass_config
 
     for D in DIMS:
         assert choose_bwd_config(D, True).WG == 1 and choose_bwd_config(D, True) == BWD_SHAPES_WG2[D][0]
@@ -95,9 +97,13 @@ def test_fast_tc_takes_the_wgmma_backward_on_sm_90_and_mma_sync_otherwise():
         assert choose_bwd_config(D, True, "pass", keys_per_query=256) == BWD_SHAPES_WG[D][0]
         assert choose_bwd_config(D, True, "atomic", keys_per_query=TWO_WG_MIN_KEYS[D]) == BWD_SHAPES_WG2[D][0]
         assert dq_pass_config(D, choose_bwd_config(D, False, "pass")) == BWD_SHAPES[D][0]
-        assert dq_pass_config(D, choose_bwd_config(D, True, "pass")) == (PASS_SHAPES_WG if PASS_WG else BWD_SHAPES)[D][0]
+        # beside the wgmma main loop: the wgmma pass, its tiles by bulk copies (PASS_TMA) on unstrided patterns
+        pwg = dataclasses.replace(PASS_SHAPES_WG[D][0], TMA=PASS_TMA)
+        assert dq_pass_config(D, choose_bwd_config(D, True, "pass")) == (pwg if PASS_WG else BWD_SHAPES[D][0])
         assert dq_pass_config(D, choose_bwd_config(D, True, "pass"), wg=0) == BWD_SHAPES[D][0]
-        assert dq_pass_config(D, choose_bwd_config(D, True, "pass"), wg=1) == PASS_SHAPES_WG[D][0]
+        assert dq_pass_config(D, choose_bwd_config(D, True, "pass"), wg=1) == pwg
+        assert dq_pass_config(D, choose_bwd_config(D, True, "pass"), wg=1, tma=0) == PASS_SHAPES_WG[D][0]
+        assert dq_pass_config(D, choose_bwd_config(D, True, "pass"), wg=1, tma=1, stride=3) == PASS_SHAPES_WG[D][0]
         assert dq_pass_config(D, choose_bwd_config(D, True, "pass"), 4, wg=1).MINB == 4
         assert choose_bwd_config(D, True).BM == 64  # every warpgroup's query tile
         assert choose_bwd_config(D, False).BN == 64
