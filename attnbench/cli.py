@@ -531,8 +531,9 @@ def compile_cmd(archs, hashes, gate_builds):
                    "shape's), ORDER (the work items' launch order: 0, longest first; 1, by the query tiles they "
                    "read), L (the most query tiles a work item walks; 0: as chosen), CUT (the same for the items "
                    "of the key tiles L splits only; 0: L's), PWG (dQ's pass beside the wgmma main loop: 1, on "
-                   "wgmma; 0, the mma.sync build's) and PTMA (that wgmma pass's tiles: 1, by bulk tensor copies on "
-                   "unstrided patterns; 0, by cp.async) "
+                   "wgmma; 0, the mma.sync build's), PTMA (that wgmma pass's tiles: 1, by bulk tensor copies on "
+                   "unstrided patterns; 0, by cp.async) and MTMA (the wgmma main loop's Q and dO tiles: 1, by bulk "
+                   "tensor copies on unstrided patterns, not with DQ=2; 0, by cp.async) "
                    "as FIELD=N,...; "
                    "each adds a row per bwd / fwd+bwd configuration for fast-tc and fast-tc-sync, named e.g. "
                    "fast-tc[bwd:DQ=1], timed with the others (repeatable)")

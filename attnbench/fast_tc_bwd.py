@@ -77,8 +77,9 @@ class BwdConfig:
     #                 a time, a tile a warpgroup (two staged dS^T); 2, the same with the pair's dQ products
     #                 in flight through the next pair's first tile (four staged dS^T); 0, both compute one
     #                 tile's panel and each reduces half its columns
-    TMA: int = 0    # dQ's pass on wgmma (kernels/fast_tc_bwd_dq_wg.cu): 1, its tiles by bulk tensor copies
-    #                 (unstrided patterns), each stage on an mbarrier; 0, by cp.async
+    TMA: int = 0    # the wgmma builds, unstrided patterns: 1, the streamed tiles by bulk tensor copies, each
+    #                 stage on an mbarrier (dQ's pass, kernels/fast_tc_bwd_dq_wg.cu: K and V; the main loop,
+    #                 kernels/fast_tc_bwd_wg.cu: Q and dO, its rows' (lse2, delta) still by cp.async); 0, by cp.async
 
     def paired(self, D: int, dq: str = "atomic") -> bool:
         """Whether the wgmma main loop takes its query tiles two at a time for dQ (BWG_DQ_PAIRED)."""
@@ -109,10 +110,11 @@ class BwdConfig:
 
     def smem_bytes(self, D: int, dq: str = "atomic") -> int:
         """K and V, STAGES Q and dO tiles, the staged P and dS (WG: dS alone, twice where ``paired``,
-        and STAGES rows of the query tile's (lse2, delta))."""
+        and STAGES rows of the query tile's (lse2, delta); with TMA an mbarrier a stage)."""
         if self.WG:
             ds = 2 * self.BM * self.BN * (2 * self.PAIRS if self.paired(D, dq) else 1)
-            return 2 * D * (2 * self.BN + 2 * self.STAGES * self.BM) + ds + 8 * self.STAGES * self.BM
+            return (2 * D * (2 * self.BN + 2 * self.STAGES * self.BM) + ds + 8 * self.STAGES * self.BM
+                    + (8 * self.STAGES if self.TMA else 0))
         return 2 * D * (2 * self.BN + 2 * self.STAGES * self.BM) + 2 * 2 * self.BM * self.BN
 
     def dq_pass_smem_bytes(self, D: int) -> int:
@@ -201,6 +203,9 @@ PASS_WG_MAX_KEYS = 32768
 # ... its tiles by bulk tensor copies on unstrided patterns (``--bwd-config PTMA=0``: by cp.async): H100, --pass bwd,
 # T=32768, 0.94-0.98 of the cp.async pass's time on every llm instance (docs/PERF.md "backward v16")
 PASS_TMA = 1
+# ... and the wgmma main loop's Q and dO by bulk tensor copies on unstrided patterns (``--bwd-config MTMA=1``):
+# written and compiled, not yet measured, so 0 (cp.async)
+MAIN_TMA = 0
 PASS_SHAPES_WG: dict[int, tuple[BwdConfig, str]] = {
     64: (BwdConfig(NWARPS=4, STAGES=2, MINB=3, WG=1), "one warpgroup, 64 x 64 tiles, K and V in 2 stages (48 KiB): "
                                                       "3 blocks per SM"),
@@ -317,8 +322,9 @@ class BwdFields:
     tiles a work item walks; 0, ``split_length``'s) and CUT (the most query tiles an item of a key tile
     that L splits walks, the others whole; 0: L's) and PWG (dQ's own pass beside the wgmma main loop: 1, on
     wgmma, kernels/fast_tc_bwd_dq_wg.cu; 0, a launch of the mma.sync build) and PTMA (that wgmma pass's tiles:
-    1, by bulk tensor copies on unstrided patterns; 0, by cp.async); the defaults are those of the positional
-    form."""
+    1, by bulk tensor copies on unstrided patterns; 0, by cp.async) and MTMA (the wgmma main loop's Q and dO
+    tiles: 1, by bulk tensor copies on unstrided patterns, not with DQ=2; 0, by cp.async); the defaults are
+    those of the positional form."""
     NWARPS: int = 8
     STAGES: int = 2
     MINB: int = 1
@@ -333,14 +339,15 @@ class BwdFields:
     CUT: int = 0
     PWG: int = 0
     PTMA: int = 0
+    MTMA: int = 0
 
 
 BWD_FIELDS = tuple(f.name for f in dataclasses.fields(BwdFields))
 BWD_LIMITS = {"NWARPS": (4, 8, 4), "STAGES": (2, 4, 1), "MINB": (1, 4, 1), "DQ": (0, 2, 1), "STATS": (0, 2, 1),
               "PAIRS": (0, 2, 1), "SKIP": (0, 1, 1), "WAVES": (1, 16, 1), "PMINB": (0, 4, 1), "ORDER": (0, 1, 1),
               "L": (0, 65536, 1), "CUT": (0, 65536, 1),
-              "PWG": (0, 1, 1), "PTMA": (0, 1, 1)}
-WORK_FIELDS = ("DQ", "STATS", "SKIP", "WAVES", "PMINB", "ORDER", "L", "CUT", "PWG", "PTMA")  # not the main kernel's shape
+              "PWG": (0, 1, 1), "PTMA": (0, 1, 1), "MTMA": (0, 1, 1)}
+WORK_FIELDS = ("DQ", "STATS", "SKIP", "WAVES", "PMINB", "ORDER", "L", "CUT", "PWG", "PTMA", "MTMA")  # not the main kernel's shape
 
 
 @dataclass(frozen=True)
@@ -406,6 +413,11 @@ class BwdSpec:
     def pass_tma(self) -> int | None:
         """Whether the wgmma pass loads its tiles by bulk tensor copies (PTMA), None when not given."""
         return self.field("PTMA")
+
+    @property
+    def main_tma(self) -> int | None:
+        """Whether the wgmma main loop loads Q and dO by bulk tensor copies (MTMA), None when not given."""
+        return self.field("MTMA")
 
     @property
     def skip(self) -> int | None:
@@ -548,13 +560,15 @@ class Backward:
     item of a split key tile walks (``tiles.work_items``; None: ``default_item_layout``'s, 0: L's).
     ``wgmma``: the wgmma main loop (fast-tc on sm_90; ``choose_bwd_config``), else mma.sync's. ``pass_wg``:
     dQ's pass beside the wgmma main loop on wgmma too (``dq_pass_config``; None: PASS_WG); it has no skip.
-    ``pass_tma``: that pass's tiles by bulk tensor copies on unstrided patterns (None: PASS_TMA)."""
+    ``pass_tma``: that pass's tiles by bulk tensor copies on unstrided patterns (None: PASS_TMA). ``main_tma``:
+    the wgmma main loop's Q and dO tiles by bulk tensor copies on unstrided patterns, not beside the pass's
+    blocks in one launch (None: MAIN_TMA where that holds)."""
 
     def __init__(self, prob: Problem, setup: dict | None = None, cfg: BwdConfig | None = None,
                  split: int | None = None, dq: str | None = None, wgmma: bool = False, fields: dict | None = None,
                  stats: int | None = None, skip: int | None = None, waves: int | None = None,
                  pass_minb: int | None = None, order: int | None = None, cut: int | None = None,
-                 pass_wg: int | None = None, pass_tma: int | None = None):
+                 pass_wg: int | None = None, pass_tma: int | None = None, main_tma: int | None = None):
         check_dtype(prob.dtype)
         if prob.D not in BWD_SHAPES:
             raise BadInput(f"D={prob.D} is not supported by the backward of fast-tc "
@@ -571,8 +585,12 @@ class Backward:
                            f"this backward's main loop is {cfg.spec} ({'wgmma' if cfg.WG else 'mma.sync'})")
         if dq == "fused" and stats:
             raise BadInput(f"dq=fused (DQ=2) takes the rows' stats from prep (STATS=0), not STATS={int(stats)}")
-        self.setup = setup = {} if setup is None else setup
+        if dq == "fused" and main_tma:
+            raise BadInput("dq=fused (DQ=2) loads the main loop's tiles by cp.async: give MTMA=0 with it")
         stride, inner = prob.mask.strided()
+        if cfg.WG and not cfg.TMA and dq != "fused" and stride == 1 and (MAIN_TMA if main_tma is None else main_tma):
+            self.cfg = cfg = dataclasses.replace(cfg, TMA=1)  # Q and dO by bulk tensor copies
+        self.setup = setup = {} if setup is None else setup
         self.stride, self.inner = stride, inner
         tt = tile_list_t(inner, cfg.BM, cfg.BN)
         # the list at the backward's tile shape and its transposition (what a changed mask costs)
@@ -682,9 +700,15 @@ class Backward:
                           (o, do, lse, ld, dq_acc, np.int32(n), dkv_acc, np.int32(srows)))
 
         prep = prep_on(rows)
-        main = Launch(self.main, (self.n_items * self.heads,), (cfg.threads,), self.smem,
-                      (q, k, v, do, ld, dq_acc, dk, dv, it.heads, it.tiles, self.tiles.entries, dkv_acc,
-                       np.int32(B * H), np.int32(T), np.float32(scale * LOG2E), np.float32(scale), self.table))
+        margs = (q, k, v, do, ld, dq_acc, dk, dv, it.heads, it.tiles, self.tiles.entries, dkv_acc,
+                 np.int32(B * H), np.int32(T), np.float32(scale * LOG2E), np.float32(scale), self.table)
+        mmaps = []
+        if cfg.TMA:  # then the maps of Q and dO (the wgmma main loop's bulk copies)
+            from .tma import head_maps
+
+            mmaps = head_maps([q, do], (cfg.BM, cfg.BM))
+            margs += tuple(m.arg for m in mmaps)
+        main = Launch(self.main, (self.n_items * self.heads,), (cfg.threads,), self.smem, margs, mmaps)
         n8, s8 = (rows * D // 8 if self.dq_way == "atomic" else 0), srows * D // 8
         conv = Launch(self.dq, (-(-(n8 + s8) // PREP_THREADS),), (PREP_THREADS,), 0,
                       (dq_acc, dq, np.float32(scale), np.int64(n8), dkv_acc, it.split_kt, dk, dv, np.int32(B * H),
@@ -763,7 +787,8 @@ def build_backward(impl: FastTC, prob: Problem, q, k, v, do, cfg: TileConfig | N
                    skip=spec.skip if spec else None, waves=spec.waves if spec else None,
                    pass_minb=spec.pass_minb if spec else None, order=spec.order if spec else None,
                    split=spec.split if spec else None, cut=spec.cut if spec else None,
-                   pass_wg=spec.pass_wg if spec else None, pass_tma=spec.pass_tma if spec else None)
+                   pass_wg=spec.pass_wg if spec else None, pass_tma=spec.pass_tma if spec else None,
+                   main_tma=spec.main_tma if spec else None)
     grads = tuple(cupy.empty(prob.shape, dtype=q.dtype) for _ in range(3))
     launches = bwd.launches(q, k, v, o, lse, do, *grads, *bwd.scratch())
     with_fwd = prob.pass_name == "fwd+bwd"
@@ -858,12 +883,15 @@ def _builds_of(mask: Mask, D: int, dtype: str) -> list[tuple[str, dict]]:
     stats = (PASS_STATS_FROM,) + (() if PASS_STATS_SPLIT[D] else (0,))
     dq = choose_dq(D, kpq)  # mma.sync's way at this T
     # beside the wgmma main loop both ways (which one a T takes: ``choose_dq``), with dQ's pass on wgmma
-    # (PASS_SHAPES_WG) where it is the pass
-    pwg = PASS_SHAPES_WG[D][0]
-    wgmma = [(KERNEL_WG, bwd_defines(D, dtype, mask, bwd_config(D, True, kpq, way), way, st))
-             for way in ("pass", "atomic") for st in (stats if way == "pass" else stats[:1])]
+    # (PASS_SHAPES_WG) where it is the pass; on unstrided patterns each wgmma build by bulk copies too (TMA)
+    def both(c: BwdConfig) -> tuple:
+        return (c,) + ((dataclasses.replace(c, TMA=1),) if mask.strided()[0] == 1 else ())
+
+    wgmma = [(KERNEL_WG, bwd_defines(D, dtype, mask, c, way, st))
+             for way in ("pass", "atomic") for st in (stats if way == "pass" else stats[:1])
+             for c in both(bwd_config(D, True, kpq, way))]
     passes = [(KERNEL_DQ_WG, bwd_defines(D, dtype, mask, p, "pass", st, skip=0)) for st in stats
-              for p in ((pwg,) + ((dataclasses.replace(pwg, TMA=1),) if mask.strided()[0] == 1 else ()))]
+              for p in both(PASS_SHAPES_WG[D][0])]
     return [(KERNEL, bwd_defines(D, dtype, mask, dq=dq, stats=st)) for st in (stats if dq == "pass" else stats[:1])] + \
         wgmma + passes + [
         (FWD, {**kernel_defines(D, dtype, mask, lse_shape(choose_config(mask, D, wgmma))), "FWD_LSE": 1})

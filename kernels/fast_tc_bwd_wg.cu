@@ -15,7 +15,9 @@
 // refill's, the staged dS^T's); two warpgroups at D = 64 (BWG_DQ_PAIRED) stage two tiles' dS^T and
 // then take one tile's dQ each: three barriers a pair. BWD_DQ_PASS 1: no dQ here, one barrier a tile; dQ comes from
 // a pass query-major over the forward list, no accumulator: fast_tc_bwd_dq_wg.cu's on wgmma, or
-// fast_tc_bwd.cu's fast_tc_bwd_dq_pass (a launch of the mma.sync build).
+// fast_tc_bwd.cu's fast_tc_bwd_dq_pass (a launch of the mma.sync build). TMA 1 (unstrided patterns): the
+// Q and dO tiles by bulk tensor copies (tc/bwd_wgmma.cuh's TcBwgWalk), their maps after the main
+// kernel's parameters.
 #include "tc/config.cuh"
 #include "tc/common.cuh"
 #include "tc/scheduler.cuh"
@@ -45,7 +47,8 @@ tc_bwg_item(unsigned char* smem, int b, const u16* __restrict__ Qg, const u16* _
             const u16* __restrict__ Vg, const u16* __restrict__ dOg, const float2* __restrict__ LD,
             float* __restrict__ dQacc, u16* __restrict__ dKg, u16* __restrict__ dVg, const int4* __restrict__ ihead,
             const int2* __restrict__ itile, const int* __restrict__ tent, float* __restrict__ dKVacc, int BH,
-            int T_all, float scale_log2, float scale, const int* __restrict__ table) {
+            int T_all, float scale_log2, float scale, const int* __restrict__ table, const TmaMap* mq,
+            const TmaMap* mo) {
     int item, cls;
     const TcWork w = tc_item_work_at(T_all, BH, b, item, cls);
     const int2 kts = itile[item];  // (key tile, split slot or -1)
@@ -55,7 +58,13 @@ tc_bwg_item(unsigned char* smem, int b, const u16* __restrict__ Qg, const u16* _
     const AB_PATTERN_T pat{AB_PATTERN_ARGS};
 
     const TcBwgSmem sm = tc_bwg_smem(smem);
+#if TMA
+    const TcBwgSrc src = {Qg + w.base, dOg + w.base, LD + (size_t)w.bh * T_all + cls, mq, mo, w.bh};
+#else
     const TcBwgSrc src = {Qg + w.base, dOg + w.base, LD + (size_t)w.bh * T_all + cls};
+    (void)mq;
+    (void)mo;
+#endif
     tc_load_tile<TcPanelLayout, BN>(sm.k, Kg + w.base, kt * BN, T);
     tc_load_tile<TcPanelLayout, BN>(sm.v, Vg + w.base, kt * BN, T);
     tc_commit();
@@ -163,15 +172,25 @@ tc_bwg_item(unsigned char* smem, int b, const u16* __restrict__ Qg, const u16* _
 }
 
 // the parameters of fast_tc_bwd.cu's main kernel, in its order: the host launches either the same way
+// (TMA 1: then the maps of Q and dO)
 extern "C" __global__ void __launch_bounds__(THREADS, MINB)
 fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* __restrict__ Vg,
             const u16* __restrict__ dOg, const float2* __restrict__ LD, float* __restrict__ dQacc,
             u16* __restrict__ dKg, u16* __restrict__ dVg, const int4* __restrict__ ihead,
             const int2* __restrict__ itile, const int* __restrict__ tent, float* __restrict__ dKVacc, int BH,
-            int T_all, float scale_log2, float scale, const int* __restrict__ table) {
+            int T_all, float scale_log2, float scale, const int* __restrict__ table
+#if TMA
+            , const __grid_constant__ TmaMap mapQ, const __grid_constant__ TmaMap mapdO
+#endif
+) {
     extern __shared__ __align__(1024) unsigned char smem[];
+#if TMA
+    const TmaMap *mq = &mapQ, *mo = &mapdO;
+#else
+    const TmaMap *mq = nullptr, *mo = nullptr;
+#endif
     tc_bwg_item(smem, (int)blockIdx.x, Qg, Kg, Vg, dOg, LD, dQacc, dKg, dVg, ihead, itile, tent, dKVacc, BH, T_all,
-                scale_log2, scale, table);
+                scale_log2, scale, table, mq, mo);
 }
 
 #ifndef BWD_FUSED
@@ -185,8 +204,8 @@ fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
 // own grid (nqx query tiles wide: tc_block_work_at). The host orders them (Backward.fused_order).
 // The rows' (lse2, delta) are prep's: both kinds read them, neither writes them.
 #include "tc/bwd_dq_pass.cuh"
-static_assert(BWD_DQ_PASS && BWG_NWG == 1 && !BWD_PASS_STATS,
-              "the fused launch: dQ's pass beside one warpgroup's main loop, the rows' stats from prep");
+static_assert(BWD_DQ_PASS && BWG_NWG == 1 && !BWD_PASS_STATS && !TMA,
+              "the fused launch: dQ's pass beside one warpgroup's main loop, the rows' stats from prep, cp.async loads");
 
 extern "C" __global__ void __launch_bounds__(THREADS, MINB)
 fast_tc_bwd_fused(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* __restrict__ Vg,
@@ -200,7 +219,7 @@ fast_tc_bwd_fused(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const 
     const int b = sched[blockIdx.x];
     if (b >= 0) {
         tc_bwg_item(smem, b, Qg, Kg, Vg, dOg, LD, dQacc, dKg, dVg, ihead, itile, tent, dKVacc, BH, T_all, scale_log2,
-                    scale, table);
+                    scale, table, nullptr, nullptr);
         return;
     }
     const int f = -1 - b, x = f % nqx, r = f / nqx, bh = r % BH, cls = r / BH;

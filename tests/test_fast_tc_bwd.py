@@ -324,6 +324,8 @@ def test_the_fused_launch_is_refused_where_it_does_not_build(no_device_check):
         Backward(prob, dq="fused", wgmma=True, fields={"NWARPS": 8, "MINB": 1})
     with pytest.raises(BadInput, match="stats from prep.*STATS=2"):
         Backward(prob, dq="fused", wgmma=True, stats=2)
+    with pytest.raises(BadInput, match="DQ=2.*cp.async.*MTMA=0"):
+        Backward(prob, dq="fused", wgmma=True, main_tma=1)
 
 
 def test_the_dq_way_comes_from_the_environment(monkeypatch):
@@ -574,22 +576,27 @@ def test_gradients_match_the_reference(pattern, causal, params, D, dtype, T, syn
 @pytest.mark.parametrize("pattern,causal,params,T", [
     ("dense", True, {}, 1000), ("window", False, dict(window=100), 777), ("bigbird", True, {}, 1024),
     ("prefix_lm", False, dict(prefix=256), 777), ("document", True, 0, 1000),
+    ("streaming", True, dict(sink=16, window=64), 1000),  # the sink's key tile split: dK, dV summed
     ("dilated", True, dict(window=70, dilation=3), 777),  # strided: the variant loads by cp.async
 ])
 @pytest.mark.parametrize("D,dtype", [(64, "bfloat16"), (128, "float16")])
-def test_the_wgmma_pass_by_bulk_copies_matches_the_reference(pattern, causal, params, T, D, dtype):
-    """--bwd-config DQ=1,PTMA=1: dQ's pass on wgmma with its tiles by bulk tensor copies (zero-filled past T),
-    through the gate on patterns of every kind, odd T, both head dims."""
+@pytest.mark.parametrize("text,kernel", [("DQ=1,PTMA=1", "bwd_dq_tile_config"), ("MTMA=1", "bwd_tile_config"),
+                                         ("DQ=0,MTMA=1", "bwd_tile_config"),
+                                         ("NWARPS=8,MINB=1,DQ=0,MTMA=1", "bwd_tile_config")])
+def test_the_wgmma_kernels_by_bulk_copies_match_the_reference(pattern, causal, params, T, D, dtype, text, kernel):
+    """--bwd-config DQ=1,PTMA=1: dQ's pass on wgmma with its K and V tiles by bulk tensor copies; MTMA=1: the wgmma
+    main loop's Q and dO tiles so, beside dQ's pass and with dQ's float32 reductions, one warpgroup and two (zero-
+    filled past T): through the gate on patterns of every kind, odd T, both head dims."""
     from attnbench.fast_tc_bwd import parse_bwd_config
 
     if not IMPL.uses_wgmma():
-        pytest.skip("the wgmma pass runs beside the wgmma main loop (sm_90)")
+        pytest.skip("the wgmma kernels run on sm_90")
     params = PATTERNS[pattern].examples(T)[params] if isinstance(params, int) else params
     mask = make_mask(pattern, T, causal, **params)
     prob = Problem(mask, 2, 3, D, dtype, pass_name="bwd")
     q, k, v, do = _inputs(prob, seed=T + D + 7)
-    runner = IMPL.bwd_variant(parse_bwd_config("DQ=1,PTMA=1")).prepare(prob, q, k, v, do=do)
-    assert (",TMA=1" in runner.setup["bwd_dq_tile_config"]) == (mask.strided()[0] == 1)
+    runner = IMPL.bwd_variant(parse_bwd_config(text)).prepare(prob, q, k, v, do=do)
+    assert (",TMA=1" in runner.setup[kernel]) == (mask.strided()[0] == 1)
     for _ in range(2):  # a second run writes every gradient again
         runner.poison()
         runner.run()
@@ -906,14 +913,16 @@ def test_bwd_config_parses_fields_and_refuses_bad_ones_by_name():
     assert parse_bwd_config("DQ=1,PWG=1").pass_wg == 1 and parse_bwd_config("PWG=0").shape == {}
     assert parse_bwd_config("DQ=1").pass_wg is None
     assert parse_bwd_config("DQ=1,PTMA=1").pass_tma == 1 and parse_bwd_config("PTMA=1").shape == {}
+    assert parse_bwd_config("MTMA=1").main_tma == 1 and parse_bwd_config("MTMA=1").shape == {}
+    assert parse_bwd_config("DQ=1").main_tma is None
     s = parse_bwd_config("ORDER=1,L=8")
     assert s.order == 1 and s.split == 8 and s.shape == {} and str(s) == "ORDER=1,L=8"
     assert parse_bwd_config("ORDER=1,CUT=8").cut == 8 and parse_bwd_config("CUT=8").shape == {}
     assert parse_bwd_config("L=0").split is None and parse_bwd_config("DQ=1").order is None  # 0: split_length's
     for bad, words in (("DQ=3", "DQ=3 must be from 0 to 2"), ("NWARPS=6", "NWARPS=6 must be a multiple of 4"),
-                       ("BN=64", "unknown field 'BN'"), ("8,2", "positional form takes 4 to 14"),
+                       ("BN=64", "unknown field 'BN'"), ("8,2", "positional form takes 4 to 15"),
                        ("ORDER=2", "ORDER=2 must be 0 or 1"),
-                       ("STATS=3", "STATS=3 must be from 0 to 2"), ("SKIP=2", "SKIP=2 must be 0 or 1"), ("PWG=2", "PWG=2 must be 0 or 1"), ("PTMA=2", "PTMA=2 must be 0 or 1"), ("PAIRS=3", "PAIRS=3 must be from 0 to 2")):
+                       ("STATS=3", "STATS=3 must be from 0 to 2"), ("SKIP=2", "SKIP=2 must be 0 or 1"), ("PWG=2", "PWG=2 must be 0 or 1"), ("PTMA=2", "PTMA=2 must be 0 or 1"), ("MTMA=2", "MTMA=2 must be 0 or 1"), ("PAIRS=3", "PAIRS=3 must be from 0 to 2")):
         with pytest.raises(BadInput, match="--bwd-config") as e:
             parse_bwd_config(bad)
         assert words in str(e.value)
@@ -984,7 +993,11 @@ def test_the_variants_fields_win_over_the_environments(monkeypatch):
                                               ("DQ=1,PWG=1,STATS=0", "pass", None), ("DQ=1,PWG=1,STATS=1", "pass", None),
                                               ("DQ=1,PWG=0", "pass", None), ("DQ=1,PWG=1,PMINB=4", "pass", None),
                                               ("DQ=1,PTMA=1", "pass", None), ("DQ=1,PTMA=1,STATS=0", "pass", None),
-                                              ("DQ=1,PTMA=1,STATS=1", "pass", None), ("DQ=1,PTMA=0", "pass", None)])
+                                              ("DQ=1,PTMA=1,STATS=1", "pass", None), ("DQ=1,PTMA=0", "pass", None),
+                                              ("DQ=1,MTMA=1", "pass", None), ("DQ=0,MTMA=1", "atomic", None),
+                                              ("NWARPS=8,MINB=1,DQ=0,MTMA=1", "atomic", 8),
+                                              ("NWARPS=8,MINB=1,DQ=0,PAIRS=2,MTMA=1", "atomic", 8),
+                                              ("DQ=1,MTMA=1,PTMA=0,STATS=0", "pass", None)])
 @pytest.mark.parametrize("split", ["", "0"], ids=["split-as-chosen", "nothing-split"])
 def test_a_bwd_variant_runs_its_fields_and_matches_the_reference(monkeypatch, text, dq, nwarps, split):
     from attnbench.fast_tc_bwd import PASS_SKIP, PASS_STATS_FROM, PASS_STATS_SPLIT, SPLIT_ENV, parse_bwd_config
@@ -1029,6 +1042,10 @@ def test_a_bwd_variant_runs_its_fields_and_matches_the_reference(monkeypatch, te
 
         assert (",WG=1" in runner.setup["bwd_dq_tile_config"]) == bool(pass_wg)
         assert (",TMA=1" in runner.setup["bwd_dq_tile_config"]) == bool(pass_wg and fields.get("PTMA", PASS_TMA))
+    from attnbench.fast_tc_bwd import MAIN_TMA
+
+    main_tma = IMPL.uses_wgmma() and dq != "fused" and fields.get("MTMA", MAIN_TMA)
+    assert (",TMA=1" in runner.setup["bwd_tile_config"]) == bool(main_tma)
     runner.poison()
     runner.run()
     _check_grads(prob, runner.grads, q, k, v_, do)

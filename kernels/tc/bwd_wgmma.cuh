@@ -19,15 +19,19 @@
 //
 // Tiles are 64-column panels (TcPanelLayout), streamed by cp.async (tc_load_tile): the Q and dO
 // tiles and the tile's rows of (lse2, delta) (8 bytes a row) through STAGES buffers, one commit
-// group a tile. Padding rows (>= T) load as zeros: their S^T column is 0 and lse2 0, so P^T = 1
+// group a tile. With TMA 1 (unstrided patterns) the Q and dO tiles come by bulk tensor copies that
+// one thread issues, a stage's two completing on its own mbarrier (after the (lse2, delta) stages),
+// and the rows of (lse2, delta) by cp.async as before. Padding rows (>= T) load as zeros (the copy
+// engine's fill past the tensor's rows): their S^T column is 0 and lse2 0, so P^T = 1
 // there, but dO's zero rows make their dP^T, dS^T and dV terms 0, and their dQ is not stored.
 //
 // Interface:
 //   TcBwgSmem tc_bwg_smem(smem): K, V, STAGES Q, STAGES dO tiles, the staged dS^T, STAGES rows of
-//     (lse2, delta); BWG_SMEM_BYTES in all.
+//     (lse2, delta), with TMA one mbarrier a stage; BWG_SMEM_BYTES in all.
 //   TcBwgWalk: first(sm, src, list, T) loads the list's first STAGES - 1 tiles and waits for K and
 //     V (the oldest group); step(sm, src, list, tent, T, it, n, st) -> entry of tile `it`, waits
-//     for it (stage st) and refills the stage tile it - 1 used.
+//     for it (stage st) and refills the stage tile it - 1 used. (TMA: the barriers initialised by
+//     first; src names the maps of Q and dO and the head.)
 //   TcBwgOps tc_bwg_ops(sm, wg): the descriptors' low words for warpgroup wg.
 //   tc_bwg_scores(s, dp, op, st): issues S^T and dP^T (two commit groups), waits for S^T.
 //   tc_bwg_mask(s, pat, key0, q0, T, g, t4): S^T's disallowed entries -inf (partial tiles, edges).
@@ -70,16 +74,17 @@
 // (its barrier, refill and S^T) and reduced once that S^T lands; two sets of the pair's buffers in
 // turn, so that no warp restages one a warpgroup's products may still read
 #define BWG_DQ_PIPE (BWG_DQ_PAIRED && BWD_DQ_PAIRS == 2)
-static_assert(WG && !TMA && NWARPS % 4 == 0 && BN == 64 * BWG_NWG &&
+static_assert(WG && (!TMA || STRIDE == 1) && NWARPS % 4 == 0 && BN == 64 * BWG_NWG &&
               (BWG_NWG == 1 || HEAD_D == 64 * BWG_NWG || BWG_DQ_HALVES),
-              "wgmma backward: BN = 64 keys a warpgroup, cp.async loads; several warpgroups split dQ by 64-column "
-              "panels (two at HEAD_D = 64 by 32-column halves)");
+              "wgmma backward: BN = 64 keys a warpgroup, bulk tensor copies on unstrided patterns only; several "
+              "warpgroups split dQ by 64-column panels (two at HEAD_D = 64 by 32-column halves)");
 
 #define BWG_QBYTES (BWG_QT * HEAD_D * 2)  // a Q or dO tile
 #define BWG_LDB (BWG_QT * 8)              // a stage's (lse2, delta) rows
 #define BWG_DSB (BN * BWG_QT * 2)          // a staged dS^T
 #define BWG_DS_BUFS (BWG_DQ_PIPE ? 4 : BWG_DQ_PAIRED ? 2 : 1)
-#define BWG_SMEM_BYTES (2 * TILE_BYTES + 2 * STAGES * BWG_QBYTES + BWG_DS_BUFS * BWG_DSB + STAGES * BWG_LDB)
+#define BWG_SMEM_BYTES (2 * TILE_BYTES + 2 * STAGES * BWG_QBYTES + BWG_DS_BUFS * BWG_DSB + STAGES * BWG_LDB + \
+                        (TMA ? 8 * STAGES : 0))
 
 typedef float TcBwgRows[BWG_QT / 8][4];  // a warp's [16 keys][64 queries] fragment: S^T, P^T, dP^T, dS^T
 typedef u32 TcBwgFrag[BWG_QT / 16][4];   // the same packed as the A operands of its k-steps
@@ -89,6 +94,7 @@ struct TcBwgSmem {
     u32 q, o;  // the Q and dO stages (stage s at + s * BWG_QBYTES)
     u32 ds;    // dS^T staged for dQ (BWG_DS_BUFS buffers, BWG_DSB bytes apart)
     u32 ld;    // the (lse2, delta) stages (stage s at + s * BWG_LDB)
+    u32 bar;   // TMA: the stages' mbarriers (stage s's at + 8 s)
 };
 
 __device__ __forceinline__ TcBwgSmem tc_bwg_smem(const void* smem) {
@@ -99,23 +105,27 @@ __device__ __forceinline__ TcBwgSmem tc_bwg_smem(const void* smem) {
     s.o = s.q + STAGES * BWG_QBYTES;
     s.ds = s.o + STAGES * BWG_QBYTES;
     s.ld = s.ds + BWG_DS_BUFS * BWG_DSB;
+    s.bar = s.ld + STAGES * BWG_LDB;
     return s;
 }
 
-// the tensors a work item streams, at its class's first row
+// the tensors a work item streams, at its class's first row; with TMA the maps of Q and dO too
+// ([B*H][T][HEAD_D], boxes of 64 columns by BWG_QT rows) and the item's head, their third coordinate
 struct TcBwgSrc {
     const u16 *q, *o;
     const float2* ld;  // rows STRIDE apart
+#if TMA
+    const TmaMap *mq, *mo;
+    int bh;
+#endif
 };
 
 __device__ __forceinline__ void tc_cp_async8(u32 dst, const void* src, int bytes) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" :: "r"(dst), "l"(src), "r"(bytes));
 }
 
-// query tile qt's Q, dO and (lse2, delta) rows into stage s (rows >= T zero-filled)
-__device__ __forceinline__ void tc_bwg_load(const TcBwgSmem& sm, const TcBwgSrc& src, int qt, int T, int s) {
-    tc_load_tile<TcPanelLayout, BWG_QT>(sm.q + s * BWG_QBYTES, src.q, qt * BWG_QT, T);
-    tc_load_tile<TcPanelLayout, BWG_QT>(sm.o + s * BWG_QBYTES, src.o, qt * BWG_QT, T);
+// query tile qt's rows of (lse2, delta) into stage s (rows >= T zero-filled)
+__device__ __forceinline__ void tc_bwg_load_ld(const TcBwgSmem& sm, const TcBwgSrc& src, int qt, int T, int s) {
     if (threadIdx.x < BWG_QT) {
         const int row = qt * BWG_QT + threadIdx.x;
         const bool ok = row < T;
@@ -123,13 +133,54 @@ __device__ __forceinline__ void tc_bwg_load(const TcBwgSmem& sm, const TcBwgSrc&
     }
 }
 
+// query tile qt's Q, dO and (lse2, delta) rows into stage s (rows >= T zero-filled)
+__device__ __forceinline__ void tc_bwg_load(const TcBwgSmem& sm, const TcBwgSrc& src, int qt, int T, int s) {
+    tc_load_tile<TcPanelLayout, BWG_QT>(sm.q + s * BWG_QBYTES, src.q, qt * BWG_QT, T);
+    tc_load_tile<TcPanelLayout, BWG_QT>(sm.o + s * BWG_QBYTES, src.o, qt * BWG_QT, T);
+    tc_bwg_load_ld(sm, src, qt, T, s);
+}
+
+#if TMA
+// query tile qt's Q and dO into stage s by bulk tensor copies (thread 0), completing on the stage's barrier
+__device__ __forceinline__ void tc_bwg_copy(const TcBwgSmem& sm, const TcBwgSrc& src, int qt, int s) {
+    const u32 bar = sm.bar + 8 * s;
+    tma_expect(bar, 2 * BWG_QBYTES);
+#pragma unroll
+    for (int pn = 0; pn < HEAD_D / 64; ++pn) {
+        tma_load3(sm.q + s * BWG_QBYTES + pn * BWG_QT * 128, src.mq, pn * 64, qt * BWG_QT, src.bh, bar);
+        tma_load3(sm.o + s * BWG_QBYTES + pn * BWG_QT * 128, src.mo, pn * 64, qt * BWG_QT, src.bh, bar);
+    }
+}
+#endif
+
 struct TcBwgWalk {
     int st = 0, st_fill = STAGES - 1;
+#if TMA
+    u32 phase = 0;  // parity of the stage barriers' current phase
+#endif
+
+    // query tile qt into stage s (one commit group with the caller's tc_commit)
+    static __device__ __forceinline__ void fill(const TcBwgSmem& sm, const TcBwgSrc& src, int qt, int T, int s) {
+#if TMA
+        if (threadIdx.x == 0) tc_bwg_copy(sm, src, qt, s);
+        tc_bwg_load_ld(sm, src, qt, T, s);
+#else
+        tc_bwg_load(sm, src, qt, T, s);
+#endif
+    }
 
     __device__ __forceinline__ void first(const TcBwgSmem& sm, const TcBwgSrc& src, const TcTileList& list, int T) {
+#if TMA
+        if (threadIdx.x == 0) {
+#pragma unroll
+            for (int s = 0; s < STAGES; ++s) tma_bar_init(sm.bar + 8 * s, 1);
+            tma_bar_fence_init();
+        }
+        __syncthreads();  // the barriers are initialised before anyone (the copy engine too) uses them
+#endif
 #pragma unroll
         for (int s = 0; s < STAGES - 1; ++s) {
-            if (s < list.n) tc_bwg_load(sm, src, tc_entry_tile(list.ring[s]), T, s);
+            if (s < list.n) fill(sm, src, tc_entry_tile(list.ring[s]), T, s);
             tc_commit();
         }
         tc_wait<STAGES - 1>();  // K and V's group is the oldest
@@ -142,9 +193,13 @@ struct TcBwgWalk {
         int ent_nx;
         const int ent = list.next(tent, it, ent_nx);
         tc_wait<STAGES - 2>();
+#if TMA
+        tma_wait(sm.bar + 8 * st, phase);  // tile it's Q and dO (its (lse2, delta) rows: the group above)
+        if (st == STAGES - 1) phase ^= 1;
+#endif
         wg_fence_smem();
         __syncthreads();  // tile `it` visible to all; every warp done with tile it - 1 (its stage, dS^T)
-        if (it + STAGES - 1 < n) tc_bwg_load(sm, src, tc_entry_tile(ent_nx), T, st_fill);
+        if (it + STAGES - 1 < n) fill(sm, src, tc_entry_tile(ent_nx), T, st_fill);
         tc_commit();
         st_fill = st_fill == STAGES - 1 ? 0 : st_fill + 1;
         stage = st;
