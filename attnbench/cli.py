@@ -533,7 +533,9 @@ def compile_cmd(archs, hashes, gate_builds):
                    "of the key tiles L splits only; 0: L's), PWG (dQ's pass beside the wgmma main loop: 1, on "
                    "wgmma; 0, the mma.sync build's), PTMA (that wgmma pass's tiles: 1, by bulk tensor copies on "
                    "unstrided patterns; 0, by cp.async) and MTMA (the wgmma main loop's Q and dO tiles: 1, by bulk "
-                   "tensor copies on unstrided patterns, not with DQ=2; 0, by cp.async) "
+                   "tensor copies on unstrided patterns, not with DQ=2; 0, by cp.async) and PPER (the wgmma pass: 1, "
+                   "persistent, about the GPU's resident blocks taking the query tiles in turn, by cp.async; 0, a "
+                   "block a query tile) "
                    "as FIELD=N,...; "
                    "each adds a row per bwd / fwd+bwd configuration for fast-tc and fast-tc-sync, named e.g. "
                    "fast-tc[bwd:DQ=1], timed with the others (repeatable)")

@@ -80,6 +80,8 @@ class BwdConfig:
     TMA: int = 0    # the wgmma builds, unstrided patterns: 1, the streamed tiles by bulk tensor copies, each
     #                 stage on an mbarrier (dQ's pass, kernels/fast_tc_bwd_dq_wg.cu: K and V; the main loop,
     #                 kernels/fast_tc_bwd_wg.cu: Q and dO, its rows' (lse2, delta) still by cp.async); 0, by cp.async
+    PERSIST: int = 0  # dQ's pass on wgmma: 1, about the GPU's resident blocks, each taking works in turn and issuing
+    #                   the next one's loads before it stores this one's dQ (BWD_PASS_PERSIST; cp.async); 0, a block a work
 
     def paired(self, D: int, dq: str = "atomic") -> bool:
         """Whether the wgmma main loop takes its query tiles two at a time for dQ (BWG_DQ_PAIRED)."""
@@ -125,7 +127,8 @@ class BwdConfig:
     @property
     def spec(self) -> str:
         return (f"NWARPS={self.NWARPS},BN={self.BN},STAGES={self.STAGES},MINB={self.MINB}" + (",WG=1" if self.WG else "")
-                + ("" if self.PAIRS == 1 else f",PAIRS={self.PAIRS}") + (",TMA=1" if self.TMA else ""))
+                + ("" if self.PAIRS == 1 else f",PAIRS={self.PAIRS}") + (",TMA=1" if self.TMA else "")
+                + (",PERSIST=1" if self.PERSIST else ""))
 
 
 # per head dimension: (shape, why). Registers (sm_80 / sm_90, NVRTC 13): D=64 198-206, D=128
@@ -206,6 +209,9 @@ PASS_TMA = 1
 # ... and the wgmma main loop's Q and dO by bulk tensor copies on unstrided patterns (``--bwd-config MTMA=1``):
 # written and compiled, not yet measured, so 0 (cp.async)
 MAIN_TMA = 0
+# ... and the wgmma pass persistent (``--bwd-config PPER=1``: cp.async, about the GPU's resident blocks taking the works
+# in turn): written and compiled, not yet measured, so 0
+PASS_PERSIST = 0
 PASS_SHAPES_WG: dict[int, tuple[BwdConfig, str]] = {
     64: (BwdConfig(NWARPS=4, STAGES=2, MINB=3, WG=1), "one warpgroup, 64 x 64 tiles, K and V in 2 stages (48 KiB): "
                                                       "3 blocks per SM"),
@@ -323,8 +329,9 @@ class BwdFields:
     that L splits walks, the others whole; 0: L's) and PWG (dQ's own pass beside the wgmma main loop: 1, on
     wgmma, kernels/fast_tc_bwd_dq_wg.cu; 0, a launch of the mma.sync build) and PTMA (that wgmma pass's tiles:
     1, by bulk tensor copies on unstrided patterns; 0, by cp.async) and MTMA (the wgmma main loop's Q and dO
-    tiles: 1, by bulk tensor copies on unstrided patterns, not with DQ=2; 0, by cp.async); the defaults are
-    those of the positional form."""
+    tiles: 1, by bulk tensor copies on unstrided patterns, not with DQ=2; 0, by cp.async) and PPER (the wgmma
+    pass: 1, persistent, its tiles by cp.async; 0, a block a query tile); the defaults are those of the positional
+    form."""
     NWARPS: int = 8
     STAGES: int = 2
     MINB: int = 1
@@ -340,14 +347,16 @@ class BwdFields:
     PWG: int = 0
     PTMA: int = 0
     MTMA: int = 0
+    PPER: int = 0
 
 
 BWD_FIELDS = tuple(f.name for f in dataclasses.fields(BwdFields))
 BWD_LIMITS = {"NWARPS": (4, 8, 4), "STAGES": (2, 4, 1), "MINB": (1, 4, 1), "DQ": (0, 2, 1), "STATS": (0, 2, 1),
               "PAIRS": (0, 2, 1), "SKIP": (0, 1, 1), "WAVES": (1, 16, 1), "PMINB": (0, 4, 1), "ORDER": (0, 1, 1),
               "L": (0, 65536, 1), "CUT": (0, 65536, 1),
-              "PWG": (0, 1, 1), "PTMA": (0, 1, 1), "MTMA": (0, 1, 1)}
-WORK_FIELDS = ("DQ", "STATS", "SKIP", "WAVES", "PMINB", "ORDER", "L", "CUT", "PWG", "PTMA", "MTMA")  # not the main kernel's shape
+              "PWG": (0, 1, 1), "PTMA": (0, 1, 1), "MTMA": (0, 1, 1), "PPER": (0, 1, 1)}
+WORK_FIELDS = ("DQ", "STATS", "SKIP", "WAVES", "PMINB", "ORDER", "L", "CUT", "PWG", "PTMA", "MTMA",
+               "PPER")  # not the main kernel's shape
 
 
 @dataclass(frozen=True)
@@ -420,6 +429,11 @@ class BwdSpec:
         return self.field("MTMA")
 
     @property
+    def pass_persist(self) -> int | None:
+        """Whether the wgmma pass is persistent (PPER), None when not given."""
+        return self.field("PPER")
+
+    @property
     def skip(self) -> int | None:
         """Whether dQ's pass skips the all-zero key blocks of P (SKIP), None when not given."""
         return self.field("SKIP")
@@ -451,15 +465,18 @@ def choose_bwd_config(D: int, wgmma: bool, dq: str = "atomic", keys_per_query: f
 
 
 def dq_pass_config(D: int, cfg: BwdConfig, minb: int | None = None, wg: int | None = None,
-                   tma: int | None = None, stride: int = 1) -> BwdConfig:
+                   tma: int | None = None, stride: int = 1, persist: int | None = None) -> BwdConfig:
     """The shape of the dQ pass beside a main kernel of shape ``cfg``: that shape on mma.sync; beside
     the wgmma main loop, the wgmma pass's (``PASS_SHAPES_WG``) where ``wg`` (None: PASS_WG), its tiles by
     bulk tensor copies where ``tma`` (None: PASS_TMA) and the pattern's ``stride`` is 1, else mma.sync's
     own for D (``BWD_SHAPES``), a launch of the mma.sync build; with ``minb`` (PMINB) its blocks per
-    multiprocessor asked of the register allocator replaced."""
+    multiprocessor asked of the register allocator replaced; the wgmma pass persistent where ``persist`` (None:
+    PASS_PERSIST), its tiles then by cp.async."""
     wg = PASS_WG if wg is None else wg
     pcfg = (PASS_SHAPES_WG if wg else BWD_SHAPES)[D][0] if cfg.WG else cfg
-    if pcfg.WG and pcfg is not cfg and (PASS_TMA if tma is None else tma) and stride == 1:
+    if pcfg.WG and pcfg is not cfg and (PASS_PERSIST if persist is None else persist):
+        pcfg = dataclasses.replace(pcfg, PERSIST=1)
+    elif pcfg.WG and pcfg is not cfg and (PASS_TMA if tma is None else tma) and stride == 1:
         pcfg = dataclasses.replace(pcfg, TMA=1)
     return pcfg if not minb else dataclasses.replace(pcfg, MINB=minb)
 
@@ -504,6 +521,8 @@ def bwd_defines(D: int, dtype: str, mask: Mask, cfg: BwdConfig | None = None, dq
             d["BWD_DQ_PAIRS"] = cfg.PAIRS
         if cfg.TMA:
             d["TMA"] = 1
+        if cfg.PERSIST:
+            d["BWD_PASS_PERSIST"] = 1
     if dq != "atomic" and (PASS_SKIP[D] if skip is None else skip):
         d["BWD_PASS_SKIP"] = 1
     if dq == "fused":  # the main loop's build with the pass's blocks beside it; prep's stats
@@ -562,13 +581,15 @@ class Backward:
     dQ's pass beside the wgmma main loop on wgmma too (``dq_pass_config``; None: PASS_WG); it has no skip.
     ``pass_tma``: that pass's tiles by bulk tensor copies on unstrided patterns (None: PASS_TMA). ``main_tma``:
     the wgmma main loop's Q and dO tiles by bulk tensor copies on unstrided patterns, not beside the pass's
-    blocks in one launch (None: MAIN_TMA where that holds)."""
+    blocks in one launch (None: MAIN_TMA where that holds). ``pass_persist``: the wgmma pass persistent, by
+    cp.async (None: PASS_PERSIST)."""
 
     def __init__(self, prob: Problem, setup: dict | None = None, cfg: BwdConfig | None = None,
                  split: int | None = None, dq: str | None = None, wgmma: bool = False, fields: dict | None = None,
                  stats: int | None = None, skip: int | None = None, waves: int | None = None,
                  pass_minb: int | None = None, order: int | None = None, cut: int | None = None,
-                 pass_wg: int | None = None, pass_tma: int | None = None, main_tma: int | None = None):
+                 pass_wg: int | None = None, pass_tma: int | None = None, main_tma: int | None = None,
+                 pass_persist: int | None = None):
         check_dtype(prob.dtype)
         if prob.D not in BWD_SHAPES:
             raise BadInput(f"D={prob.D} is not supported by the backward of fast-tc "
@@ -625,7 +646,12 @@ class Backward:
         self.stats = int(stats) if dq == "pass" else 0
         self.skip = (PASS_SKIP[prob.D] if skip is None else int(skip)) if dq != "atomic" else 0
         if dq != "atomic":  # the forward list at the dQ pass's tiles, on the device (built above on mma.sync)
-            self.pcfg = pcfg = cfg if dq == "fused" else dq_pass_config(prob.D, cfg, pass_minb, pass_wg, pass_tma, stride)
+            self.pcfg = pcfg = cfg if dq == "fused" else dq_pass_config(prob.D, cfg, pass_minb, pass_wg, pass_tma, stride,
+                                                                        pass_persist)
+            if pass_persist and not (pcfg.WG and pcfg is not cfg):
+                raise BadInput("PPER=1 is built for dQ's own pass on wgmma (fast-tc on sm_90, DQ=1, PWG=1)")
+            if pass_persist and pass_tma:
+                raise BadInput("PPER=1 loads the pass's tiles by cp.async: give PTMA=0 with it")
             if pcfg.WG and pcfg is not cfg:
                 if skip:
                     raise BadInput("SKIP=1 is not built by dQ's pass on wgmma (PWG=1): give SKIP=0 or PWG=0")
@@ -729,8 +755,15 @@ class Backward:
             BM, BN = self.pcfg.BM, self.pcfg.BN
             maps = head_maps([q, k, v, do, o], (BM, BN, BN, BM, BM)) if self.pcfg.TMA else [TensorMap()] * 5
             pargs += tuple(m.arg for m in maps)
-        dq_pass = Launch(self.dq_pass, (ft.heads.shape[0], B * H, min(self.stride, T)), (self.pcfg.threads,),
-                         self.dq_smem, pargs, maps)
+        grid = (ft.heads.shape[0], B * H, min(self.stride, T))
+        if self.pcfg.PERSIST:  # about the resident blocks, the works of that grid in turn
+            import cupy
+
+            total = grid[0] * grid[1] * grid[2]
+            sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+            pargs += (np.int32(grid[0]), np.int32(B * H), np.int32(total))
+            grid = (min(total, sms * self.pcfg.MINB), 1, 1)
+        dq_pass = Launch(self.dq_pass, grid, (self.pcfg.threads,), self.dq_smem, pargs, maps)
         tail = [("convert", conv)] if s8 else []
         if self.stats:  # the pass writes the stats the main kernel reads: before it; prep on no row but
             # the split key tiles' accumulators, to zero them
@@ -788,7 +821,7 @@ def build_backward(impl: FastTC, prob: Problem, q, k, v, do, cfg: TileConfig | N
                    pass_minb=spec.pass_minb if spec else None, order=spec.order if spec else None,
                    split=spec.split if spec else None, cut=spec.cut if spec else None,
                    pass_wg=spec.pass_wg if spec else None, pass_tma=spec.pass_tma if spec else None,
-                   main_tma=spec.main_tma if spec else None)
+                   main_tma=spec.main_tma if spec else None, pass_persist=spec.pass_persist if spec else None)
     grads = tuple(cupy.empty(prob.shape, dtype=q.dtype) for _ in range(3))
     launches = bwd.launches(q, k, v, o, lse, do, *grads, *bwd.scratch())
     with_fwd = prob.pass_name == "fwd+bwd"
@@ -890,8 +923,9 @@ def _builds_of(mask: Mask, D: int, dtype: str) -> list[tuple[str, dict]]:
     wgmma = [(KERNEL_WG, bwd_defines(D, dtype, mask, c, way, st))
              for way in ("pass", "atomic") for st in (stats if way == "pass" else stats[:1])
              for c in both(bwd_config(D, True, kpq, way))]
+    pwg = PASS_SHAPES_WG[D][0]
     passes = [(KERNEL_DQ_WG, bwd_defines(D, dtype, mask, p, "pass", st, skip=0)) for st in stats
-              for p in both(PASS_SHAPES_WG[D][0])]
+              for p in both(pwg) + (dataclasses.replace(pwg, PERSIST=1),)]
     return [(KERNEL, bwd_defines(D, dtype, mask, dq=dq, stats=st)) for st in (stats if dq == "pass" else stats[:1])] + \
         wgmma + passes + [
         (FWD, {**kernel_defines(D, dtype, mask, lse_shape(choose_config(mask, D, wgmma))), "FWD_LSE": 1})

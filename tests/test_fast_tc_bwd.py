@@ -104,6 +104,10 @@ def test_fast_tc_takes_the_wgmma_backward_on_sm_90_and_mma_sync_otherwise():
         assert dq_pass_config(D, choose_bwd_config(D, True, "pass"), wg=1) == pwg
         assert dq_pass_config(D, choose_bwd_config(D, True, "pass"), wg=1, tma=0) == PASS_SHAPES_WG[D][0]
         assert dq_pass_config(D, choose_bwd_config(D, True, "pass"), wg=1, tma=1, stride=3) == PASS_SHAPES_WG[D][0]
+        # persistent: by cp.async whatever the pattern; beside the mma.sync loop (or PWG=0) nothing persistent
+        assert dq_pass_config(D, choose_bwd_config(D, True, "pass"), wg=1, persist=1) == dataclasses.replace(
+            PASS_SHAPES_WG[D][0], PERSIST=1)
+        assert dq_pass_config(D, choose_bwd_config(D, True, "pass"), wg=0, persist=1) == BWD_SHAPES[D][0]
         assert dq_pass_config(D, choose_bwd_config(D, True, "pass"), 4, wg=1).MINB == 4
         assert choose_bwd_config(D, True).BM == 64  # every warpgroup's query tile
         assert choose_bwd_config(D, False).BN == 64
@@ -580,13 +584,15 @@ def test_gradients_match_the_reference(pattern, causal, params, D, dtype, T, syn
     ("dilated", True, dict(window=70, dilation=3), 777),  # strided: the variant loads by cp.async
 ])
 @pytest.mark.parametrize("D,dtype", [(64, "bfloat16"), (128, "float16")])
-@pytest.mark.parametrize("text,kernel", [("DQ=1,PTMA=1", "bwd_dq_tile_config"), ("MTMA=1", "bwd_tile_config"),
-                                         ("DQ=0,MTMA=1", "bwd_tile_config"),
-                                         ("NWARPS=8,MINB=1,DQ=0,MTMA=1", "bwd_tile_config")])
-def test_the_wgmma_kernels_by_bulk_copies_match_the_reference(pattern, causal, params, T, D, dtype, text, kernel):
+@pytest.mark.parametrize("text,kernel,marker", [
+    ("DQ=1,PTMA=1", "bwd_dq_tile_config", ",TMA=1"), ("MTMA=1", "bwd_tile_config", ",TMA=1"),
+    ("DQ=0,MTMA=1", "bwd_tile_config", ",TMA=1"), ("NWARPS=8,MINB=1,DQ=0,MTMA=1", "bwd_tile_config", ",TMA=1"),
+    ("DQ=1,PPER=1", "bwd_dq_tile_config", ",PERSIST=1")])
+def test_the_wgmma_kernels_variants_match_the_reference(pattern, causal, params, T, D, dtype, text, kernel, marker):
     """--bwd-config DQ=1,PTMA=1: dQ's pass on wgmma with its K and V tiles by bulk tensor copies; MTMA=1: the wgmma
     main loop's Q and dO tiles so, beside dQ's pass and with dQ's float32 reductions, one warpgroup and two (zero-
-    filled past T): through the gate on patterns of every kind, odd T, both head dims."""
+    filled past T; strided patterns by cp.async); PPER=1: the pass persistent, its blocks taking the query tiles in
+    turn (every pattern): through the gate on patterns of every kind, odd T, both head dims."""
     from attnbench.fast_tc_bwd import parse_bwd_config
 
     if not IMPL.uses_wgmma():
@@ -596,7 +602,7 @@ def test_the_wgmma_kernels_by_bulk_copies_match_the_reference(pattern, causal, p
     prob = Problem(mask, 2, 3, D, dtype, pass_name="bwd")
     q, k, v, do = _inputs(prob, seed=T + D + 7)
     runner = IMPL.bwd_variant(parse_bwd_config(text)).prepare(prob, q, k, v, do=do)
-    assert (",TMA=1" in runner.setup[kernel]) == (mask.strided()[0] == 1)
+    assert (marker in runner.setup[kernel]) == (mask.strided()[0] == 1 or marker != ",TMA=1")
     for _ in range(2):  # a second run writes every gradient again
         runner.poison()
         runner.run()
@@ -915,14 +921,15 @@ def test_bwd_config_parses_fields_and_refuses_bad_ones_by_name():
     assert parse_bwd_config("DQ=1,PTMA=1").pass_tma == 1 and parse_bwd_config("PTMA=1").shape == {}
     assert parse_bwd_config("MTMA=1").main_tma == 1 and parse_bwd_config("MTMA=1").shape == {}
     assert parse_bwd_config("DQ=1").main_tma is None
+    assert parse_bwd_config("DQ=1,PPER=1").pass_persist == 1 and parse_bwd_config("PPER=1").shape == {}
     s = parse_bwd_config("ORDER=1,L=8")
     assert s.order == 1 and s.split == 8 and s.shape == {} and str(s) == "ORDER=1,L=8"
     assert parse_bwd_config("ORDER=1,CUT=8").cut == 8 and parse_bwd_config("CUT=8").shape == {}
     assert parse_bwd_config("L=0").split is None and parse_bwd_config("DQ=1").order is None  # 0: split_length's
     for bad, words in (("DQ=3", "DQ=3 must be from 0 to 2"), ("NWARPS=6", "NWARPS=6 must be a multiple of 4"),
-                       ("BN=64", "unknown field 'BN'"), ("8,2", "positional form takes 4 to 15"),
+                       ("BN=64", "unknown field 'BN'"), ("8,2", "positional form takes 4 to 16"),
                        ("ORDER=2", "ORDER=2 must be 0 or 1"),
-                       ("STATS=3", "STATS=3 must be from 0 to 2"), ("SKIP=2", "SKIP=2 must be 0 or 1"), ("PWG=2", "PWG=2 must be 0 or 1"), ("PTMA=2", "PTMA=2 must be 0 or 1"), ("MTMA=2", "MTMA=2 must be 0 or 1"), ("PAIRS=3", "PAIRS=3 must be from 0 to 2")):
+                       ("STATS=3", "STATS=3 must be from 0 to 2"), ("SKIP=2", "SKIP=2 must be 0 or 1"), ("PWG=2", "PWG=2 must be 0 or 1"), ("PTMA=2", "PTMA=2 must be 0 or 1"), ("MTMA=2", "MTMA=2 must be 0 or 1"), ("PPER=2", "PPER=2 must be 0 or 1"), ("PAIRS=3", "PAIRS=3 must be from 0 to 2")):
         with pytest.raises(BadInput, match="--bwd-config") as e:
             parse_bwd_config(bad)
         assert words in str(e.value)
@@ -959,8 +966,13 @@ def test_the_items_launch_by_position_and_cut_where_a_long_split_leaves_room():
 
 
 @pytest.mark.gpu
-def test_the_wgmma_pass_refuses_the_key_block_skip_before_any_launch():
-    """SKIP=1 is the mma.sync pass's: with the pass on wgmma (PWG=1) it is refused by name."""
+@pytest.mark.parametrize("text,words", [("DQ=1,SKIP=1,PWG=1", "SKIP=1 is not built by dQ's pass on wgmma"),
+                                        ("DQ=1,PPER=1,PTMA=1", "PPER=1 loads the pass's tiles by cp.async"),
+                                        ("DQ=1,PPER=1,PWG=0", "PPER=1 is built for dQ's own pass on wgmma"),
+                                        ("DQ=2,MTMA=1", "DQ=2.*cp.async.*MTMA=0")])
+def test_the_wgmma_kernels_refuse_what_they_do_not_build_before_any_launch(text, words):
+    """SKIP=1 is the mma.sync pass's: with the pass on wgmma (PWG=1) it is refused by name; so is a persistent
+    pass by bulk copies or on mma.sync, and the fused launch by bulk copies."""
     from attnbench.fast_tc_bwd import parse_bwd_config
 
     if not IMPL.uses_wgmma():
@@ -968,8 +980,8 @@ def test_the_wgmma_pass_refuses_the_key_block_skip_before_any_launch():
     mask = make_mask("streaming", 777, True, sink=16, window=64)
     prob = Problem(mask, 1, 2, 64, "bfloat16", pass_name="bwd")
     q, k, v, do = _inputs(prob, seed=3)
-    with pytest.raises(BadInput, match="SKIP=1 is not built by dQ's pass on wgmma"):
-        IMPL.bwd_variant(parse_bwd_config("DQ=1,SKIP=1,PWG=1")).prepare(prob, q, k, v, do=do)
+    with pytest.raises(BadInput, match=words):
+        IMPL.bwd_variant(parse_bwd_config(text)).prepare(prob, q, k, v, do=do)
 
 
 def test_the_variants_fields_win_over_the_environments(monkeypatch):
@@ -997,7 +1009,9 @@ def test_the_variants_fields_win_over_the_environments(monkeypatch):
                                               ("DQ=1,MTMA=1", "pass", None), ("DQ=0,MTMA=1", "atomic", None),
                                               ("NWARPS=8,MINB=1,DQ=0,MTMA=1", "atomic", 8),
                                               ("NWARPS=8,MINB=1,DQ=0,PAIRS=2,MTMA=1", "atomic", 8),
-                                              ("DQ=1,MTMA=1,PTMA=0,STATS=0", "pass", None)])
+                                              ("DQ=1,MTMA=1,PTMA=0,STATS=0", "pass", None),
+                                              ("DQ=1,PPER=1", "pass", None), ("DQ=1,PPER=1,STATS=0", "pass", None),
+                                              ("DQ=1,PPER=1,STATS=1", "pass", None)])
 @pytest.mark.parametrize("split", ["", "0"], ids=["split-as-chosen", "nothing-split"])
 def test_a_bwd_variant_runs_its_fields_and_matches_the_reference(monkeypatch, text, dq, nwarps, split):
     from attnbench.fast_tc_bwd import PASS_SKIP, PASS_STATS_FROM, PASS_STATS_SPLIT, SPLIT_ENV, parse_bwd_config
@@ -1041,7 +1055,12 @@ def test_a_bwd_variant_runs_its_fields_and_matches_the_reference(monkeypatch, te
         from attnbench.fast_tc_bwd import PASS_TMA
 
         assert (",WG=1" in runner.setup["bwd_dq_tile_config"]) == bool(pass_wg)
-        assert (",TMA=1" in runner.setup["bwd_dq_tile_config"]) == bool(pass_wg and fields.get("PTMA", PASS_TMA))
+        from attnbench.fast_tc_bwd import PASS_PERSIST
+
+        persist = pass_wg and fields.get("PPER", PASS_PERSIST)
+        assert (",TMA=1" in runner.setup["bwd_dq_tile_config"]) == bool(pass_wg and not persist
+                                                                        and fields.get("PTMA", PASS_TMA))
+        assert (",PERSIST=1" in runner.setup["bwd_dq_tile_config"]) == bool(persist)
     from attnbench.fast_tc_bwd import MAIN_TMA
 
     main_tma = IMPL.uses_wgmma() and dq != "fused" and fields.get("MTMA", MAIN_TMA)

@@ -16,7 +16,8 @@
 // Loads (the K/V tiles stream through STAGES shared-memory buffers, one cp.async commit group per
 // tile, rows >= T zero-filled). The interface every loader shares (TcLoadTma too):
 //   init(sm, gm, w); begin(): Q's copy, issued before the list's head is read;
-//   first_tiles(list): the list's first STAGES - 1 tiles, then waits for Q;
+//   first_tiles(list): the list's first STAGES - 1 tiles, then waits for Q (TcLoadAsync: in two halves,
+//     issue_first(list) and wait_first());
 //   refill(sm, gm, T, bar, st, st_fill, phase, ent_nx, nx, n) (static): waits for tile `it`
 //     (stage st), loads tile nx (entry ent_nx) into stage st_fill when nx < n;
 //   drain(): waits for what is left.
@@ -158,6 +159,13 @@ struct TcLoadAsync {
     }
 
     __device__ __forceinline__ void first_tiles(const TcTileList& list) {
+        issue_first(list);
+        wait_first();
+    }
+
+    // first_tiles in two halves (a persistent block issues the next work's loads before it stores this
+    // one's output): the list's first STAGES - 1 tiles, a commit group each ...
+    __device__ __forceinline__ void issue_first(const TcTileList& list) {
 #pragma unroll
         for (int s = 0; s < STAGES - 1; ++s) {
             if (s < list.n) {
@@ -167,6 +175,10 @@ struct TcLoadAsync {
             }
             tc_commit();
         }
+    }
+
+    // ... and the wait for the group before them (Q's)
+    static __device__ __forceinline__ void wait_first() {
         tc_wait<STAGES - 1>();  // the Q group is the oldest
         Mma::fence_loads();
         __syncthreads();
