@@ -59,6 +59,9 @@ FUSED = "fast_tc_bwd_fused"      # BWD_FUSED builds (wgmma, one warpgroup): the 
 DQ_WAYS = ("atomic", "pass", "fused")  # how dQ is summed: reductions into float32 in the main kernel, its own
 # pass, or that pass's blocks in the main kernel's launch, ordered beside the items that read the same tiles
 DQ_ENV = "ATTNBENCH_BWD_DQ"      # the way forced (tests, timing); default: choose_dq's rule
+# the blocks of a persistent launch (PERSIST; tests give few, so that every block takes many works); default: the
+# multiprocessors times the build's MINB
+PERSIST_BLOCKS_ENV = "ATTNBENCH_BWD_PERSIST_BLOCKS"
 PREP_THREADS = 256  # BWD_PREP_THREADS, of the prep and convert kernels
 DEFAULT_SMEM = 48 * 1024
 
@@ -80,8 +83,9 @@ class BwdConfig:
     TMA: int = 0    # the wgmma builds, unstrided patterns: 1, the streamed tiles by bulk tensor copies, each
     #                 stage on an mbarrier (dQ's pass, kernels/fast_tc_bwd_dq_wg.cu: K and V; the main loop,
     #                 kernels/fast_tc_bwd_wg.cu: Q and dO, its rows' (lse2, delta) still by cp.async); 0, by cp.async
-    PERSIST: int = 0  # dQ's pass on wgmma: 1, about the GPU's resident blocks, each taking works in turn and issuing
-    #                   the next one's loads before it stores this one's dQ (BWD_PASS_PERSIST; cp.async); 0, a block a work
+    PERSIST: int = 0  # the wgmma builds by cp.async: 1, about the GPU's resident blocks, each taking works in turn and
+    #                   issuing the next one's loads before it stores this one's output (BWD_PERSIST: dQ's pass, a
+    #                   query tile's dQ; the main loop, an item's dK and dV); 0, a block a work
 
     def paired(self, D: int, dq: str = "atomic") -> bool:
         """Whether the wgmma main loop takes its query tiles two at a time for dQ (BWG_DQ_PAIRED)."""
@@ -212,6 +216,8 @@ MAIN_TMA = 0
 # ... and the wgmma pass persistent (``--bwd-config PPER=1``: cp.async, about the GPU's resident blocks taking the works
 # in turn): written and compiled, not yet measured, so 0
 PASS_PERSIST = 0
+# ... and the wgmma main loop persistent (``--bwd-config MPER=1``, cp.async): written and compiled, not yet measured
+MAIN_PERSIST = 0
 PASS_SHAPES_WG: dict[int, tuple[BwdConfig, str]] = {
     64: (BwdConfig(NWARPS=4, STAGES=2, MINB=3, WG=1), "one warpgroup, 64 x 64 tiles, K and V in 2 stages (48 KiB): "
                                                       "3 blocks per SM"),
@@ -330,7 +336,8 @@ class BwdFields:
     wgmma, kernels/fast_tc_bwd_dq_wg.cu; 0, a launch of the mma.sync build) and PTMA (that wgmma pass's tiles:
     1, by bulk tensor copies on unstrided patterns; 0, by cp.async) and MTMA (the wgmma main loop's Q and dO
     tiles: 1, by bulk tensor copies on unstrided patterns, not with DQ=2; 0, by cp.async) and PPER (the wgmma
-    pass: 1, persistent, its tiles by cp.async; 0, a block a query tile); the defaults are those of the positional
+    pass: 1, persistent, its tiles by cp.async; 0, a block a query tile) and MPER (the wgmma main loop: 1,
+    persistent, by cp.async, not with DQ=2; 0, a block a work item); the defaults are those of the positional
     form."""
     NWARPS: int = 8
     STAGES: int = 2
@@ -348,15 +355,17 @@ class BwdFields:
     PTMA: int = 0
     MTMA: int = 0
     PPER: int = 0
+    MPER: int = 0
 
 
 BWD_FIELDS = tuple(f.name for f in dataclasses.fields(BwdFields))
 BWD_LIMITS = {"NWARPS": (4, 8, 4), "STAGES": (2, 4, 1), "MINB": (1, 4, 1), "DQ": (0, 2, 1), "STATS": (0, 2, 1),
               "PAIRS": (0, 2, 1), "SKIP": (0, 1, 1), "WAVES": (1, 16, 1), "PMINB": (0, 4, 1), "ORDER": (0, 1, 1),
               "L": (0, 65536, 1), "CUT": (0, 65536, 1),
-              "PWG": (0, 1, 1), "PTMA": (0, 1, 1), "MTMA": (0, 1, 1), "PPER": (0, 1, 1)}
+              "PWG": (0, 1, 1), "PTMA": (0, 1, 1), "MTMA": (0, 1, 1), "PPER": (0, 1, 1),
+              "MPER": (0, 1, 1)}
 WORK_FIELDS = ("DQ", "STATS", "SKIP", "WAVES", "PMINB", "ORDER", "L", "CUT", "PWG", "PTMA", "MTMA",
-               "PPER")  # not the main kernel's shape
+               "PPER", "MPER")  # not the main kernel's shape
 
 
 @dataclass(frozen=True)
@@ -434,6 +443,11 @@ class BwdSpec:
         return self.field("PPER")
 
     @property
+    def main_persist(self) -> int | None:
+        """Whether the wgmma main loop is persistent (MPER), None when not given."""
+        return self.field("MPER")
+
+    @property
     def skip(self) -> int | None:
         """Whether dQ's pass skips the all-zero key blocks of P (SKIP), None when not given."""
         return self.field("SKIP")
@@ -481,6 +495,21 @@ def dq_pass_config(D: int, cfg: BwdConfig, minb: int | None = None, wg: int | No
     return pcfg if not minb else dataclasses.replace(pcfg, MINB=minb)
 
 
+def persist_blocks(works: int, minb: int) -> int:
+    """The blocks of a persistent launch of ``works`` works: $ATTNBENCH_BWD_PERSIST_BLOCKS when set, else the
+    multiprocessors times ``minb`` (the blocks the GPU holds at once), at most ``works``; BadInput when the
+    variable is not a positive count."""
+    import os
+
+    import cupy
+
+    given = os.environ.get(PERSIST_BLOCKS_ENV, "").strip()
+    if given and not (given.isdigit() and int(given) > 0):
+        raise BadInput(f"{PERSIST_BLOCKS_ENV}={given!r}: expected a positive count of blocks")
+    n = int(given) if given else cupy.cuda.Device().attributes["MultiProcessorCount"] * minb
+    return max(1, min(works, n))
+
+
 def forced_dq() -> str | None:
     """How dQ is summed: $ATTNBENCH_BWD_DQ (one of DQ_WAYS), else None (``choose_dq``'s rule);
     BadInput otherwise."""
@@ -522,7 +551,7 @@ def bwd_defines(D: int, dtype: str, mask: Mask, cfg: BwdConfig | None = None, dq
         if cfg.TMA:
             d["TMA"] = 1
         if cfg.PERSIST:
-            d["BWD_PASS_PERSIST"] = 1
+            d["BWD_PERSIST"] = 1
     if dq != "atomic" and (PASS_SKIP[D] if skip is None else skip):
         d["BWD_PASS_SKIP"] = 1
     if dq == "fused":  # the main loop's build with the pass's blocks beside it; prep's stats
@@ -582,14 +611,15 @@ class Backward:
     ``pass_tma``: that pass's tiles by bulk tensor copies on unstrided patterns (None: PASS_TMA). ``main_tma``:
     the wgmma main loop's Q and dO tiles by bulk tensor copies on unstrided patterns, not beside the pass's
     blocks in one launch (None: MAIN_TMA where that holds). ``pass_persist``: the wgmma pass persistent, by
-    cp.async (None: PASS_PERSIST)."""
+    cp.async (None: PASS_PERSIST). ``main_persist``: the wgmma main loop persistent, by cp.async, not beside the
+    pass's blocks in one launch (None: MAIN_PERSIST where that holds)."""
 
     def __init__(self, prob: Problem, setup: dict | None = None, cfg: BwdConfig | None = None,
                  split: int | None = None, dq: str | None = None, wgmma: bool = False, fields: dict | None = None,
                  stats: int | None = None, skip: int | None = None, waves: int | None = None,
                  pass_minb: int | None = None, order: int | None = None, cut: int | None = None,
                  pass_wg: int | None = None, pass_tma: int | None = None, main_tma: int | None = None,
-                 pass_persist: int | None = None):
+                 pass_persist: int | None = None, main_persist: int | None = None):
         check_dtype(prob.dtype)
         if prob.D not in BWD_SHAPES:
             raise BadInput(f"D={prob.D} is not supported by the backward of fast-tc "
@@ -608,8 +638,16 @@ class Backward:
             raise BadInput(f"dq=fused (DQ=2) takes the rows' stats from prep (STATS=0), not STATS={int(stats)}")
         if dq == "fused" and main_tma:
             raise BadInput("dq=fused (DQ=2) loads the main loop's tiles by cp.async: give MTMA=0 with it")
+        if main_persist and not cfg.WG:
+            raise BadInput("MPER=1 is built for the wgmma main loop (fast-tc on sm_90)")
+        if main_persist and (dq == "fused" or main_tma):
+            raise BadInput("MPER=1 loads the main loop's tiles by cp.async, one work item after another: give it "
+                           "neither MTMA=1 nor DQ=2")
         stride, inner = prob.mask.strided()
-        if cfg.WG and not cfg.TMA and dq != "fused" and stride == 1 and (MAIN_TMA if main_tma is None else main_tma):
+        persist = cfg.WG and dq != "fused" and (MAIN_PERSIST if main_persist is None else main_persist)
+        if persist:  # one block after another's items, by cp.async
+            self.cfg = cfg = dataclasses.replace(cfg, PERSIST=1, TMA=0)
+        elif cfg.WG and not cfg.TMA and dq != "fused" and stride == 1 and (MAIN_TMA if main_tma is None else main_tma):
             self.cfg = cfg = dataclasses.replace(cfg, TMA=1)  # Q and dO by bulk tensor copies
         self.setup = setup = {} if setup is None else setup
         self.stride, self.inner = stride, inner
@@ -734,7 +772,11 @@ class Backward:
 
             mmaps = head_maps([q, do], (cfg.BM, cfg.BM))
             margs += tuple(m.arg for m in mmaps)
-        main = Launch(self.main, (self.n_items * self.heads,), (cfg.threads,), self.smem, margs, mmaps)
+        mgrid = self.n_items * self.heads
+        if cfg.PERSIST:  # about the resident blocks, the items in turn
+            margs += (np.int32(mgrid),)
+            mgrid = persist_blocks(mgrid, cfg.MINB)
+        main = Launch(self.main, (mgrid,), (cfg.threads,), self.smem, margs, mmaps)
         n8, s8 = (rows * D // 8 if self.dq_way == "atomic" else 0), srows * D // 8
         conv = Launch(self.dq, (-(-(n8 + s8) // PREP_THREADS),), (PREP_THREADS,), 0,
                       (dq_acc, dq, np.float32(scale), np.int64(n8), dkv_acc, it.split_kt, dk, dv, np.int32(B * H),
@@ -757,12 +799,9 @@ class Backward:
             pargs += tuple(m.arg for m in maps)
         grid = (ft.heads.shape[0], B * H, min(self.stride, T))
         if self.pcfg.PERSIST:  # about the resident blocks, the works of that grid in turn
-            import cupy
-
             total = grid[0] * grid[1] * grid[2]
-            sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
             pargs += (np.int32(grid[0]), np.int32(B * H), np.int32(total))
-            grid = (min(total, sms * self.pcfg.MINB), 1, 1)
+            grid = (persist_blocks(total, self.pcfg.MINB), 1, 1)
         dq_pass = Launch(self.dq_pass, grid, (self.pcfg.threads,), self.dq_smem, pargs, maps)
         tail = [("convert", conv)] if s8 else []
         if self.stats:  # the pass writes the stats the main kernel reads: before it; prep on no row but
@@ -821,7 +860,8 @@ def build_backward(impl: FastTC, prob: Problem, q, k, v, do, cfg: TileConfig | N
                    pass_minb=spec.pass_minb if spec else None, order=spec.order if spec else None,
                    split=spec.split if spec else None, cut=spec.cut if spec else None,
                    pass_wg=spec.pass_wg if spec else None, pass_tma=spec.pass_tma if spec else None,
-                   main_tma=spec.main_tma if spec else None, pass_persist=spec.pass_persist if spec else None)
+                   main_tma=spec.main_tma if spec else None, pass_persist=spec.pass_persist if spec else None,
+                   main_persist=spec.main_persist if spec else None)
     grads = tuple(cupy.empty(prob.shape, dtype=q.dtype) for _ in range(3))
     launches = bwd.launches(q, k, v, o, lse, do, *grads, *bwd.scratch())
     with_fwd = prob.pass_name == "fwd+bwd"
@@ -917,15 +957,15 @@ def _builds_of(mask: Mask, D: int, dtype: str) -> list[tuple[str, dict]]:
     dq = choose_dq(D, kpq)  # mma.sync's way at this T
     # beside the wgmma main loop both ways (which one a T takes: ``choose_dq``), with dQ's pass on wgmma
     # (PASS_SHAPES_WG) where it is the pass; on unstrided patterns each wgmma build by bulk copies too (TMA)
-    def both(c: BwdConfig) -> tuple:
-        return (c,) + ((dataclasses.replace(c, TMA=1),) if mask.strided()[0] == 1 else ())
+    def both(c: BwdConfig) -> tuple:  # (and persistent, by cp.async)
+        return (c, dataclasses.replace(c, PERSIST=1)) + ((dataclasses.replace(c, TMA=1),) if mask.strided()[0] == 1 else ())
 
     wgmma = [(KERNEL_WG, bwd_defines(D, dtype, mask, c, way, st))
              for way in ("pass", "atomic") for st in (stats if way == "pass" else stats[:1])
              for c in both(bwd_config(D, True, kpq, way))]
     pwg = PASS_SHAPES_WG[D][0]
     passes = [(KERNEL_DQ_WG, bwd_defines(D, dtype, mask, p, "pass", st, skip=0)) for st in stats
-              for p in both(pwg) + (dataclasses.replace(pwg, PERSIST=1),)]
+              for p in both(pwg)]
     return [(KERNEL, bwd_defines(D, dtype, mask, dq=dq, stats=st)) for st in (stats if dq == "pass" else stats[:1])] + \
         wgmma + passes + [
         (FWD, {**kernel_defines(D, dtype, mask, lse_shape(choose_config(mask, D, wgmma))), "FWD_LSE": 1})

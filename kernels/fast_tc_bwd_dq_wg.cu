@@ -17,7 +17,7 @@
 // stage the loop refills first, and stores them in LD for the main kernel that runs after it
 // (tc_bwd_pass_stats, as the mma.sync pass). One barrier a tile (the refill's). Same entry point and
 // parameters as fast_tc_bwd.cu's pass, then the tensor maps of Q, K, V, dO and O ([B*H][T][HEAD_D] in
-// boxes of 64 columns; read with TMA 1, zeros otherwise). BWD_PASS_PERSIST 1 (cp.async): about the GPU's
+// boxes of 64 columns; read with TMA 1, zeros otherwise). BWD_PERSIST 1 (cp.async): about the GPU's
 // resident blocks, each taking the works of that grid in turn (three more parameters: its width, heads
 // and works), the next work's loads issued before this one's dQ is stored.
 #include "tc/config.cuh"
@@ -197,10 +197,10 @@ __device__ __forceinline__ void tc_bwd_dq_pass_wg(unsigned char* smem, const TcW
     tc_bwd_store_cols(dQg + w.base, dq, scale, row0, T, g, t4);
 }
 
-#ifndef BWD_PASS_PERSIST
-#define BWD_PASS_PERSIST 0
+#ifndef BWD_PERSIST
+#define BWD_PERSIST 0
 #endif
-#if !BWD_PASS_PERSIST
+#if !BWD_PERSIST
 extern "C" __global__ void __launch_bounds__(THREADS, MINB)
 fast_tc_bwd_dq_pass(TC_BWD_DQ_PASS_PARAMS, const __grid_constant__ TmaMap mapQ, const __grid_constant__ TmaMap mapK,
                     const __grid_constant__ TmaMap mapV, const __grid_constant__ TmaMap mapdO,
@@ -209,7 +209,7 @@ fast_tc_bwd_dq_pass(TC_BWD_DQ_PASS_PARAMS, const __grid_constant__ TmaMap mapQ, 
     tc_bwd_dq_pass_wg(smem, tc_block_work(T_all), blockIdx.z, mapQ, mapK, mapV, mapdO, mapO, TC_BWD_DQ_PASS_ARGS);
 }
 #else
-// BWD_PASS_PERSIST: gridDim.x blocks (about the GPU's resident ones) take the works b = blockIdx.x, + gridDim.x, ...
+// BWD_PERSIST: gridDim.x blocks (about the GPU's resident ones) take the works b = blockIdx.x, + gridDim.x, ...
 // below `total` of the non-persistent grid (nqx query tiles, BH heads, the residue classes) in its launch order. Once
 // a work's products are done, the block issues the next one's Q, dO (O) and first K and V stages, then stores its
 // dQ while they land, so a work's loads wait behind another's stores instead of a block's launch. cp.async only.

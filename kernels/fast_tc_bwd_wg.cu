@@ -41,14 +41,40 @@ __device__ __forceinline__ int tc_bwg_front(TcBwgWalk& walk, const TcBwgSmem& sm
     return qt;
 }
 
-// the main loop's work item of block number b (tc_item_work_at)
+#ifndef BWD_PERSIST
+#define BWD_PERSIST 0
+#endif
+static_assert(!BWD_PERSIST || !TMA, "the persistent main loop loads by cp.async");
+
+// BWD_PERSIST: the loads of block number b's item (its K and V in one commit group, its list's first stages a
+// group each), issued by the block that runs it while it finishes its previous item
+__device__ __forceinline__ void tc_bwg_issue(const TcBwgSmem& sm, int b, const u16* __restrict__ Qg,
+                                             const u16* __restrict__ Kg, const u16* __restrict__ Vg,
+                                             const u16* __restrict__ dOg, const float2* __restrict__ LD,
+                                             const int4* __restrict__ ihead, const int2* __restrict__ itile,
+                                             const int* __restrict__ tent, int BH, int T_all) {
+    int item, cls;
+    const TcWork w = tc_item_work_at(T_all, BH, b, item, cls);
+    const int kt = itile[item].x;
+    const TcBwgSrc src = {Qg + w.base, dOg + w.base, LD + (size_t)w.bh * T_all + cls};
+    tc_load_tile<TcPanelLayout, BN>(sm.k, Kg + w.base, kt * BN, w.T);
+    tc_load_tile<TcPanelLayout, BN>(sm.v, Vg + w.base, kt * BN, w.T);
+    tc_commit();
+    TcTileList list;
+    list.init(ihead, tent, item);
+    TcBwgWalk::issue_first(sm, src, list, w.T);
+}
+
+// the main loop's work item of block number b (tc_item_work_at); with BWD_PERSIST, `pre`: its loads issued
+// (tc_bwg_issue) by the item before it, and nb >= 0: the block number whose loads it issues once its products
+// are done, before it stores dK and dV
 __device__ __forceinline__ void
 tc_bwg_item(unsigned char* smem, int b, const u16* __restrict__ Qg, const u16* __restrict__ Kg,
             const u16* __restrict__ Vg, const u16* __restrict__ dOg, const float2* __restrict__ LD,
             float* __restrict__ dQacc, u16* __restrict__ dKg, u16* __restrict__ dVg, const int4* __restrict__ ihead,
             const int2* __restrict__ itile, const int* __restrict__ tent, float* __restrict__ dKVacc, int BH,
             int T_all, float scale_log2, float scale, const int* __restrict__ table, const TmaMap* mq,
-            const TmaMap* mo) {
+            const TmaMap* mo, bool pre = false, int nb = -1) {
     int item, cls;
     const TcWork w = tc_item_work_at(T_all, BH, b, item, cls);
     const int2 kts = itile[item];  // (key tile, split slot or -1)
@@ -65,6 +91,15 @@ tc_bwg_item(unsigned char* smem, int b, const u16* __restrict__ Qg, const u16* _
     (void)mq;
     (void)mo;
 #endif
+#if BWD_PERSIST
+    if (!pre) tc_bwg_issue(sm, b, Qg, Kg, Vg, dOg, LD, ihead, itile, tent, BH, T_all);
+    TcTileList list;
+    list.init(ihead, tent, item);  // the item's stretch of its key tile's list (its first tiles issued)
+    const int n = list.n;
+    TcBwgWalk walk;
+    TcBwgWalk::wait_first();
+#else
+    (void)pre, (void)nb;
     tc_load_tile<TcPanelLayout, BN>(sm.k, Kg + w.base, kt * BN, T);
     tc_load_tile<TcPanelLayout, BN>(sm.v, Vg + w.base, kt * BN, T);
     tc_commit();
@@ -73,6 +108,7 @@ tc_bwg_item(unsigned char* smem, int b, const u16* __restrict__ Qg, const u16* _
     const int n = list.n;
     TcBwgWalk walk;
     walk.first(sm, src, list, T);
+#endif
     const int wg = BWG_NWG == 1 ? 0 : warp >> 2;  // (a constant with one warpgroup)
     const TcBwgOps op = tc_bwg_ops(sm, wg);
 
@@ -168,11 +204,18 @@ tc_bwg_item(unsigned char* smem, int b, const u16* __restrict__ Qg, const u16* _
     }
 #endif
     tc_wait<0>();
+#if BWD_PERSIST
+    if (nb >= 0) {
+        __syncthreads();  // every warp is done with this item's K, V and stages
+        tc_bwg_issue(sm, nb, Qg, Kg, Vg, dOg, LD, ihead, itile, tent, BH, T_all);
+    }
+#endif
     tc_bwd_finish(dKg, dVg, dKVacc, dk, dv, kts, w, cls, BH, T_all, scale, warp, g, t4);
 }
 
 // the parameters of fast_tc_bwd.cu's main kernel, in its order: the host launches either the same way
-// (TMA 1: then the maps of Q and dO)
+// (TMA 1: then the maps of Q and dO; BWD_PERSIST: then the count of items x heads x classes, which the
+// blocks take in turn, b = blockIdx.x, + gridDim.x, ...)
 extern "C" __global__ void __launch_bounds__(THREADS, MINB)
 fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* __restrict__ Vg,
             const u16* __restrict__ dOg, const float2* __restrict__ LD, float* __restrict__ dQacc,
@@ -182,6 +225,9 @@ fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
 #if TMA
             , const __grid_constant__ TmaMap mapQ, const __grid_constant__ TmaMap mapdO
 #endif
+#if BWD_PERSIST
+            , int total
+#endif
 ) {
     extern __shared__ __align__(1024) unsigned char smem[];
 #if TMA
@@ -189,8 +235,14 @@ fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
 #else
     const TmaMap *mq = nullptr, *mo = nullptr;
 #endif
+#if BWD_PERSIST
+    for (int b = blockIdx.x; b < total; b += gridDim.x)
+        tc_bwg_item(smem, b, Qg, Kg, Vg, dOg, LD, dQacc, dKg, dVg, ihead, itile, tent, dKVacc, BH, T_all, scale_log2,
+                    scale, table, mq, mo, b != (int)blockIdx.x, b + (int)gridDim.x < total ? b + (int)gridDim.x : -1);
+#else
     tc_bwg_item(smem, (int)blockIdx.x, Qg, Kg, Vg, dOg, LD, dQacc, dKg, dVg, ihead, itile, tent, dKVacc, BH, T_all,
                 scale_log2, scale, table, mq, mo);
+#endif
 }
 
 #ifndef BWD_FUSED
@@ -204,7 +256,7 @@ fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
 // own grid (nqx query tiles wide: tc_block_work_at). The host orders them (Backward.fused_order).
 // The rows' (lse2, delta) are prep's: both kinds read them, neither writes them.
 #include "tc/bwd_dq_pass.cuh"
-static_assert(BWD_DQ_PASS && BWG_NWG == 1 && !BWD_PASS_STATS && !TMA,
+static_assert(BWD_DQ_PASS && BWG_NWG == 1 && !BWD_PASS_STATS && !TMA && !BWD_PERSIST,
               "the fused launch: dQ's pass beside one warpgroup's main loop, the rows' stats from prep, cp.async loads");
 
 extern "C" __global__ void __launch_bounds__(THREADS, MINB)

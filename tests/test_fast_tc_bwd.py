@@ -332,6 +332,17 @@ def test_the_fused_launch_is_refused_where_it_does_not_build(no_device_check):
         Backward(prob, dq="fused", wgmma=True, main_tma=1)
 
 
+def test_a_persistent_launchs_blocks_come_from_the_environment(monkeypatch):
+    from attnbench.fast_tc_bwd import PERSIST_BLOCKS_ENV, persist_blocks
+
+    monkeypatch.setenv(PERSIST_BLOCKS_ENV, "7")
+    assert persist_blocks(100, 3) == 7 and persist_blocks(5, 3) == 5  # never more blocks than works
+    for bad in ("0", "x", "-2"):
+        monkeypatch.setenv(PERSIST_BLOCKS_ENV, bad)
+        with pytest.raises(BadInput, match=PERSIST_BLOCKS_ENV):
+            persist_blocks(100, 3)
+
+
 def test_the_dq_way_comes_from_the_environment(monkeypatch):
     from attnbench.fast_tc_bwd import DQ_ENV, forced_dq
 
@@ -587,13 +598,18 @@ def test_gradients_match_the_reference(pattern, causal, params, D, dtype, T, syn
 @pytest.mark.parametrize("text,kernel,marker", [
     ("DQ=1,PTMA=1", "bwd_dq_tile_config", ",TMA=1"), ("MTMA=1", "bwd_tile_config", ",TMA=1"),
     ("DQ=0,MTMA=1", "bwd_tile_config", ",TMA=1"), ("NWARPS=8,MINB=1,DQ=0,MTMA=1", "bwd_tile_config", ",TMA=1"),
-    ("DQ=1,PPER=1", "bwd_dq_tile_config", ",PERSIST=1")])
-def test_the_wgmma_kernels_variants_match_the_reference(pattern, causal, params, T, D, dtype, text, kernel, marker):
+    ("DQ=1,PPER=1", "bwd_dq_tile_config", ",PERSIST=1"), ("MPER=1", "bwd_tile_config", ",PERSIST=1"),
+    ("NWARPS=8,MINB=1,DQ=0,MPER=1", "bwd_tile_config", ",PERSIST=1")])
+def test_the_wgmma_kernels_variants_match_the_reference(pattern, causal, params, T, D, dtype, text, kernel, marker,
+                                                        monkeypatch):
     """--bwd-config DQ=1,PTMA=1: dQ's pass on wgmma with its K and V tiles by bulk tensor copies; MTMA=1: the wgmma
     main loop's Q and dO tiles so, beside dQ's pass and with dQ's float32 reductions, one warpgroup and two (zero-
     filled past T; strided patterns by cp.async); PPER=1: the pass persistent, its blocks taking the query tiles in
-    turn (every pattern): through the gate on patterns of every kind, odd T, both head dims."""
-    from attnbench.fast_tc_bwd import parse_bwd_config
+    turn (every pattern), MPER=1 the main loop so, its blocks taking the work items in turn, by 7 blocks so that
+    each takes many works across heads: through the gate on patterns of every kind, odd T, both head dims."""
+    from attnbench.fast_tc_bwd import PERSIST_BLOCKS_ENV, parse_bwd_config
+
+    monkeypatch.setenv(PERSIST_BLOCKS_ENV, "7")
 
     if not IMPL.uses_wgmma():
         pytest.skip("the wgmma kernels run on sm_90")
@@ -922,14 +938,15 @@ def test_bwd_config_parses_fields_and_refuses_bad_ones_by_name():
     assert parse_bwd_config("MTMA=1").main_tma == 1 and parse_bwd_config("MTMA=1").shape == {}
     assert parse_bwd_config("DQ=1").main_tma is None
     assert parse_bwd_config("DQ=1,PPER=1").pass_persist == 1 and parse_bwd_config("PPER=1").shape == {}
+    assert parse_bwd_config("MPER=1").main_persist == 1 and parse_bwd_config("MPER=1").shape == {}
     s = parse_bwd_config("ORDER=1,L=8")
     assert s.order == 1 and s.split == 8 and s.shape == {} and str(s) == "ORDER=1,L=8"
     assert parse_bwd_config("ORDER=1,CUT=8").cut == 8 and parse_bwd_config("CUT=8").shape == {}
     assert parse_bwd_config("L=0").split is None and parse_bwd_config("DQ=1").order is None  # 0: split_length's
     for bad, words in (("DQ=3", "DQ=3 must be from 0 to 2"), ("NWARPS=6", "NWARPS=6 must be a multiple of 4"),
-                       ("BN=64", "unknown field 'BN'"), ("8,2", "positional form takes 4 to 16"),
+                       ("BN=64", "unknown field 'BN'"), ("8,2", "positional form takes 4 to 17"),
                        ("ORDER=2", "ORDER=2 must be 0 or 1"),
-                       ("STATS=3", "STATS=3 must be from 0 to 2"), ("SKIP=2", "SKIP=2 must be 0 or 1"), ("PWG=2", "PWG=2 must be 0 or 1"), ("PTMA=2", "PTMA=2 must be 0 or 1"), ("MTMA=2", "MTMA=2 must be 0 or 1"), ("PPER=2", "PPER=2 must be 0 or 1"), ("PAIRS=3", "PAIRS=3 must be from 0 to 2")):
+                       ("STATS=3", "STATS=3 must be from 0 to 2"), ("SKIP=2", "SKIP=2 must be 0 or 1"), ("PWG=2", "PWG=2 must be 0 or 1"), ("PTMA=2", "PTMA=2 must be 0 or 1"), ("MTMA=2", "MTMA=2 must be 0 or 1"), ("PPER=2", "PPER=2 must be 0 or 1"), ("MPER=2", "MPER=2 must be 0 or 1"), ("PAIRS=3", "PAIRS=3 must be from 0 to 2")):
         with pytest.raises(BadInput, match="--bwd-config") as e:
             parse_bwd_config(bad)
         assert words in str(e.value)
@@ -969,7 +986,9 @@ def test_the_items_launch_by_position_and_cut_where_a_long_split_leaves_room():
 @pytest.mark.parametrize("text,words", [("DQ=1,SKIP=1,PWG=1", "SKIP=1 is not built by dQ's pass on wgmma"),
                                         ("DQ=1,PPER=1,PTMA=1", "PPER=1 loads the pass's tiles by cp.async"),
                                         ("DQ=1,PPER=1,PWG=0", "PPER=1 is built for dQ's own pass on wgmma"),
-                                        ("DQ=2,MTMA=1", "DQ=2.*cp.async.*MTMA=0")])
+                                        ("DQ=2,MTMA=1", "DQ=2.*cp.async.*MTMA=0"),
+                                        ("MPER=1,MTMA=1", "MPER=1 loads the main loop's tiles by cp.async"),
+                                        ("DQ=2,MPER=1", "MPER=1 loads the main loop's tiles by cp.async")])
 def test_the_wgmma_kernels_refuse_what_they_do_not_build_before_any_launch(text, words):
     """SKIP=1 is the mma.sync pass's: with the pass on wgmma (PWG=1) it is refused by name; so is a persistent
     pass by bulk copies or on mma.sync, and the fused launch by bulk copies."""
@@ -1011,12 +1030,19 @@ def test_the_variants_fields_win_over_the_environments(monkeypatch):
                                               ("NWARPS=8,MINB=1,DQ=0,PAIRS=2,MTMA=1", "atomic", 8),
                                               ("DQ=1,MTMA=1,PTMA=0,STATS=0", "pass", None),
                                               ("DQ=1,PPER=1", "pass", None), ("DQ=1,PPER=1,STATS=0", "pass", None),
-                                              ("DQ=1,PPER=1,STATS=1", "pass", None)])
+                                              ("DQ=1,PPER=1,STATS=1", "pass", None), ("MPER=1", "pass", None),
+                                              ("DQ=0,MPER=1", "atomic", None),
+                                              ("NWARPS=8,MINB=1,DQ=0,MPER=1", "atomic", 8),
+                                              ("NWARPS=8,MINB=1,DQ=0,PAIRS=2,MPER=1", "atomic", 8),
+                                              ("DQ=1,MPER=1,PPER=1", "pass", None)])
 @pytest.mark.parametrize("split", ["", "0"], ids=["split-as-chosen", "nothing-split"])
 def test_a_bwd_variant_runs_its_fields_and_matches_the_reference(monkeypatch, text, dq, nwarps, split):
     from attnbench.fast_tc_bwd import PASS_SKIP, PASS_STATS_FROM, PASS_STATS_SPLIT, SPLIT_ENV, parse_bwd_config
 
     monkeypatch.setenv(SPLIT_ENV, split)  # "": the split the GPU gets (the sink's key tile 0 is split)
+    from attnbench.fast_tc_bwd import PERSIST_BLOCKS_ENV
+
+    monkeypatch.setenv(PERSIST_BLOCKS_ENV, "5")  # a persistent launch's blocks take several works each
 
     v = IMPL.bwd_variant(parse_bwd_config(text))
     mask = make_mask("streaming", 777, True, sink=16, window=64)
@@ -1063,8 +1089,12 @@ def test_a_bwd_variant_runs_its_fields_and_matches_the_reference(monkeypatch, te
         assert (",PERSIST=1" in runner.setup["bwd_dq_tile_config"]) == bool(persist)
     from attnbench.fast_tc_bwd import MAIN_TMA
 
-    main_tma = IMPL.uses_wgmma() and dq != "fused" and fields.get("MTMA", MAIN_TMA)
+    from attnbench.fast_tc_bwd import MAIN_PERSIST
+
+    main_persist = IMPL.uses_wgmma() and dq != "fused" and fields.get("MPER", MAIN_PERSIST)
+    main_tma = IMPL.uses_wgmma() and dq != "fused" and not main_persist and fields.get("MTMA", MAIN_TMA)
     assert (",TMA=1" in runner.setup["bwd_tile_config"]) == bool(main_tma)
+    assert (",PERSIST=1" in runner.setup["bwd_tile_config"]) == bool(main_persist)
     runner.poison()
     runner.run()
     _check_grads(prob, runner.grads, q, k, v_, do)

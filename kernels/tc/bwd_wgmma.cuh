@@ -31,7 +31,7 @@
 //   TcBwgWalk: first(sm, src, list, T) loads the list's first STAGES - 1 tiles and waits for K and
 //     V (the oldest group); step(sm, src, list, tent, T, it, n, st) -> entry of tile `it`, waits
 //     for it (stage st) and refills the stage tile it - 1 used. (TMA: the barriers initialised by
-//     first; src names the maps of Q and dO and the head.)
+//     first; src names the maps of Q and dO and the head.) first = issue_first (static) + wait_first.
 //   TcBwgOps tc_bwg_ops(sm, wg): the descriptors' low words for warpgroup wg.
 //   tc_bwg_scores(s, dp, op, st): issues S^T and dP^T (two commit groups), waits for S^T.
 //   tc_bwg_mask(s, pat, key0, q0, T, g, t4): S^T's disallowed entries -inf (partial tiles, edges).
@@ -178,11 +178,23 @@ struct TcBwgWalk {
         }
         __syncthreads();  // the barriers are initialised before anyone (the copy engine too) uses them
 #endif
+        issue_first(sm, src, list, T);
+        wait_first();
+    }
+
+    // first's loads and its wait apart (cp.async: a persistent block issues the next item's loads before it
+    // stores this one's dK and dV): the list's first STAGES - 1 tiles, a commit group each ...
+    static __device__ __forceinline__ void issue_first(const TcBwgSmem& sm, const TcBwgSrc& src,
+                                                       const TcTileList& list, int T) {
 #pragma unroll
         for (int s = 0; s < STAGES - 1; ++s) {
             if (s < list.n) fill(sm, src, tc_entry_tile(list.ring[s]), T, s);
             tc_commit();
         }
+    }
+
+    // ... and the wait for the group before them (K and V's)
+    static __device__ __forceinline__ void wait_first() {
         tc_wait<STAGES - 1>();  // K and V's group is the oldest
         wg_fence_smem();
         __syncthreads();
