@@ -535,8 +535,8 @@ def compile_cmd(archs, hashes, gate_builds):
                    "unstrided patterns; 0, by cp.async) and MTMA (the wgmma main loop's Q and dO tiles: 1, by bulk "
                    "tensor copies on unstrided patterns, not with DQ=2; 0, by cp.async) and PPER (the wgmma pass: 1, "
                    "persistent, about the GPU's resident blocks taking the query tiles in turn, by cp.async; 0, a "
-                   "block a query tile) and MPER (the wgmma main loop: 1, persistent, the work items in turn, by "
-                   "cp.async, not with MTMA=1 or DQ=2; 0, a block an item) "
+                   "block a query tile) and MPER (the wgmma main loop: 1, persistent, the work items in turn, not "
+                   "with DQ=2; 0, a block an item) "
                    "as FIELD=N,...; "
                    "each adds a row per bwd / fwd+bwd configuration for fast-tc and fast-tc-sync, named e.g. "
                    "fast-tc[bwd:DQ=1], timed with the others (repeatable)")

@@ -83,9 +83,9 @@ class BwdConfig:
     TMA: int = 0    # the wgmma builds, unstrided patterns: 1, the streamed tiles by bulk tensor copies, each
     #                 stage on an mbarrier (dQ's pass, kernels/fast_tc_bwd_dq_wg.cu: K and V; the main loop,
     #                 kernels/fast_tc_bwd_wg.cu: Q and dO, its rows' (lse2, delta) still by cp.async); 0, by cp.async
-    PERSIST: int = 0  # the wgmma builds by cp.async: 1, about the GPU's resident blocks, each taking works in turn and
-    #                   issuing the next one's loads before it stores this one's output (BWD_PERSIST: dQ's pass, a
-    #                   query tile's dQ; the main loop, an item's dK and dV); 0, a block a work
+    PERSIST: int = 0  # the wgmma builds: 1, about the GPU's resident blocks, each taking works in turn and issuing the
+    #                   next one's loads before it stores this one's output (BWD_PERSIST: dQ's pass, by cp.async, a
+    #                   query tile's dQ; the main loop, by either, an item's dK and dV); 0, a block a work
 
     def paired(self, D: int, dq: str = "atomic") -> bool:
         """Whether the wgmma main loop takes its query tiles two at a time for dQ (BWG_DQ_PAIRED)."""
@@ -216,7 +216,7 @@ MAIN_TMA = 0
 # ... and the wgmma pass persistent (``--bwd-config PPER=1``: cp.async, about the GPU's resident blocks taking the works
 # in turn): written and compiled, not yet measured, so 0
 PASS_PERSIST = 0
-# ... and the wgmma main loop persistent (``--bwd-config MPER=1``, cp.async): written and compiled, not yet measured
+# ... and the wgmma main loop persistent (``--bwd-config MPER=1``): written and compiled, not yet measured
 MAIN_PERSIST = 0
 PASS_SHAPES_WG: dict[int, tuple[BwdConfig, str]] = {
     64: (BwdConfig(NWARPS=4, STAGES=2, MINB=3, WG=1), "one warpgroup, 64 x 64 tiles, K and V in 2 stages (48 KiB): "
@@ -337,7 +337,7 @@ class BwdFields:
     1, by bulk tensor copies on unstrided patterns; 0, by cp.async) and MTMA (the wgmma main loop's Q and dO
     tiles: 1, by bulk tensor copies on unstrided patterns, not with DQ=2; 0, by cp.async) and PPER (the wgmma
     pass: 1, persistent, its tiles by cp.async; 0, a block a query tile) and MPER (the wgmma main loop: 1,
-    persistent, by cp.async, not with DQ=2; 0, a block a work item); the defaults are those of the positional
+    persistent, by cp.async or with MTMA=1 by bulk copies, not with DQ=2; 0, a block a work item); the defaults are those of the positional
     form."""
     NWARPS: int = 8
     STAGES: int = 2
@@ -611,8 +611,8 @@ class Backward:
     ``pass_tma``: that pass's tiles by bulk tensor copies on unstrided patterns (None: PASS_TMA). ``main_tma``:
     the wgmma main loop's Q and dO tiles by bulk tensor copies on unstrided patterns, not beside the pass's
     blocks in one launch (None: MAIN_TMA where that holds). ``pass_persist``: the wgmma pass persistent, by
-    cp.async (None: PASS_PERSIST). ``main_persist``: the wgmma main loop persistent, by cp.async, not beside the
-    pass's blocks in one launch (None: MAIN_PERSIST where that holds)."""
+    cp.async (None: PASS_PERSIST). ``main_persist``: the wgmma main loop persistent (its loads
+    as ``main_tma`` says), not beside the pass's blocks in one launch (None: MAIN_PERSIST where that holds)."""
 
     def __init__(self, prob: Problem, setup: dict | None = None, cfg: BwdConfig | None = None,
                  split: int | None = None, dq: str | None = None, wgmma: bool = False, fields: dict | None = None,
@@ -640,14 +640,13 @@ class Backward:
             raise BadInput("dq=fused (DQ=2) loads the main loop's tiles by cp.async: give MTMA=0 with it")
         if main_persist and not cfg.WG:
             raise BadInput("MPER=1 is built for the wgmma main loop (fast-tc on sm_90)")
-        if main_persist and (dq == "fused" or main_tma):
-            raise BadInput("MPER=1 loads the main loop's tiles by cp.async, one work item after another: give it "
-                           "neither MTMA=1 nor DQ=2")
+        if main_persist and dq == "fused":
+            raise BadInput("MPER=1 runs the main loop's work items one after another in a block, not beside the "
+                           "pass's blocks: give it DQ=0 or DQ=1, not DQ=2")
         stride, inner = prob.mask.strided()
-        persist = cfg.WG and dq != "fused" and (MAIN_PERSIST if main_persist is None else main_persist)
-        if persist:  # one block after another's items, by cp.async
-            self.cfg = cfg = dataclasses.replace(cfg, PERSIST=1, TMA=0)
-        elif cfg.WG and not cfg.TMA and dq != "fused" and stride == 1 and (MAIN_TMA if main_tma is None else main_tma):
+        if cfg.WG and dq != "fused" and (MAIN_PERSIST if main_persist is None else main_persist):
+            self.cfg = cfg = dataclasses.replace(cfg, PERSIST=1)  # a block takes work items in turn
+        if cfg.WG and not cfg.TMA and dq != "fused" and stride == 1 and (MAIN_TMA if main_tma is None else main_tma):
             self.cfg = cfg = dataclasses.replace(cfg, TMA=1)  # Q and dO by bulk tensor copies
         self.setup = setup = {} if setup is None else setup
         self.stride, self.inner = stride, inner
@@ -957,12 +956,13 @@ def _builds_of(mask: Mask, D: int, dtype: str) -> list[tuple[str, dict]]:
     dq = choose_dq(D, kpq)  # mma.sync's way at this T
     # beside the wgmma main loop both ways (which one a T takes: ``choose_dq``), with dQ's pass on wgmma
     # (PASS_SHAPES_WG) where it is the pass; on unstrided patterns each wgmma build by bulk copies too (TMA)
-    def both(c: BwdConfig) -> tuple:  # (and persistent, by cp.async)
-        return (c, dataclasses.replace(c, PERSIST=1)) + ((dataclasses.replace(c, TMA=1),) if mask.strided()[0] == 1 else ())
+    def both(c: BwdConfig, persist_tma: bool = False) -> tuple:  # (and persistent: the pass by cp.async only)
+        tma = (dataclasses.replace(c, TMA=1),) + ((dataclasses.replace(c, TMA=1, PERSIST=1),) if persist_tma else ())
+        return (c, dataclasses.replace(c, PERSIST=1)) + (tma if mask.strided()[0] == 1 else ())
 
     wgmma = [(KERNEL_WG, bwd_defines(D, dtype, mask, c, way, st))
              for way in ("pass", "atomic") for st in (stats if way == "pass" else stats[:1])
-             for c in both(bwd_config(D, True, kpq, way))]
+             for c in both(bwd_config(D, True, kpq, way), persist_tma=True)]
     pwg = PASS_SHAPES_WG[D][0]
     passes = [(KERNEL_DQ_WG, bwd_defines(D, dtype, mask, p, "pass", st, skip=0)) for st in stats
               for p in both(pwg)]

@@ -44,7 +44,18 @@ __device__ __forceinline__ int tc_bwg_front(TcBwgWalk& walk, const TcBwgSmem& sm
 #ifndef BWD_PERSIST
 #define BWD_PERSIST 0
 #endif
-static_assert(!BWD_PERSIST || !TMA, "the persistent main loop loads by cp.async");
+
+// the tensors block number b's item streams (TMA: with the maps of Q and dO and its head)
+__device__ __forceinline__ TcBwgSrc tc_bwg_src(const TcWork& w, int cls, const u16* __restrict__ Qg,
+                                               const u16* __restrict__ dOg, const float2* __restrict__ LD, int T_all,
+                                               const TmaMap* mq, const TmaMap* mo) {
+#if TMA
+    return {Qg + w.base, dOg + w.base, LD + (size_t)w.bh * T_all + cls, mq, mo, w.bh};
+#else
+    (void)mq, (void)mo;
+    return {Qg + w.base, dOg + w.base, LD + (size_t)w.bh * T_all + cls};
+#endif
+}
 
 // BWD_PERSIST: the loads of block number b's item (its K and V in one commit group, its list's first stages a
 // group each), issued by the block that runs it while it finishes its previous item
@@ -52,11 +63,12 @@ __device__ __forceinline__ void tc_bwg_issue(const TcBwgSmem& sm, int b, const u
                                              const u16* __restrict__ Kg, const u16* __restrict__ Vg,
                                              const u16* __restrict__ dOg, const float2* __restrict__ LD,
                                              const int4* __restrict__ ihead, const int2* __restrict__ itile,
-                                             const int* __restrict__ tent, int BH, int T_all) {
+                                             const int* __restrict__ tent, int BH, int T_all, const TmaMap* mq,
+                                             const TmaMap* mo) {
     int item, cls;
     const TcWork w = tc_item_work_at(T_all, BH, b, item, cls);
     const int kt = itile[item].x;
-    const TcBwgSrc src = {Qg + w.base, dOg + w.base, LD + (size_t)w.bh * T_all + cls};
+    const TcBwgSrc src = tc_bwg_src(w, cls, Qg, dOg, LD, T_all, mq, mo);
     tc_load_tile<TcPanelLayout, BN>(sm.k, Kg + w.base, kt * BN, w.T);
     tc_load_tile<TcPanelLayout, BN>(sm.v, Vg + w.base, kt * BN, w.T);
     tc_commit();
@@ -67,14 +79,14 @@ __device__ __forceinline__ void tc_bwg_issue(const TcBwgSmem& sm, int b, const u
 
 // the main loop's work item of block number b (tc_item_work_at); with BWD_PERSIST, `pre`: its loads issued
 // (tc_bwg_issue) by the item before it, and nb >= 0: the block number whose loads it issues once its products
-// are done, before it stores dK and dV
+// are done, before it stores dK and dV; `phases`: (TMA) the stage barriers' parities, carried from item to item
 __device__ __forceinline__ void
 tc_bwg_item(unsigned char* smem, int b, const u16* __restrict__ Qg, const u16* __restrict__ Kg,
             const u16* __restrict__ Vg, const u16* __restrict__ dOg, const float2* __restrict__ LD,
             float* __restrict__ dQacc, u16* __restrict__ dKg, u16* __restrict__ dVg, const int4* __restrict__ ihead,
             const int2* __restrict__ itile, const int* __restrict__ tent, float* __restrict__ dKVacc, int BH,
             int T_all, float scale_log2, float scale, const int* __restrict__ table, const TmaMap* mq,
-            const TmaMap* mo, bool pre = false, int nb = -1) {
+            const TmaMap* mo, bool pre = false, int nb = -1, u32* phases = nullptr) {
     int item, cls;
     const TcWork w = tc_item_work_at(T_all, BH, b, item, cls);
     const int2 kts = itile[item];  // (key tile, split slot or -1)
@@ -84,22 +96,19 @@ tc_bwg_item(unsigned char* smem, int b, const u16* __restrict__ Qg, const u16* _
     const AB_PATTERN_T pat{AB_PATTERN_ARGS};
 
     const TcBwgSmem sm = tc_bwg_smem(smem);
-#if TMA
-    const TcBwgSrc src = {Qg + w.base, dOg + w.base, LD + (size_t)w.bh * T_all + cls, mq, mo, w.bh};
-#else
-    const TcBwgSrc src = {Qg + w.base, dOg + w.base, LD + (size_t)w.bh * T_all + cls};
-    (void)mq;
-    (void)mo;
-#endif
+    const TcBwgSrc src = tc_bwg_src(w, cls, Qg, dOg, LD, T_all, mq, mo);
 #if BWD_PERSIST
-    if (!pre) tc_bwg_issue(sm, b, Qg, Kg, Vg, dOg, LD, ihead, itile, tent, BH, T_all);
+    if (!pre) tc_bwg_issue(sm, b, Qg, Kg, Vg, dOg, LD, ihead, itile, tent, BH, T_all, mq, mo);
     TcTileList list;
     list.init(ihead, tent, item);  // the item's stretch of its key tile's list (its first tiles issued)
     const int n = list.n;
     TcBwgWalk walk;
+#if TMA
+    walk.phases = *phases;
+#endif
     TcBwgWalk::wait_first();
 #else
-    (void)pre, (void)nb;
+    (void)pre, (void)nb, (void)phases;
     tc_load_tile<TcPanelLayout, BN>(sm.k, Kg + w.base, kt * BN, T);
     tc_load_tile<TcPanelLayout, BN>(sm.v, Vg + w.base, kt * BN, T);
     tc_commit();
@@ -207,8 +216,11 @@ tc_bwg_item(unsigned char* smem, int b, const u16* __restrict__ Qg, const u16* _
 #if BWD_PERSIST
     if (nb >= 0) {
         __syncthreads();  // every warp is done with this item's K, V and stages
-        tc_bwg_issue(sm, nb, Qg, Kg, Vg, dOg, LD, ihead, itile, tent, BH, T_all);
+        tc_bwg_issue(sm, nb, Qg, Kg, Vg, dOg, LD, ihead, itile, tent, BH, T_all, mq, mo);
     }
+#if TMA
+    *phases = walk.phases;
+#endif
 #endif
     tc_bwd_finish(dKg, dVg, dKVacc, dk, dv, kts, w, cls, BH, T_all, scale, warp, g, t4);
 }
@@ -236,9 +248,14 @@ fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
     const TmaMap *mq = nullptr, *mo = nullptr;
 #endif
 #if BWD_PERSIST
+    u32 phases = 0;
+#if TMA
+    if ((int)blockIdx.x < total) TcBwgWalk::init_barriers(tc_bwg_smem(smem));
+#endif
     for (int b = blockIdx.x; b < total; b += gridDim.x)
         tc_bwg_item(smem, b, Qg, Kg, Vg, dOg, LD, dQacc, dKg, dVg, ihead, itile, tent, dKVacc, BH, T_all, scale_log2,
-                    scale, table, mq, mo, b != (int)blockIdx.x, b + (int)gridDim.x < total ? b + (int)gridDim.x : -1);
+                    scale, table, mq, mo, b != (int)blockIdx.x, b + (int)gridDim.x < total ? b + (int)gridDim.x : -1,
+                    &phases);
 #else
     tc_bwg_item(smem, (int)blockIdx.x, Qg, Kg, Vg, dOg, LD, dQacc, dKg, dVg, ihead, itile, tent, dKVacc, BH, T_all,
                 scale_log2, scale, table, mq, mo);

@@ -599,7 +599,8 @@ def test_gradients_match_the_reference(pattern, causal, params, D, dtype, T, syn
     ("DQ=1,PTMA=1", "bwd_dq_tile_config", ",TMA=1"), ("MTMA=1", "bwd_tile_config", ",TMA=1"),
     ("DQ=0,MTMA=1", "bwd_tile_config", ",TMA=1"), ("NWARPS=8,MINB=1,DQ=0,MTMA=1", "bwd_tile_config", ",TMA=1"),
     ("DQ=1,PPER=1", "bwd_dq_tile_config", ",PERSIST=1"), ("MPER=1", "bwd_tile_config", ",PERSIST=1"),
-    ("NWARPS=8,MINB=1,DQ=0,MPER=1", "bwd_tile_config", ",PERSIST=1")])
+    ("NWARPS=8,MINB=1,DQ=0,MPER=1", "bwd_tile_config", ",PERSIST=1"),
+    ("MPER=1,MTMA=1", "bwd_tile_config", ",TMA=1")])  # (persistent too: the variant test asserts it)
 def test_the_wgmma_kernels_variants_match_the_reference(pattern, causal, params, T, D, dtype, text, kernel, marker,
                                                         monkeypatch):
     """--bwd-config DQ=1,PTMA=1: dQ's pass on wgmma with its K and V tiles by bulk tensor copies; MTMA=1: the wgmma
@@ -987,8 +988,7 @@ def test_the_items_launch_by_position_and_cut_where_a_long_split_leaves_room():
                                         ("DQ=1,PPER=1,PTMA=1", "PPER=1 loads the pass's tiles by cp.async"),
                                         ("DQ=1,PPER=1,PWG=0", "PPER=1 is built for dQ's own pass on wgmma"),
                                         ("DQ=2,MTMA=1", "DQ=2.*cp.async.*MTMA=0"),
-                                        ("MPER=1,MTMA=1", "MPER=1 loads the main loop's tiles by cp.async"),
-                                        ("DQ=2,MPER=1", "MPER=1 loads the main loop's tiles by cp.async")])
+                                        ("DQ=2,MPER=1", "MPER=1 runs the main loop's work items one after")])
 def test_the_wgmma_kernels_refuse_what_they_do_not_build_before_any_launch(text, words):
     """SKIP=1 is the mma.sync pass's: with the pass on wgmma (PWG=1) it is refused by name; so is a persistent
     pass by bulk copies or on mma.sync, and the fused launch by bulk copies."""
@@ -1034,7 +1034,8 @@ def test_the_variants_fields_win_over_the_environments(monkeypatch):
                                               ("DQ=0,MPER=1", "atomic", None),
                                               ("NWARPS=8,MINB=1,DQ=0,MPER=1", "atomic", 8),
                                               ("NWARPS=8,MINB=1,DQ=0,PAIRS=2,MPER=1", "atomic", 8),
-                                              ("DQ=1,MPER=1,PPER=1", "pass", None)])
+                                              ("DQ=1,MPER=1,PPER=1", "pass", None), ("MPER=1,MTMA=1", "pass", None),
+                                              ("NWARPS=8,MINB=1,DQ=0,MPER=1,MTMA=1", "atomic", 8)])
 @pytest.mark.parametrize("split", ["", "0"], ids=["split-as-chosen", "nothing-split"])
 def test_a_bwd_variant_runs_its_fields_and_matches_the_reference(monkeypatch, text, dq, nwarps, split):
     from attnbench.fast_tc_bwd import PASS_SKIP, PASS_STATS_FROM, PASS_STATS_SPLIT, SPLIT_ENV, parse_bwd_config
@@ -1092,7 +1093,7 @@ def test_a_bwd_variant_runs_its_fields_and_matches_the_reference(monkeypatch, te
     from attnbench.fast_tc_bwd import MAIN_PERSIST
 
     main_persist = IMPL.uses_wgmma() and dq != "fused" and fields.get("MPER", MAIN_PERSIST)
-    main_tma = IMPL.uses_wgmma() and dq != "fused" and not main_persist and fields.get("MTMA", MAIN_TMA)
+    main_tma = IMPL.uses_wgmma() and dq != "fused" and fields.get("MTMA", MAIN_TMA)
     assert (",TMA=1" in runner.setup["bwd_tile_config"]) == bool(main_tma)
     assert (",PERSIST=1" in runner.setup["bwd_tile_config"]) == bool(main_persist)
     runner.poison()

@@ -31,7 +31,8 @@
 //   TcBwgWalk: first(sm, src, list, T) loads the list's first STAGES - 1 tiles and waits for K and
 //     V (the oldest group); step(sm, src, list, tent, T, it, n, st) -> entry of tile `it`, waits
 //     for it (stage st) and refills the stage tile it - 1 used. (TMA: the barriers initialised by
-//     first; src names the maps of Q and dO and the head.) first = issue_first (static) + wait_first.
+//     first, or once by init_barriers for a persistent block, whose walks carry their phases on; src
+//     names the maps of Q and dO and the head.) first = issue_first (static) + wait_first.
 //   TcBwgOps tc_bwg_ops(sm, wg): the descriptors' low words for warpgroup wg.
 //   tc_bwg_scores(s, dp, op, st): issues S^T and dP^T (two commit groups), waits for S^T.
 //   tc_bwg_mask(s, pat, key0, q0, T, g, t4): S^T's disallowed entries -inf (partial tiles, edges).
@@ -156,7 +157,7 @@ __device__ __forceinline__ void tc_bwg_copy(const TcBwgSmem& sm, const TcBwgSrc&
 struct TcBwgWalk {
     int st = 0, st_fill = STAGES - 1;
 #if TMA
-    u32 phase = 0;  // parity of the stage barriers' current phase
+    u32 phases = 0;  // bit s: the parity of stage s's barrier's current phase (a persistent block's runs on)
 #endif
 
     // query tile qt into stage s (one commit group with the caller's tc_commit)
@@ -171,16 +172,23 @@ struct TcBwgWalk {
 
     __device__ __forceinline__ void first(const TcBwgSmem& sm, const TcBwgSrc& src, const TcTileList& list, int T) {
 #if TMA
+        init_barriers(sm);
+#endif
+        issue_first(sm, src, list, T);
+        wait_first();
+    }
+
+#if TMA
+    // the stages' barriers, once a block
+    static __device__ __forceinline__ void init_barriers(const TcBwgSmem& sm) {
         if (threadIdx.x == 0) {
 #pragma unroll
             for (int s = 0; s < STAGES; ++s) tma_bar_init(sm.bar + 8 * s, 1);
             tma_bar_fence_init();
         }
         __syncthreads();  // the barriers are initialised before anyone (the copy engine too) uses them
-#endif
-        issue_first(sm, src, list, T);
-        wait_first();
     }
+#endif
 
     // first's loads and its wait apart (cp.async: a persistent block issues the next item's loads before it
     // stores this one's dK and dV): the list's first STAGES - 1 tiles, a commit group each ...
@@ -206,8 +214,8 @@ struct TcBwgWalk {
         const int ent = list.next(tent, it, ent_nx);
         tc_wait<STAGES - 2>();
 #if TMA
-        tma_wait(sm.bar + 8 * st, phase);  // tile it's Q and dO (its (lse2, delta) rows: the group above)
-        if (st == STAGES - 1) phase ^= 1;
+        tma_wait(sm.bar + 8 * st, (phases >> st) & 1);  // tile it's Q and dO (its (lse2, delta) rows: the group above)
+        phases ^= 1u << st;
 #endif
         wg_fence_smem();
         __syncthreads();  // tile `it` visible to all; every warp done with tile it - 1 (its stage, dS^T)
