@@ -26,7 +26,7 @@
 #define WG_CAT(a, b) WG_CAT2(a, b)
 
 // k-step ks of a K-major tile of ROWS-row panels: panel ks / 4, 32 bytes a step within it (descriptor units;
-// the backward's products and dQ's pass on wgmma)
+// the forward's S, the backward's products and dQ's pass on wgmma)
 template <int ROWS>
 __device__ __forceinline__ u32 tc_wg_kstep(int ks) { return (u32)(((ks >> 2) * ROWS * 128 + (ks & 3) * 32) >> 4); }
 
@@ -50,9 +50,9 @@ struct TcMmaWgmma {
         const u32 so = (u32)st * (TILE_BYTES >> 4);  // the stage's offset in descriptor units
         wg_fence();
 #pragma unroll
-        for (int ks = 0; ks < HEAD_D / 16; ++ks)  // k-step ks: panel ks / 4, 32 bytes a step in it
-            WG_CAT(wg_ss, BN)(s[0], wg_desc_of(op.q + (((ks >> 2) * BM * 128 + (ks & 3) * 32) >> 4)),
-                              wg_desc_of(op.k + so + (((ks >> 2) * BN * 128 + (ks & 3) * 32) >> 4)), ks);
+        for (int ks = 0; ks < HEAD_D / 16; ++ks)
+            WG_CAT(wg_ss, BN)(s[0], wg_desc_of(op.q + tc_wg_kstep<BM>(ks)), wg_desc_of(op.k + so + tc_wg_kstep<BN>(ks)),
+                              ks);
         wg_commit();
         wg_wait<0>();
     }
