@@ -1035,7 +1035,9 @@ def test_the_variants_fields_win_over_the_environments(monkeypatch):
                                               ("NWARPS=8,MINB=1,DQ=0,MPER=1", "atomic", 8),
                                               ("NWARPS=8,MINB=1,DQ=0,PAIRS=2,MPER=1", "atomic", 8),
                                               ("DQ=1,MPER=1,PPER=1", "pass", None), ("MPER=1,MTMA=1", "pass", None),
-                                              ("NWARPS=8,MINB=1,DQ=0,MPER=1,MTMA=1", "atomic", 8)])
+                                              ("NWARPS=8,MINB=1,DQ=0,MPER=1,MTMA=1", "atomic", 8),
+                                              ("DQ=1,MTMA=0", "pass", None), ("NWARPS=8,MINB=1,DQ=0,MTMA=0", "atomic", 8),
+                                              ("MPER=1,MTMA=0", "pass", None)])
 @pytest.mark.parametrize("split", ["", "0"], ids=["split-as-chosen", "nothing-split"])
 def test_a_bwd_variant_runs_its_fields_and_matches_the_reference(monkeypatch, text, dq, nwarps, split):
     from attnbench.fast_tc_bwd import PASS_SKIP, PASS_STATS_FROM, PASS_STATS_SPLIT, SPLIT_ENV, parse_bwd_config
