@@ -151,9 +151,12 @@ BWD_SHAPES: dict[int, tuple[BwdConfig, str]] = {
 # window 256 0.95, streaming 16+64 1.05; D=64 dense 0.92, document 0.77, window 4096 0.93,
 # streaming 4+1024 1.01, window 256 1.12, streaming 16+64 1.24.
 # Registers (NVRTC 13, sm_90a): one warpgroup 179 (D=64), 247 (D=128); two 197 (D=64), 255 (D=128)
+# (since v17 one warpgroup at D=64: 163 by bulk copies, 166 by cp.async). One warpgroup at D=64 asks three blocks a
+# multiprocessor (MINB=3, no spills): H100, --pass bwd, T=32768, three / two 0.91 on streaming 4+1024, 0.996-1.006 on
+# every other llm instance (docs/PERF.md "backward v17"); at D=128 three spill (1.2-2.2x slower)
 BWD_SHAPES_WG: dict[int, tuple[BwdConfig, str]] = {
-    64: (BwdConfig(NWARPS=4, STAGES=2, MINB=2, WG=1), "one warpgroup, 64 x 64 tiles, Q and dO in 2 stages "
-                                                      "(57 KiB): 2 blocks per SM"),
+    64: (BwdConfig(NWARPS=4, STAGES=2, MINB=3, WG=1), "one warpgroup, 64 x 64 tiles, Q and dO in 2 stages "
+                                                      "(57 KiB): 3 blocks per SM"),
     128: (BwdConfig(NWARPS=4, STAGES=2, MINB=2, WG=1), "one warpgroup, 64 x 64 tiles, Q and dO in 2 stages "
                                                        "(105 KiB): 2 blocks per SM, dK and dV 128 registers a thread"),
 }
