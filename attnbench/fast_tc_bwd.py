@@ -218,9 +218,9 @@ PASS_TMA = 1
 # (docs/PERF.md "backward v17")
 MAIN_TMA = 1
 # ... and the wgmma pass persistent (``--bwd-config PPER=1``: cp.async, about the GPU's resident blocks taking the works
-# in turn): written and compiled, not yet measured, so 0
+# in turn): H100, --pass bwd, T=32768, 1.5-9% slower than the default on the llm instances (docs/PERF.md "backward v18")
 PASS_PERSIST = 0
-# ... and the wgmma main loop persistent (``--bwd-config MPER=1``): written and compiled, not yet measured
+# ... and the wgmma main loop persistent (``--bwd-config MPER=1``): 10-38% slower at D=64, 0.92-1.29x at D=128
 MAIN_PERSIST = 0
 PASS_SHAPES_WG: dict[int, tuple[BwdConfig, str]] = {
     64: (BwdConfig(NWARPS=4, STAGES=2, MINB=3, WG=1), "one warpgroup, 64 x 64 tiles, K and V in 2 stages (48 KiB): "
