@@ -42,6 +42,11 @@
 #       earlier commit (e.g. `git archive C | tar -x -C old`, carried beside the tree) and AB_OLD_COMMIT
 #       its commit; AB_ROUNDS (default 3) rounds of `attnbench sweep --config llm $AB_ARGS` each way,
 #       every row in ab.csv with the git_commit of the tree that ran it
+#   sanitizer: compute-sanitizer's tools on the kernels (tests/test_sanitizer_gpu.py), one pytest run a tool
+#           (SANITIZER_TOOLS, default "memcheck racecheck"), each a step of its own so that a run cut short by a
+#           time limit keeps the verdicts of the tools it finished; SANITIZER_K narrows the tests beside the tool
+#           (default: backward; e.g. "fast_decode"). On a fresh machine the first tool also compiles every build
+#           it runs (the backward's memcheck: about 6 minutes on an H100, racecheck after it about 2)
 #   traincheck: `attnbench check --pass bwd` (the gradient gate) on every implementation that runs here,
 #           small cases (TRAINCHECK_ARGS replaces them)
 #   train: `attnbench sweep --config training` (fwd, bwd, fwd+bwd) for fast-tc and the peers, 10 samples,
@@ -191,6 +196,10 @@ w = sys.argv[1]
 pd.concat([pd.read_csv(f) for f in sorted(glob.glob(f"{w}/ab/*_*.csv"))]).to_csv(f"{w}/ab.csv", index=False)
 PY
            ;;
+    sanitizer) for tool in ${SANITIZER_TOOLS:-memcheck racecheck}; do
+               step sanitizer_$tool python3 -m pytest -q -m gpu -rs tests/test_sanitizer_gpu.py \
+                   -k "${SANITIZER_K:-backward} and $tool"
+           done ;;
     traincheck) # the gradient gate of every peer that runs here, bfloat16, D=64 (TRAINCHECK_ARGS overrides)
            step traincheck attnbench check --pass bwd ${TRAINCHECK_ARGS:---T 7 --T 1000 --H 2 --pattern dense --pattern window --pattern streaming --pattern block_diagonal} ;;
     train) # the training configuration's passes (TRAIN_ARGS narrows it, default T=32768), rows in
