@@ -215,12 +215,6 @@ fast_tc_bwd_dq_pass(TC_BWD_DQ_PASS_PARAMS, const __grid_constant__ TmaMap mapQ, 
 // dQ while they land, so a work's loads wait behind another's stores instead of a block's launch. cp.async only.
 static_assert(!TMA, "the persistent pass loads by cp.async");
 
-__device__ __forceinline__ TcWork tc_pass_work(int T_all, int nqx, int BH, int b, int& cls) {
-    const int x = b % nqx, r = b / nqx;
-    cls = r / BH;
-    return tc_block_work_at(T_all, nqx, x, r - cls * BH, cls);
-}
-
 extern "C" __global__ void __launch_bounds__(THREADS, MINB)
 fast_tc_bwd_dq_pass(TC_BWD_DQ_PASS_PARAMS, const __grid_constant__ TmaMap mapQ, const __grid_constant__ TmaMap mapK,
                     const __grid_constant__ TmaMap mapV, const __grid_constant__ TmaMap mapdO,
@@ -234,7 +228,7 @@ fast_tc_bwd_dq_pass(TC_BWD_DQ_PASS_PARAMS, const __grid_constant__ TmaMap mapQ, 
     const AB_PATTERN_T pat{AB_PATTERN_ARGS};
     const TcPassSmem ps = tc_pass_smem(smem);
     int cls;
-    TcWork w = tc_pass_work(T_all, nqx, BH, b, cls);
+    TcWork w = tc_block_work_flat(T_all, nqx, BH, b, cls);
     TcGlobal gm = {Qg + w.base, Kg + w.base, Vg + w.base, nullptr, nullptr, nullptr, nullptr, nullptr};
     TcPassLoad lk;
     TcTileList list;
@@ -251,7 +245,7 @@ fast_tc_bwd_dq_pass(TC_BWD_DQ_PASS_PARAMS, const __grid_constant__ TmaMap mapQ, 
         b += gridDim.x;
         if (b < total) {
             __syncthreads();  // every warp is done with this work's Q, dO, O and stages
-            w = tc_pass_work(T_all, nqx, BH, b, cls);
+            w = tc_block_work_flat(T_all, nqx, BH, b, cls);
             gm = {Qg + w.base, Kg + w.base, Vg + w.base, nullptr, nullptr, nullptr, nullptr, nullptr};
             tc_pass_issue(lk, ps, gm, w, list, thead, tent, dOg, Og);
         }

@@ -291,8 +291,9 @@ fast_tc_bwd_fused(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const 
                     scale, table, nullptr, nullptr);
         return;
     }
-    const int f = -1 - b, x = f % nqx, r = f / nqx, bh = r % BH, cls = r / BH;
-    tc_bwd_dq_pass_block(smem, tc_block_work_at(T_all, nqx, x, bh, cls), cls, Qg, Kg, Vg, dOg,
+    int cls;
+    const TcWork w = tc_block_work_flat(T_all, nqx, BH, -1 - b, cls);
+    tc_bwd_dq_pass_block(smem, w, cls, Qg, Kg, Vg, dOg,
                          const_cast<float2*>(LD), dQg, fhead, fent, T_all, scale_log2, scale, table, nullptr, nullptr);
 }
 #endif

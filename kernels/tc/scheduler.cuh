@@ -16,7 +16,8 @@
 //   TcWork tc_item_work(T_all, BH, item, cls): the backward's (a work item of a key tile's list;
 //   the grid flat over items, residue classes and B * H), its item and residue class.
 //   tc_item_work_at(T_all, BH, b, item, cls), tc_block_work_at(T_all, nq, x, y, z): the same for a
-//   block named otherwise than by blockIdx (the backward's fused launch).
+//   block named otherwise than by blockIdx (the backward's fused launch); tc_block_work_flat(T_all, nq, BH, f,
+//   cls): tc_block_work_at's for the flat number f of a block of that grid.
 //   TcTileList: init(thead, tent, qt) reads the list head and the entries of the first STAGES
 //   tiles (init_range(tent, e0, n): a stretch of a list, a decode's split); next(tent, it, ahead)
 //   moves to tile `it`, returning its entry, with `ahead` the entry of
@@ -83,6 +84,14 @@ __device__ __forceinline__ TcWork tc_block_work_at(int T_all, int nq, int x, int
     w.base = (size_t)y * (size_t)T_all * HEAD_D + (size_t)z * HEAD_D;
     w.kv_base = w.base;
     return w;
+}
+
+// tc_block_work_at's for the flat number f of a block of that grid (f = x + nq * (y + BH * z), the order it launches
+// in), its residue class z in cls (the backward's fused launch and its persistent pass)
+__device__ __forceinline__ TcWork tc_block_work_flat(int T_all, int nq, int BH, int f, int& cls) {
+    const int x = f % nq, r = f / nq;
+    cls = r / BH;
+    return tc_block_work_at(T_all, nq, x, r - cls * BH, cls);
 }
 
 __device__ __forceinline__ int tc_entry_tile(int ent) { return ent >> 1; }
