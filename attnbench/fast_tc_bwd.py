@@ -86,6 +86,8 @@ class BwdConfig:
     PERSIST: int = 0  # the wgmma builds: 1, about the GPU's resident blocks, each taking works in turn and issuing the
     #                   next one's loads before it stores this one's output (BWD_PERSIST: dQ's pass, by cp.async, a
     #                   query tile's dQ; the main loop, by either, an item's dK and dV); 0, a block a work
+    DQR: int = 0    # the wgmma main loop with TMA, dQ summed there: 1, a warpgroup's dQ panel staged in shared memory
+    #                 and added by bulk tensor reductions (BWD_DQ_BULK); 0, by red.global.add from registers
 
     def paired(self, D: int, dq: str = "atomic") -> bool:
         """Whether the wgmma main loop takes its query tiles two at a time for dQ (BWG_DQ_PAIRED)."""
@@ -116,10 +118,12 @@ class BwdConfig:
 
     def smem_bytes(self, D: int, dq: str = "atomic") -> int:
         """K and V, STAGES Q and dO tiles, the staged P and dS (WG: dS alone, twice where ``paired``,
-        and STAGES rows of the query tile's (lse2, delta); with TMA an mbarrier a stage)."""
+        and STAGES rows of the query tile's (lse2, delta); with TMA an mbarrier a stage; with DQR a float32
+        64 x 64 panel of dQ a warpgroup, or a panel of D with one)."""
         if self.WG:
             ds = 2 * self.BM * self.BN * (2 * self.PAIRS if self.paired(D, dq) else 1)
-            return (2 * D * (2 * self.BN + 2 * self.STAGES * self.BM) + ds + 8 * self.STAGES * self.BM
+            dqs = max(D // 64, self.NWARPS // 4) * self.BM * 64 * 4 if self.DQR else 0
+            return (2 * D * (2 * self.BN + 2 * self.STAGES * self.BM) + ds + dqs + 8 * self.STAGES * self.BM
                     + (8 * self.STAGES if self.TMA else 0))
         return 2 * D * (2 * self.BN + 2 * self.STAGES * self.BM) + 2 * 2 * self.BM * self.BN
 
@@ -132,7 +136,7 @@ class BwdConfig:
     def spec(self) -> str:
         return (f"NWARPS={self.NWARPS},BN={self.BN},STAGES={self.STAGES},MINB={self.MINB}" + (",WG=1" if self.WG else "")
                 + ("" if self.PAIRS == 1 else f",PAIRS={self.PAIRS}") + (",TMA=1" if self.TMA else "")
-                + (",PERSIST=1" if self.PERSIST else ""))
+                + (",PERSIST=1" if self.PERSIST else "") + (",DQR=1" if self.DQR else ""))
 
 
 # per head dimension: (shape, why). Registers (sm_80 / sm_90, NVRTC 13): D=64 198-206, D=128
@@ -222,6 +226,9 @@ MAIN_TMA = 1
 PASS_PERSIST = 0
 # ... and the wgmma main loop persistent (``--bwd-config MPER=1``): 10-38% slower at D=64, 0.92-1.29x at D=128
 MAIN_PERSIST = 0
+# ... and, where it sums dQ (DQ=0) with bulk tensor copies, its dQ panels added by bulk tensor reductions from shared
+# memory (``--bwd-config DQR=1``; 0: red.global.add.v2.f32 from each thread's registers)
+MAIN_DQ_BULK = 0
 PASS_SHAPES_WG: dict[int, tuple[BwdConfig, str]] = {
     64: (BwdConfig(NWARPS=4, STAGES=2, MINB=3, WG=1), "one warpgroup, 64 x 64 tiles, K and V in 2 stages (48 KiB): "
                                                       "3 blocks per SM"),
@@ -341,8 +348,9 @@ class BwdFields:
     1, by bulk tensor copies on unstrided patterns; 0, by cp.async) and MTMA (the wgmma main loop's Q and dO
     tiles: 1, by bulk tensor copies on unstrided patterns, not with DQ=2; 0, by cp.async) and PPER (the wgmma
     pass: 1, persistent, its tiles by cp.async; 0, a block a query tile) and MPER (the wgmma main loop: 1,
-    persistent, by cp.async or with MTMA=1 by bulk copies, not with DQ=2; 0, a block a work item); the defaults are those of the positional
-    form."""
+    persistent, by cp.async or with MTMA=1 by bulk copies, not with DQ=2; 0, a block a work item) and DQR (the wgmma
+    main loop with MTMA=1 and DQ=0: 1, dQ's sums by bulk tensor reductions from shared memory; 0, by red.global.add
+    from registers); the defaults are those of the positional form."""
     NWARPS: int = 8
     STAGES: int = 2
     MINB: int = 1
@@ -360,6 +368,7 @@ class BwdFields:
     MTMA: int = 0
     PPER: int = 0
     MPER: int = 0
+    DQR: int = 0
 
 
 BWD_FIELDS = tuple(f.name for f in dataclasses.fields(BwdFields))
@@ -367,9 +376,9 @@ BWD_LIMITS = {"NWARPS": (4, 8, 4), "STAGES": (2, 4, 1), "MINB": (1, 4, 1), "DQ":
               "PAIRS": (0, 2, 1), "SKIP": (0, 1, 1), "WAVES": (1, 16, 1), "PMINB": (0, 4, 1), "ORDER": (0, 1, 1),
               "L": (0, 65536, 1), "CUT": (0, 65536, 1),
               "PWG": (0, 1, 1), "PTMA": (0, 1, 1), "MTMA": (0, 1, 1), "PPER": (0, 1, 1),
-              "MPER": (0, 1, 1)}
+              "MPER": (0, 1, 1), "DQR": (0, 1, 1)}
 WORK_FIELDS = ("DQ", "STATS", "SKIP", "WAVES", "PMINB", "ORDER", "L", "CUT", "PWG", "PTMA", "MTMA",
-               "PPER", "MPER")  # not the main kernel's shape
+               "PPER", "MPER", "DQR")  # not the main kernel's shape
 
 
 @dataclass(frozen=True)
@@ -450,6 +459,11 @@ class BwdSpec:
     def main_persist(self) -> int | None:
         """Whether the wgmma main loop is persistent (MPER), None when not given."""
         return self.field("MPER")
+
+    @property
+    def dq_bulk(self) -> int | None:
+        """Whether the wgmma main loop adds dQ's sums by bulk tensor reductions (DQR), None when not given."""
+        return self.field("DQR")
 
     @property
     def skip(self) -> int | None:
@@ -558,6 +572,8 @@ def bwd_defines(D: int, dtype: str, mask: Mask, cfg: BwdConfig | None = None, dq
             d["BWD_PERSIST"] = 1
     if dq != "atomic" and (PASS_SKIP[D] if skip is None else skip):
         d["BWD_PASS_SKIP"] = 1
+    if cfg.DQR:
+        d["BWD_DQ_BULK"] = 1
     if dq == "fused":  # the main loop's build with the pass's blocks beside it; prep's stats
         d["BWD_DQ_PASS"] = d["BWD_FUSED"] = 1
     elif dq == "pass":
@@ -616,14 +632,16 @@ class Backward:
     the wgmma main loop's Q and dO tiles by bulk tensor copies on unstrided patterns, not beside the pass's
     blocks in one launch (None: MAIN_TMA where that holds). ``pass_persist``: the wgmma pass persistent, by
     cp.async (None: PASS_PERSIST). ``main_persist``: the wgmma main loop persistent (its loads
-    as ``main_tma`` says), not beside the pass's blocks in one launch (None: MAIN_PERSIST where that holds)."""
+    as ``main_tma`` says), not beside the pass's blocks in one launch (None: MAIN_PERSIST where that holds).
+    ``dq_bulk``: where the wgmma main loop sums dQ and loads by bulk tensor copies, its dQ panels added by bulk tensor
+    reductions (None: MAIN_DQ_BULK; given 1 where dQ has its own pass or the loads are cp.async's: BadInput)."""
 
     def __init__(self, prob: Problem, setup: dict | None = None, cfg: BwdConfig | None = None,
                  split: int | None = None, dq: str | None = None, wgmma: bool = False, fields: dict | None = None,
                  stats: int | None = None, skip: int | None = None, waves: int | None = None,
                  pass_minb: int | None = None, order: int | None = None, cut: int | None = None,
                  pass_wg: int | None = None, pass_tma: int | None = None, main_tma: int | None = None,
-                 pass_persist: int | None = None, main_persist: int | None = None):
+                 pass_persist: int | None = None, main_persist: int | None = None, dq_bulk: int | None = None):
         check_dtype(prob.dtype)
         if prob.D not in BWD_SHAPES:
             raise BadInput(f"D={prob.D} is not supported by the backward of fast-tc "
@@ -652,6 +670,14 @@ class Backward:
             self.cfg = cfg = dataclasses.replace(cfg, PERSIST=1)  # a block takes work items in turn
         if cfg.WG and not cfg.TMA and dq != "fused" and stride == 1 and (MAIN_TMA if main_tma is None else main_tma):
             self.cfg = cfg = dataclasses.replace(cfg, TMA=1)  # Q and dO by bulk tensor copies
+        if dq_bulk and not (cfg.WG and dq == "atomic" and (cfg.TMA or stride > 1)):
+            raise BadInput(f"DQR=1 adds the dQ sums of the wgmma main loop with bulk tensor copies: give it with DQ=0 "
+                           f"and MTMA=1 (this backward: dq={dq}, main loop {cfg.spec})")
+        if dq_bulk and cfg.paired(prob.D, dq) and cfg.PAIRS == 2:
+            raise BadInput("DQR=1 stages a pair's dQ once its products are done, not in flight: give PAIRS=0 or 1")
+        if cfg.TMA and dq == "atomic" and not (cfg.paired(prob.D, dq) and cfg.PAIRS == 2) and (
+                MAIN_DQ_BULK if dq_bulk is None else dq_bulk):
+            self.cfg = cfg = dataclasses.replace(cfg, DQR=1)  # dQ's panels by bulk tensor reductions
         self.setup = setup = {} if setup is None else setup
         self.stride, self.inner = stride, inner
         tt = tile_list_t(inner, cfg.BM, cfg.BN)
@@ -774,6 +800,10 @@ class Backward:
             from .tma import head_maps
 
             mmaps = head_maps([q, do], (cfg.BM, cfg.BM))
+            if cfg.DQR:  # then the map of dQ's float32 accumulator (its bulk reductions)
+                from .tma import acc_map
+
+                mmaps.append(acc_map(dq_acc, cfg.BM))
             margs += tuple(m.arg for m in mmaps)
         mgrid = self.n_items * self.heads
         if cfg.PERSIST:  # about the resident blocks, the items in turn
@@ -864,7 +894,7 @@ def build_backward(impl: FastTC, prob: Problem, q, k, v, do, cfg: TileConfig | N
                    split=spec.split if spec else None, cut=spec.cut if spec else None,
                    pass_wg=spec.pass_wg if spec else None, pass_tma=spec.pass_tma if spec else None,
                    main_tma=spec.main_tma if spec else None, pass_persist=spec.pass_persist if spec else None,
-                   main_persist=spec.main_persist if spec else None)
+                   main_persist=spec.main_persist if spec else None, dq_bulk=spec.dq_bulk if spec else None)
     grads = tuple(cupy.empty(prob.shape, dtype=q.dtype) for _ in range(3))
     launches = bwd.launches(q, k, v, o, lse, do, *grads, *bwd.scratch())
     with_fwd = prob.pass_name == "fwd+bwd"
@@ -960,13 +990,15 @@ def _builds_of(mask: Mask, D: int, dtype: str) -> list[tuple[str, dict]]:
     dq = choose_dq(D, kpq)  # mma.sync's way at this T
     # beside the wgmma main loop both ways (which one a T takes: ``choose_dq``), with dQ's pass on wgmma
     # (PASS_SHAPES_WG) where it is the pass; on unstrided patterns each wgmma build by bulk copies too (TMA)
-    def both(c: BwdConfig, persist_tma: bool = False) -> tuple:  # (and persistent: the pass by cp.async only)
-        tma = (dataclasses.replace(c, TMA=1),) + ((dataclasses.replace(c, TMA=1, PERSIST=1),) if persist_tma else ())
+    def both(c: BwdConfig, persist_tma: bool = False, bulk: bool = False) -> tuple:  # (and persistent: the pass
+        # by cp.async only; ``bulk``: dQ summed in the main loop, by bulk tensor reductions too)
+        tma = (dataclasses.replace(c, TMA=1),) + ((dataclasses.replace(c, TMA=1, PERSIST=1),) if persist_tma else ()) \
+            + ((dataclasses.replace(c, TMA=1, DQR=1),) if bulk else ())
         return (c, dataclasses.replace(c, PERSIST=1)) + (tma if mask.strided()[0] == 1 else ())
 
     wgmma = [(KERNEL_WG, bwd_defines(D, dtype, mask, c, way, st))
              for way in ("pass", "atomic") for st in (stats if way == "pass" else stats[:1])
-             for c in both(bwd_config(D, True, kpq, way), persist_tma=True)]
+             for c in both(bwd_config(D, True, kpq, way), persist_tma=True, bulk=way == "atomic")]
     pwg = PASS_SHAPES_WG[D][0]
     passes = [(KERNEL_DQ_WG, bwd_defines(D, dtype, mask, p, "pass", st, skip=0)) for st in stats
               for p in both(pwg)]

@@ -13,6 +13,7 @@ MAP_BYTES = 128
 # enum values of cuda.h (CUtensorMapDataType, CUtensorMapInterleave, CUtensorMapSwizzle,
 # CUtensorMapL2promotion, CUtensorMapFloatOOBfill)
 DTYPE_UINT16 = 1
+DTYPE_FLOAT32 = 7
 INTERLEAVE_NONE = 0
 SWIZZLE_128B = 3
 L2_PROMOTION_128B = 2
@@ -49,16 +50,18 @@ class TensorMap:
         return CPointer(self.address)
 
 
-def encode_tiled_16bit(ptr: int, dims: tuple[int, ...], strides: tuple[int, ...], box: tuple[int, ...]) -> TensorMap:
-    """The map of a tensor of 16-bit elements at device address ``ptr``: ``dims`` innermost
+def encode_tiled(ptr: int, dims: tuple[int, ...], strides: tuple[int, ...], box: tuple[int, ...],
+                 dtype: int = DTYPE_UINT16) -> TensorMap:
+    """The map of a tensor of 16-bit elements (``dtype`` DTYPE_UINT16) at device address ``ptr``: ``dims`` innermost
     first, ``strides`` the byte strides of every dimension but the innermost, ``box`` the tile one
-    copy moves (innermost 64 elements: the 128-byte swizzle). Coordinates past ``dims`` read as 0."""
+    copy moves (innermost 128 bytes, 64 elements: the 128-byte swizzle). Coordinates past ``dims`` read
+    as 0. ``dtype`` DTYPE_FLOAT32: of 32-bit floats (innermost box 32 elements)."""
     if len(strides) != len(dims) - 1 or len(box) != len(dims):
         raise ValueError(f"rank {len(dims)} needs {len(dims) - 1} strides and {len(dims)} box sizes")
     rank = len(dims)
     m = TensorMap()
     res = _driver_encode()(
-        ctypes.c_void_p(m.address), DTYPE_UINT16, rank, ctypes.c_void_p(ptr),
+        ctypes.c_void_p(m.address), dtype, rank, ctypes.c_void_p(ptr),
         (ctypes.c_uint64 * rank)(*dims), (ctypes.c_uint64 * max(1, rank - 1))(*strides),
         (ctypes.c_uint32 * rank)(*box), (ctypes.c_uint32 * rank)(*([1] * rank)),
         INTERLEAVE_NONE, SWIZZLE_128B, L2_PROMOTION_128B, OOB_FILL_ZERO)
@@ -74,5 +77,12 @@ def head_maps(arrays, box_rows: tuple[int, ...]) -> list[TensorMap]:
     maps = []
     for a, rows in zip(arrays, box_rows):
         B, H, T, D = a.shape
-        maps.append(encode_tiled_16bit(a.data.ptr, (D, T, B * H), (D * 2, T * D * 2), (64, rows, 1)))
+        maps.append(encode_tiled(a.data.ptr, (D, T, B * H), (D * 2, T * D * 2), (64, rows, 1)))
     return maps
+
+
+def acc_map(acc, rows: int) -> TensorMap:
+    """The map of a [B, H, T, D] float32 accumulator, in boxes of ``rows`` rows by 32 columns of one
+    head (dims D, T, B*H): what a bulk tensor reduction adds into (kernels/tma.cuh, tma_reduce_add3)."""
+    B, H, T, D = acc.shape
+    return encode_tiled(acc.data.ptr, (D, T, B * H), (D * 4, T * D * 4), (32, rows, 1), DTYPE_FLOAT32)

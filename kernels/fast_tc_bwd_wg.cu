@@ -17,7 +17,8 @@
 // a pass query-major over the forward list, no accumulator: fast_tc_bwd_dq_wg.cu's on wgmma, or
 // fast_tc_bwd.cu's fast_tc_bwd_dq_pass (a launch of the mma.sync build). TMA 1 (unstrided patterns): the
 // Q and dO tiles by bulk tensor copies (tc/bwd_wgmma.cuh's TcBwgWalk), their maps after the main
-// kernel's parameters.
+// kernel's parameters; with BWD_DQ_BULK dQ's sums by bulk tensor reductions from shared memory
+// (tc_bwg_dq_out), the map of its float32 accumulator after them.
 #include "tc/config.cuh"
 #include "tc/common.cuh"
 #include "tc/scheduler.cuh"
@@ -86,7 +87,7 @@ tc_bwg_item(unsigned char* smem, int b, const u16* __restrict__ Qg, const u16* _
             float* __restrict__ dQacc, u16* __restrict__ dKg, u16* __restrict__ dVg, const int4* __restrict__ ihead,
             const int2* __restrict__ itile, const int* __restrict__ tent, float* __restrict__ dKVacc, int BH,
             int T_all, float scale_log2, float scale, const int* __restrict__ table, const TmaMap* mq,
-            const TmaMap* mo, bool pre = false, int nb = -1, u32* phases = nullptr) {
+            const TmaMap* mo, const TmaMap* mdq, bool pre = false, int nb = -1, u32* phases = nullptr) {
     int item, cls;
     const TcWork w = tc_item_work_at(T_all, BH, b, item, cls);
     const int2 kts = itile[item];  // (key tile, split slot or -1)
@@ -125,7 +126,7 @@ tc_bwg_item(unsigned char* smem, int b, const u16* __restrict__ Qg, const u16* _
     tc_zero_frag(dk);
     tc_zero_frag(dv);
 #if !BWD_DQ_PASS
-    float* dq = dQacc + w.base;
+    const TcBwgDq dq = tc_bwg_dq_at(dQacc + w.base, mdq, w.bh, sm);
 #endif
     const bool edge = kt * BN + BN > T;  // keys >= T in the tile: masked on every query tile
     const int key0 = kt * BN + warp * 16;
@@ -142,7 +143,7 @@ tc_bwg_item(unsigned char* smem, int b, const u16* __restrict__ Qg, const u16* _
         TcBwgFrag pd;
         u32 so, lds;
         const int qt = tc_bwg_front(walk, sm, src, list, tent, T, it, n, op, pat, edge, key0, lds0, g, t4, s, dp, so, lds);
-        if (take) tc_bwd_dq_add<64>(dq, cq, 0, dq_row, T, g, t4);
+        if (take) tc_bwd_dq_add<64>(dq.p, cq, 0, dq_row, T, g, t4);
         TC_BWG_PRODUCTS(s, dp, pd, dk, dv, op, so, lds, scale_log2);
         tc_bwg_stage(sm.ds + ((it >> 1) & 1) * 2 * BWG_DSB + (it & 1) * BWG_DSB, pd, warp, g, t4);
         wg_wait<0>();  // dV and dK done reading the stage before the next step refills it
@@ -167,7 +168,7 @@ tc_bwg_item(unsigned char* smem, int b, const u16* __restrict__ Qg, const u16* _
         __syncthreads();  // pair p + 1's dS^T staged; every warpgroup's pair-p dQ landed
     }
     if (pairs > 0)  // the last pair's dQ, at once
-        tc_bwg_dq_tile(dq, op, op.ds + (((((pairs - 1) & 1) * 2 + wg) * BWG_DSB) >> 4),
+        tc_bwg_dq_tile(dq, op, op.ds + (((((pairs - 1) & 1) * 2 + wg) * BWG_DSB) >> 4), wg,
                        (wg ? qb : qa) * BWG_QT + (warp & 3) * 16, T, g, t4);
     if (n & 1) {  // a list's odd last tile: both compute it, each reduces half
         const int qt = ptile(n - 1, false);
@@ -193,10 +194,11 @@ tc_bwg_item(unsigned char* smem, int b, const u16* __restrict__ Qg, const u16* _
         wg_wait<0>();  // dV and dK done reading the stage before the next step refills it
         if ((it & 1) || it == n - 1) {
             wg_fence_smem();
-            __syncthreads();  // the pair's dS^T staged by every warp
+            tc_bwg_dq_free();
+            __syncthreads();  // the pair's dS^T staged by every warp (and the dQ buffers free)
             if (it & 1)  // warpgroup w: the pair's tile w, all its columns
-                tc_bwg_dq_tile(dq, op, op.ds + wg * (BWG_DSB >> 4), (wg ? qt : qt_prev) * BWG_QT + (warp & 3) * 16, T,
-                               g, t4);
+                tc_bwg_dq_tile(dq, op, op.ds + wg * (BWG_DSB >> 4), wg, (wg ? qt : qt_prev) * BWG_QT + (warp & 3) * 16,
+                               T, g, t4);
             else  // a list's odd last tile: both compute it, each reduces half
                 tc_bwg_dq(dq, op, wg, qt * BWG_QT + (warp & 3) * 16, T, g, t4);
         }
@@ -205,7 +207,8 @@ tc_bwg_item(unsigned char* smem, int b, const u16* __restrict__ Qg, const u16* _
         tc_bwg_stage(sm.ds, pd, warp, g, t4);
         wg_wait<0>();
         wg_fence_smem();
-        __syncthreads();  // dS^T staged by every warp
+        tc_bwg_dq_free();
+        __syncthreads();  // dS^T staged by every warp (and the dQ buffers free)
         tc_bwg_dq(dq, op, wg, qt * BWG_QT + (BWG_NWG == 1 ? warp : warp & 3) * 16, T, g, t4);  // dQ += dS K (one warpgroup: v3's code)
 #else
         wg_wait<0>();  // dV and dK done reading the stage before the next step refills it
@@ -213,6 +216,7 @@ tc_bwg_item(unsigned char* smem, int b, const u16* __restrict__ Qg, const u16* _
     }
 #endif
     tc_wait<0>();
+    tc_bwg_dq_drain();
 #if BWD_PERSIST
     if (nb >= 0) {
         __syncthreads();  // every warp is done with this item's K, V and stages
@@ -226,8 +230,8 @@ tc_bwg_item(unsigned char* smem, int b, const u16* __restrict__ Qg, const u16* _
 }
 
 // the parameters of fast_tc_bwd.cu's main kernel, in its order: the host launches either the same way
-// (TMA 1: then the maps of Q and dO; BWD_PERSIST: then the count of items x heads x classes, which the
-// blocks take in turn, b = blockIdx.x, + gridDim.x, ...)
+// (TMA 1: then the maps of Q and dO; BWD_DQ_BULK: then the map of dQ's float32 accumulator; BWD_PERSIST: then
+// the count of items x heads x classes, which the blocks take in turn, b = blockIdx.x, + gridDim.x, ...)
 extern "C" __global__ void __launch_bounds__(THREADS, MINB)
 fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* __restrict__ Vg,
             const u16* __restrict__ dOg, const float2* __restrict__ LD, float* __restrict__ dQacc,
@@ -236,6 +240,9 @@ fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
             int T_all, float scale_log2, float scale, const int* __restrict__ table
 #if TMA
             , const __grid_constant__ TmaMap mapQ, const __grid_constant__ TmaMap mapdO
+#endif
+#if BWD_DQ_BULK
+            , const __grid_constant__ TmaMap mapdQ
 #endif
 #if BWD_PERSIST
             , int total
@@ -247,6 +254,11 @@ fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
 #else
     const TmaMap *mq = nullptr, *mo = nullptr;
 #endif
+#if BWD_DQ_BULK
+    const TmaMap* mdq = &mapdQ;
+#else
+    const TmaMap* mdq = nullptr;
+#endif
 #if BWD_PERSIST
     u32 phases = 0;
 #if TMA
@@ -254,11 +266,11 @@ fast_tc_bwd(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const u16* _
 #endif
     for (int b = blockIdx.x; b < total; b += gridDim.x)
         tc_bwg_item(smem, b, Qg, Kg, Vg, dOg, LD, dQacc, dKg, dVg, ihead, itile, tent, dKVacc, BH, T_all, scale_log2,
-                    scale, table, mq, mo, b != (int)blockIdx.x, b + (int)gridDim.x < total ? b + (int)gridDim.x : -1,
+                    scale, table, mq, mo, mdq, b != (int)blockIdx.x, b + (int)gridDim.x < total ? b + (int)gridDim.x : -1,
                     &phases);
 #else
     tc_bwg_item(smem, (int)blockIdx.x, Qg, Kg, Vg, dOg, LD, dQacc, dKg, dVg, ihead, itile, tent, dKVacc, BH, T_all,
-                scale_log2, scale, table, mq, mo);
+                scale_log2, scale, table, mq, mo, mdq);
 #endif
 }
 
@@ -288,7 +300,7 @@ fast_tc_bwd_fused(const u16* __restrict__ Qg, const u16* __restrict__ Kg, const 
     const int b = sched[blockIdx.x];
     if (b >= 0) {
         tc_bwg_item(smem, b, Qg, Kg, Vg, dOg, LD, dQacc, dKg, dVg, ihead, itile, tent, dKVacc, BH, T_all, scale_log2,
-                    scale, table, nullptr, nullptr);
+                    scale, table, nullptr, nullptr, nullptr);
         return;
     }
     int cls;

@@ -47,3 +47,22 @@ __device__ __forceinline__ void tma_store3(const void* map, int c0, int c1, int 
 __device__ __forceinline__ void tma_store_commit_and_wait() {
     asm volatile("cp.async.bulk.commit_group;\ncp.async.bulk.wait_group.read 0;\n" ::: "memory");
 }
+// add a box of float32 shared memory at `src` into coordinates (c0, c1, c2) of a 3-d float32 tensor
+// map, element by element in L2 (elements past the tensor's extent are not touched); a bulk group
+// like tma_store3's
+__device__ __forceinline__ void tma_reduce_add3(const void* map, int c0, int c1, int c2, unsigned src) {
+    asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3}], [%4];\n"
+                 :: "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(src) : "memory");
+}
+// close the bulk copies issued by this thread into a group
+__device__ __forceinline__ void tma_bulk_commit() {
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// wait until every bulk group this thread committed has read its shared memory
+__device__ __forceinline__ void tma_bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+// wait until every bulk group this thread committed has completed its writes
+__device__ __forceinline__ void tma_bulk_wait() {
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}

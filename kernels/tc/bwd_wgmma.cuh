@@ -43,9 +43,12 @@
 //   tc_bwg_pack(a, x), tc_bwg_stage(s, a, warp, g, t4): a fragment packed as A operands; dS^T staged.
 //   TC_BWG_PRODUCTS(s, dp, pd, dk, dv, op, so, lds, scale_log2): probs, dV issued, dscores, dK issued (the
 //     above in a tile's order once S^T landed), dS^T packed in pd.
+//   TcBwgDq tc_bwg_dq_at(p, map, bh, sm): where dQ's sums go (BWD_DQ_BULK: by bulk tensor reductions, the map);
+//     tc_bwg_dq_out<C>(dq, c, c0, row0, T, g, t4, buf): a warp's C columns of them added there;
+//     tc_bwg_dq_free(), tc_bwg_dq_drain(): (BWD_DQ_BULK) the staging buffers read, the reductions done.
 //   tc_bwg_dq(dq, op, wg, row0, T, g, t4): dQ's rows of the tile += dS K, a 64-column panel at a time.
-//   tc_bwg_dq_tile(dq, op, ds, row0, T, g, t4): (BWG_DQ_PAIRED) one tile's dQ rows += dS K, the whole
-//     panel by one warpgroup, from the dS^T buffer at descriptor word ds; tc_bwg_dq_issue(c, op, ds) its
+//   tc_bwg_dq_tile(dq, op, ds, wg, row0, T, g, t4): (BWG_DQ_PAIRED) one tile's dQ rows += dS K, the whole
+//     panel by warpgroup wg, from the dS^T buffer at descriptor word ds; tc_bwg_dq_issue(c, op, ds) its
 //     products alone, into c (BWG_DQ_PIPE: reduced a tile later).
 #pragma once
 #include "tc/common.cuh"
@@ -75,6 +78,19 @@
 // (its barrier, refill and S^T) and reduced once that S^T lands; two sets of the pair's buffers in
 // turn, so that no warp restages one a warpgroup's products may still read
 #define BWG_DQ_PIPE (BWG_DQ_PAIRED && BWD_DQ_PAIRS == 2)
+// BWD_DQ_BULK 1 (TMA builds, dQ summed here): a warpgroup's dQ panel leaves by a bulk tensor reduction, not by
+// red.global.add from each thread's registers: the 64 x 64 float32 panel staged in shared memory (two 32-column
+// boxes of 128-byte rows, the 128-byte swizzle; a buffer a warpgroup, or a panel with one warpgroup), then one
+// thread of the warpgroup adds it into the float32 accumulator in L2 (cp.reduce.async.bulk.tensor, rows >= T
+// clipped by the map). Before the block's barrier that precedes dQ's products each warpgroup's issuing thread
+// waits until its last reductions have read their buffers (tc_bwg_dq_free)
+#ifndef BWD_DQ_BULK
+#define BWD_DQ_BULK 0
+#endif
+#define BWG_DQ_BUFS (BWD_DQ_BULK ? (HEAD_D / 64 > BWG_NWG ? HEAD_D / 64 : BWG_NWG) : 0)
+#define BWG_DQB (BWG_QT * 64 * 4)  // a staged float32 panel: two boxes of 64 rows x 128 bytes
+static_assert(!BWD_DQ_BULK || (TMA && !BWD_DQ_PASS && !BWG_DQ_PIPE),
+              "dQ by bulk reductions: beside bulk tensor copies, with dQ summed in the main loop, not in flight");
 static_assert(WG && (!TMA || STRIDE == 1) && NWARPS % 4 == 0 && BN == 64 * BWG_NWG &&
               (BWG_NWG == 1 || HEAD_D == 64 * BWG_NWG || BWG_DQ_HALVES),
               "wgmma backward: BN = 64 keys a warpgroup, bulk tensor copies on unstrided patterns only; several "
@@ -84,8 +100,8 @@ static_assert(WG && (!TMA || STRIDE == 1) && NWARPS % 4 == 0 && BN == 64 * BWG_N
 #define BWG_LDB (BWG_QT * 8)              // a stage's (lse2, delta) rows
 #define BWG_DSB (BN * BWG_QT * 2)          // a staged dS^T
 #define BWG_DS_BUFS (BWG_DQ_PIPE ? 4 : BWG_DQ_PAIRED ? 2 : 1)
-#define BWG_SMEM_BYTES (2 * TILE_BYTES + 2 * STAGES * BWG_QBYTES + BWG_DS_BUFS * BWG_DSB + STAGES * BWG_LDB + \
-                        (TMA ? 8 * STAGES : 0))
+#define BWG_SMEM_BYTES (2 * TILE_BYTES + 2 * STAGES * BWG_QBYTES + BWG_DS_BUFS * BWG_DSB + BWG_DQ_BUFS * BWG_DQB + \
+                        STAGES * BWG_LDB + (TMA ? 8 * STAGES : 0))
 
 typedef float TcBwgRows[BWG_QT / 8][4];  // a warp's [16 keys][64 queries] fragment: S^T, P^T, dP^T, dS^T
 typedef u32 TcBwgFrag[BWG_QT / 16][4];   // the same packed as the A operands of its k-steps
@@ -94,6 +110,7 @@ struct TcBwgSmem {
     u32 k, v;  // the key tile's K and V
     u32 q, o;  // the Q and dO stages (stage s at + s * BWG_QBYTES)
     u32 ds;    // dS^T staged for dQ (BWG_DS_BUFS buffers, BWG_DSB bytes apart)
+    u32 dqs;   // BWD_DQ_BULK: dQ's float32 panels staged for their reductions (BWG_DQ_BUFS, BWG_DQB bytes apart)
     u32 ld;    // the (lse2, delta) stages (stage s at + s * BWG_LDB)
     u32 bar;   // TMA: the stages' mbarriers (stage s's at + 8 s)
 };
@@ -105,7 +122,8 @@ __device__ __forceinline__ TcBwgSmem tc_bwg_smem(const void* smem) {
     s.q = s.v + TILE_BYTES;
     s.o = s.q + STAGES * BWG_QBYTES;
     s.ds = s.o + STAGES * BWG_QBYTES;
-    s.ld = s.ds + BWG_DS_BUFS * BWG_DSB;
+    s.dqs = s.ds + BWG_DS_BUFS * BWG_DSB;
+    s.ld = s.dqs + BWG_DQ_BUFS * BWG_DQB;
     s.bar = s.ld + STAGES * BWG_LDB;
     return s;
 }
@@ -353,11 +371,81 @@ __device__ __forceinline__ void tc_bwg_stage(u32 s, const TcBwgFrag& a, int warp
     }
 }
 
+// where dQ's sums go: the float32 accumulator at the head's (class's) first row; with BWD_DQ_BULK also its map
+// ([B*H][T][HEAD_D], boxes of 32 columns by 64 rows), the head and the staging buffers
+struct TcBwgDq {
+    float* p;
+#if BWD_DQ_BULK
+    const TmaMap* map;
+    int bh;
+    u32 buf;
+#endif
+};
+
+__device__ __forceinline__ TcBwgDq tc_bwg_dq_at(float* p, const TmaMap* map, int bh, const TcBwgSmem& sm) {
+#if BWD_DQ_BULK
+    return {p, map, bh, sm.dqs};
+#else
+    (void)map, (void)bh, (void)sm;
+    return {p};
+#endif
+}
+
+// BWD_DQ_BULK: each warpgroup's issuing thread waits until its last reductions have read their buffers; before the
+// block's barrier that precedes dQ's products, which the buffers' next writes follow
+__device__ __forceinline__ void tc_bwg_dq_free() {
+#if BWD_DQ_BULK
+    if (threadIdx.x % 128 == 0) tma_bulk_wait_read();
+#endif
+}
+
+// ... and at the end of a block's work, until their writes are done
+__device__ __forceinline__ void tc_bwg_dq_drain() {
+#if BWD_DQ_BULK
+    if (threadIdx.x % 128 == 0) tma_bulk_wait();
+#endif
+}
+
+// C = 64 or 32 columns of a warp's dQ rows row0 + g, + 8 (c[j]: columns 8 j + 2 t4, + 1) added at dQ's columns
+// c0: by red.global.add from registers; with BWD_DQ_BULK, staged in buffer `buf` (box j / 4: 16-byte chunk
+// (2 (j % 4) + t4 / 2) ^ (row % 8) of the row's 128 bytes) and added by one bulk tensor reduction a box, issued
+// by the warpgroup's first thread once its four warps have staged theirs (rows >= T: the map clips them)
+template <int C>
+__device__ __forceinline__ void tc_bwg_dq_out(const TcBwgDq& dq, const float (&c)[C / 8][4], int c0, int row0, int T,
+                                              int g, int t4, int buf) {
+#if BWD_DQ_BULK
+    const u32 base = dq.buf + (u32)buf * BWG_DQB;
+    const int r = (row0 & (BWG_QT - 1)) + g;
+#pragma unroll
+    for (int j = 0; j < C / 8; ++j) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int rr = r + 8 * h;
+            const u32 addr = base + (u32)((j >> 2) * (BWG_QT * 128) + rr * 128 +
+                                          (((2 * (j & 3) + (t4 >> 1)) ^ (rr & 7)) << 4) + (t4 & 1) * 8);
+            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" :: "r"(addr), "f"(c[j][2 * h]), "f"(c[j][2 * h + 1]));
+        }
+    }
+    wg_fence_smem();  // the staged panel visible to the copy engine ...
+    asm volatile("bar.sync %0, 128;\n" :: "r"(1 + (int)(threadIdx.x / 128)) : "memory");  // ... staged by all four warps
+    if (threadIdx.x % 128 == 0) {
+#pragma unroll
+        for (int b = 0; b < C / 32; ++b) tma_reduce_add3(dq.map, c0 + 32 * b, row0 & ~(BWG_QT - 1), dq.bh,
+                                                          base + (u32)(b * BWG_QT * 128));
+        tma_bulk_commit();
+    }
+    (void)T;
+#else
+    (void)buf;
+    tc_bwd_dq_add<C>(dq.p, c, c0, row0, T, g, t4);
+#endif
+}
+
 // dQ rows row0 + g, + 8 (this warp's query rows of the tile) += dS K over the tile's BN keys, 64
 // columns at a time: A = dS from the staged dS^T (M-major, k-step kk at its rows 16 kk ..), B = K's
 // panel p (N-major); one warpgroup takes every panel, several take one each (panel wg), two at
 // HEAD_D = 64 the one panel, warpgroup wg reducing its columns 32 wg .. 32 wg + 31
-__device__ __forceinline__ void tc_bwg_dq(float* __restrict__ dq, const TcBwgOps& op, int wg, int row0, int T, int g,
+__device__ __forceinline__ void tc_bwg_dq(const TcBwgDq& dq, const TcBwgOps& op, int wg, int row0, int T, int g,
                                           int t4) {
 #pragma unroll 1
     for (int p = (BWG_NWG == 1 || BWG_DQ_HALVES) ? 0 : wg; p < (BWG_NWG == 1 ? HEAD_D / 64 : BWG_DQ_HALVES ? 1 : wg + 1);
@@ -371,11 +459,11 @@ __device__ __forceinline__ void tc_bwg_dq(float* __restrict__ dq, const TcBwgOps
         wg_commit();
         wg_wait<0>();
         if (!BWG_DQ_HALVES) {
-            tc_bwd_dq_add<64>(dq, c, p * 64, row0, T, g, t4);
+            tc_bwg_dq_out<64>(dq, c, p * 64, row0, T, g, t4, BWG_NWG == 1 ? p : wg);
         } else if (wg == 0) {  // constant indices: c stays in registers
-            tc_bwd_dq_add<32>(dq, reinterpret_cast<const float(&)[4][4]>(c[0]), 0, row0, T, g, t4);
+            tc_bwg_dq_out<32>(dq, reinterpret_cast<const float(&)[4][4]>(c[0]), 0, row0, T, g, t4, 0);
         } else {
-            tc_bwd_dq_add<32>(dq, reinterpret_cast<const float(&)[4][4]>(c[4]), 32, row0, T, g, t4);
+            tc_bwg_dq_out<32>(dq, reinterpret_cast<const float(&)[4][4]>(c[4]), 32, row0, T, g, t4, 1);
         }
     }
 }
@@ -391,13 +479,13 @@ __device__ __forceinline__ void tc_bwg_dq_issue(float (&c)[8][4], const TcBwgOps
     wg_commit();
 }
 
-// ... issued, waited for and added to dQ's rows row0 + g, + 8
-__device__ __forceinline__ void tc_bwg_dq_tile(float* __restrict__ dq, const TcBwgOps& op, u32 ds, int row0, int T,
+// ... issued, waited for and added to dQ's rows row0 + g, + 8 (by warpgroup wg)
+__device__ __forceinline__ void tc_bwg_dq_tile(const TcBwgDq& dq, const TcBwgOps& op, u32 ds, int wg, int row0, int T,
                                                int g, int t4) {
     float c[8][4];
     tc_bwg_dq_issue(c, op, ds);
     wg_wait<0>();
-    tc_bwd_dq_add<64>(dq, c, 0, row0, T, g, t4);
+    tc_bwg_dq_out<64>(dq, c, 0, row0, T, g, t4, wg);
 }
 
 // a tile's products once S^T has landed (and been masked): P^T, dV += P^T dO issued; dP^T waited for, dS^T
