@@ -227,7 +227,9 @@ PASS_PERSIST = 0
 # ... and the wgmma main loop persistent (``--bwd-config MPER=1``): 10-38% slower at D=64, 0.92-1.29x at D=128
 MAIN_PERSIST = 0
 # ... and, where it sums dQ (DQ=0) with bulk tensor copies, its dQ panels added by bulk tensor reductions from shared
-# memory (``--bwd-config DQR=1``; 0: red.global.add.v2.f32 from each thread's registers)
+# memory (``--bwd-config DQR=1``; 0: red.global.add.v2.f32 from each thread's registers): H100, --pass bwd, T=32768,
+# against the same shape's reductions 0.97-1.04 at D=128, 1.06-1.21 slower with two warpgroups at D=64, and its best
+# build 1.12-1.68x the default's dQ pass (docs/PERF.md "backward v19")
 MAIN_DQ_BULK = 0
 PASS_SHAPES_WG: dict[int, tuple[BwdConfig, str]] = {
     64: (BwdConfig(NWARPS=4, STAGES=2, MINB=3, WG=1), "one warpgroup, 64 x 64 tiles, K and V in 2 stages (48 KiB): "
