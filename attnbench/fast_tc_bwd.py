@@ -277,7 +277,12 @@ SPLIT_MIN = 8    # query tiles an item walks at least (a split item pays its K /
 # backward v14 (H100, --pass bwd, --bwd-config ORDER=1,CUT=8 against the earlier items, docs/PERF.md "backward v14"):
 # at T=32768 and 131072 bigbird 0.90-0.94, streaming 16+64 and its custom twin at D=128 0.96-0.98, at D=64
 # 0.99-1.01; at T=4096 (L 12 to 16, a wave or two of blocks: the long items launched late end last) streaming
-# 16+64 and bigbird at D=64 4-8% slower, so not there; the instances with no split tile unchanged
+# 16+64 and bigbird at D=64 4-8% slower, so not there; the instances with no split tile unchanged.
+# Since backward v20 the order by position also where nothing is split and L > 2 ITEM_CUT: longest first put
+# key tiles of unrelated documents beside each other, and the blocks read their Q and dO tiles from DRAM (the
+# main loop at 75% of DRAM peak on document at D=128). H100, T=32768, --bwd-config ORDER=1 against 0
+# (docs/PERF.md "backward v20"): document bwd 0.865 (D=128) and 0.957 (D=64), dilated 1.00; lists of equal
+# length (dense, windows) are in the same order either way
 ITEM_ORDER = 1
 ITEM_CUT = 8
 SPLIT_ENV = "ATTNBENCH_BWD_SPLIT"  # L forced (0: nothing split), for tests and timing experiments
@@ -301,10 +306,12 @@ def split_length(entries: int, longest: int, heads: int, slots: int, waves: int 
 
 
 def default_item_layout(L: int, split_any: bool) -> tuple[int, int]:
-    """(order, cut) of the work items by default (``tiles.work_items``): ITEM_ORDER and ITEM_CUT where
-    the items' length L splits a key tile (``split_any``) and L > 2 ITEM_CUT, else (0, 0): longest first,
-    no cut."""
-    return (ITEM_ORDER, ITEM_CUT) if split_any and L > 2 * ITEM_CUT else (0, 0)
+    """(order, cut) of the work items by default (``tiles.work_items``): where L > 2 ITEM_CUT, ITEM_ORDER (by
+    position), and ITEM_CUT where the items' length L splits a key tile (``split_any``), else no cut; else (0, 0):
+    longest first, no cut."""
+    if L <= 2 * ITEM_CUT:
+        return 0, 0
+    return ITEM_ORDER, ITEM_CUT if split_any else 0
 
 
 SHAPE_ENV = "ATTNBENCH_BWD_SHAPE"  # fields of the chosen shape replaced, e.g. "NWARPS=4,MINB=2" (timing experiments)

@@ -980,14 +980,17 @@ def test_a_bwd_variant_is_named_by_its_fields_and_leaves_the_forward_to_its_base
 
 def test_the_items_launch_by_position_and_cut_where_a_long_split_leaves_room():
     """Backward v14's default: the split instances at T=32768 (L 91 to 136) and 131072 (362 to 542) take
-    the order by position with items of 8 query tiles; at T=4096 (L 12 to 16, measured slower there) and
-    where nothing is split, the items stay longest first and whole."""
+    the order by position with items of 8 query tiles; at T=4096 (L 12 to 16, measured slower there) the items
+    stay longest first and whole; since v20 unsplit lists past that L launch by position too, uncut."""
     from attnbench.fast_tc_bwd import ITEM_CUT, ITEM_ORDER, default_item_layout
 
     assert (ITEM_ORDER, ITEM_CUT) == (1, 8)
     assert default_item_layout(91, True) == (1, 8) and default_item_layout(542, True) == (1, 8)
     assert default_item_layout(12, True) == (0, 0) and default_item_layout(16, True) == (0, 0)
-    assert default_item_layout(17, True) == (1, 8) and default_item_layout(362, False) == (0, 0)
+    assert default_item_layout(17, True) == (1, 8)
+    # where nothing is split, by position too from the same L (backward v20: document's lists), never cut
+    assert default_item_layout(362, False) == (1, 0) and default_item_layout(17, False) == (1, 0)
+    assert default_item_layout(16, False) == (0, 0)
 
 
 @pytest.mark.gpu
