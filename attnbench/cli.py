@@ -522,7 +522,8 @@ def compile_cmd(archs, hashes, gate_builds):
 @click.option("--bwd-config", "bwd_configs", multiple=True, metavar="SPEC",
               help="fast-tc's backward with fields fixed: NWARPS (4: one warpgroup, 8: two), STAGES, MINB of its "
                    "main kernel, DQ (0: dQ's sums by float32 reductions, 1: dQ by its own pass, 2: that pass's blocks "
-                   "in the main kernel's launch) and STATS (with the pass, 2: it computes the rows' lse and delta from O "
+                   "in the main kernel's launch, 3: stored whole by the wgmma main loop where every query tile reads "
+                   "one key tile) and STATS (with the pass, 2: it computes the rows' lse and delta from O "
                    "in shared memory and runs first, no prep; 1: the same from global memory; 0: prep does) and PAIRS "
                    "(two warpgroups at D=64: 1, dQ of two query tiles at a time, one a warpgroup; 2, the same with dQ's "
                    "products in flight through the next pair's first tile; 0, one tile's by both), SKIP (the pass "

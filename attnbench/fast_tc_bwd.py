@@ -56,8 +56,9 @@ MAIN, PREP, DQ = "fast_tc_bwd", "fast_tc_bwd_prep", "fast_tc_bwd_dq"
 DQ_PASS = "fast_tc_bwd_dq_pass"  # BWD_DQ_PASS builds: dQ by a pass over the forward list
 KERNEL_DQ_WG = "fast_tc_bwd_dq_wg"  # that pass on wgmma (sm_90a), the same entry point and parameters
 FUSED = "fast_tc_bwd_fused"      # BWD_FUSED builds (wgmma, one warpgroup): the main loop's items and the pass's blocks
-DQ_WAYS = ("atomic", "pass", "fused")  # how dQ is summed: reductions into float32 in the main kernel, its own
-# pass, or that pass's blocks in the main kernel's launch, ordered beside the items that read the same tiles
+DQ_WAYS = ("atomic", "pass", "fused", "store")  # how dQ is summed: reductions into float32 in the main kernel, its
+# own pass, that pass's blocks in the main kernel's launch, ordered beside the items that read the same tiles, or
+# (where every query tile's forward list holds one key tile, ``store_shape``) stored whole by the main loop
 DQ_ENV = "ATTNBENCH_BWD_DQ"      # the way forced (tests, timing); default: choose_dq's rule
 # the blocks of a persistent launch (PERSIST; tests give few, so that every block takes many works); default: the
 # multiprocessors times the build's MINB
@@ -91,7 +92,7 @@ class BwdConfig:
 
     def paired(self, D: int, dq: str = "atomic") -> bool:
         """Whether the wgmma main loop takes its query tiles two at a time for dQ (BWG_DQ_PAIRED)."""
-        return bool(self.WG and self.PAIRS and self.NWARPS == 8 and D == 64 and dq == "atomic")
+        return bool(self.WG and self.PAIRS and self.NWARPS == 8 and D == 64 and dq in ("atomic", "store"))
 
     @property
     def BN(self) -> int:
@@ -340,7 +341,8 @@ class BwdFields:
     """The backward's fields a shape variant may fix (``--bwd-config``): the main kernel's NWARPS,
     STAGES and MINB, DQ (0: dQ's sums by float32 reductions, 1: dQ by its own pass, 2: that pass's
     blocks in the main kernel's launch, beside the items that read the same tiles; wgmma, one
-    warpgroup, the rows' stats from prep) and STATS (with dQ's own pass, 1 or 2: the pass computes the
+    warpgroup, the rows' stats from prep; 3: stored whole by the wgmma main loop where every query tile
+    reads one key tile, ``store_shape``) and STATS (with dQ's own pass, 1 or 2: the pass computes the
     rows' (lse log2 e, delta) and runs first, no prep launch reading O and dO, 1 reading O from global
     memory, 2 from O's tile copied into shared memory beside Q and dO; 0: prep computes them) and PAIRS (two warpgroups at D=64, dQ summed in
     the main loop: 1, two query tiles' dQ at a time, one a warpgroup; 2, the same with dQ's products
@@ -381,7 +383,7 @@ class BwdFields:
 
 
 BWD_FIELDS = tuple(f.name for f in dataclasses.fields(BwdFields))
-BWD_LIMITS = {"NWARPS": (4, 8, 4), "STAGES": (2, 4, 1), "MINB": (1, 4, 1), "DQ": (0, 2, 1), "STATS": (0, 2, 1),
+BWD_LIMITS = {"NWARPS": (4, 8, 4), "STAGES": (2, 4, 1), "MINB": (1, 4, 1), "DQ": (0, 3, 1), "STATS": (0, 2, 1),
               "PAIRS": (0, 2, 1), "SKIP": (0, 1, 1), "WAVES": (1, 16, 1), "PMINB": (0, 4, 1), "ORDER": (0, 1, 1),
               "L": (0, 65536, 1), "CUT": (0, 65536, 1),
               "PWG": (0, 1, 1), "PTMA": (0, 1, 1), "MTMA": (0, 1, 1), "PPER": (0, 1, 1),
@@ -505,6 +507,32 @@ def choose_bwd_config(D: int, wgmma: bool, dq: str = "atomic", keys_per_query: f
     return cfg
 
 
+# dQ stored whole by the wgmma main loop (DQ=3, BWD_DQ_STORE) where every query tile's forward list at the main
+# loop's tiles holds one key tile (``store_shape``: block-diagonal patterns whose blocks fit a key tile): the work
+# item of that key tile sums all of the query tile's dQ, so it stores the gradient itself, times the scale; no float32
+# accumulator to zero, reduce into and convert, and no pass that reads Q, dO, K and V again. Chosen there by default
+# where STORE_DQ (docs/PERF.md "backward v21")
+STORE_DQ = 1
+
+
+def single_key_tile(mask: Mask, BM: int, BN: int) -> bool:
+    """Whether every query tile of ``mask``'s forward list at BM x BN tiles holds exactly one key tile."""
+    count = np.diff(tile_list(mask, BM, BN).ptr)
+    return bool(count.size) and bool((count == 1).all())
+
+
+def store_shape(D: int, mask: Mask, fields: dict | None = None) -> BwdConfig | None:
+    """The wgmma main loop's shape under which dQ is stored by it (DQ=3): one warpgroup's (64-key tiles) where every
+    query tile of ``mask`` (the inner pattern of a strided one) reads one key tile, else two warpgroups' (128-key
+    tiles) where that holds there, each with the fields $ATTNBENCH_BWD_SHAPE and ``fields`` name replaced; None
+    where neither holds."""
+    for shapes in (BWD_SHAPES_WG, BWD_SHAPES_WG2):
+        cfg = dataclasses.replace(shapes[D][0], **{**forced_shape(), **(fields or {})})
+        if cfg.NWARPS in (4, 8) and single_key_tile(mask, cfg.BM, cfg.BN):
+            return cfg
+    return None
+
+
 def dq_pass_config(D: int, cfg: BwdConfig, minb: int | None = None, wg: int | None = None,
                    tma: int | None = None, stride: int = 1, persist: int | None = None) -> BwdConfig:
     """The shape of the dQ pass beside a main kernel of shape ``cfg``: that shape on mma.sync; beside
@@ -579,7 +607,7 @@ def bwd_defines(D: int, dtype: str, mask: Mask, cfg: BwdConfig | None = None, dq
             d["TMA"] = 1
         if cfg.PERSIST:
             d["BWD_PERSIST"] = 1
-    if dq != "atomic" and (PASS_SKIP[D] if skip is None else skip):
+    if dq in ("pass", "fused") and (PASS_SKIP[D] if skip is None else skip):
         d["BWD_PASS_SKIP"] = 1
     if cfg.DQR:
         d["BWD_DQ_BULK"] = 1
@@ -589,6 +617,8 @@ def bwd_defines(D: int, dtype: str, mask: Mask, cfg: BwdConfig | None = None, dq
         d["BWD_DQ_PASS"] = 1
         if stats:
             d["BWD_PASS_STATS"] = int(stats)
+    elif dq == "store":
+        d["BWD_DQ_STORE"] = 1
     d.update(pattern_defines(inner.tile_predicate(cfg.BM, cfg.BN)))
     return d
 
@@ -628,8 +658,9 @@ class Backward:
     ``dq``: "atomic" (dQ's sums by float32 reductions in the main kernel, converted after it),
     "pass" (dQ by a query-tile-major pass of its own over the forward list, no accumulator) or
     "fused" (that pass's blocks in the main kernel's launch, ``fused_order``; wgmma, one warpgroup,
-    prep's stats); None: $ATTNBENCH_BWD_DQ, else ``choose_dq`` (the pass below DQ_PASS_MAX_KEYS keys
-    a query). ``stats``: where the pass's rows' stats come from (0: prep; 1, 2: the pass, from O in
+    prep's stats) or "store" (the wgmma main loop stores dQ whole where every query tile reads one key tile,
+    ``store_shape``; BadInput elsewhere); None: $ATTNBENCH_BWD_DQ, else "store" where STORE_DQ and ``store_shape``
+    finds a shape (``cfg`` not given), else ``choose_dq`` (the pass below DQ_PASS_MAX_KEYS keys a query). ``stats``: where the pass's rows' stats come from (0: prep; 1, 2: the pass, from O in
     global or shared memory; None: PASS_STATS_FROM where PASS_STATS and PASS_STATS_SPLIT allow, else
     prep). ``skip``: whether the pass skips a warp's all-zero key blocks of P (None: PASS_SKIP's).
     ``pass_minb``: the pass's MINB (``dq_pass_config``; None: its shape's). ``order``: the work items'
@@ -658,10 +689,27 @@ class Backward:
         self.prob = prob
         kpq = prob.mask.pairs / prob.mask.T
         dq = forced_dq() if dq is None else dq
+        stride, inner = prob.mask.strided()
+        store = None  # the shape under which the main loop stores dQ (``store_shape``), where asked or chosen
+        if (dq == "store" or (dq is None and STORE_DQ)) and wgmma and cfg is None:
+            store = store_shape(prob.D, inner, fields)
+        if dq == "store" and store is None and cfg is None:
+            raise BadInput("dq=store (DQ=3) stores dQ from the wgmma main loop (fast-tc on sm_90) where every query "
+                           "tile reads one key tile of 64 or 128 keys; here " + (
+                               "the main loop is mma.sync's" if not wgmma else
+                               "a query tile reads several key tiles (or none)") + ": give DQ=0, 1 or 2")
+        if dq is None and store is not None:
+            dq = "store"
         self.dq_way = dq = choose_dq(prob.D, kpq, wgmma) if dq is None else dq
         if dq not in DQ_WAYS:
             raise BadInput(f"dq={dq!r}: expected one of {', '.join(DQ_WAYS)}")
-        self.cfg = cfg = cfg or choose_bwd_config(prob.D, wgmma, dq, kpq, fields)
+        self.cfg = cfg = cfg or store or choose_bwd_config(prob.D, wgmma, dq, kpq, fields)
+        if dq == "store" and not (cfg.WG and single_key_tile(inner, cfg.BM, cfg.BN)):
+            raise BadInput(f"dq=store (DQ=3) needs the wgmma main loop with every query tile reading one key tile; "
+                           f"this backward's main loop is {cfg.spec} ({'wgmma' if cfg.WG else 'mma.sync'})")
+        if dq == "store" and cfg.paired(prob.D, dq) and cfg.PAIRS == 2:
+            raise BadInput("dq=store (DQ=3) stores a pair's dQ once its products are done, not in flight: give "
+                           "PAIRS=0 or 1")
         if dq == "fused" and not (cfg.WG and cfg.NWARPS == 4):
             raise BadInput(f"dq=fused (DQ=2) runs dQ's pass in the launch of the wgmma main loop with one warpgroup; "
                            f"this backward's main loop is {cfg.spec} ({'wgmma' if cfg.WG else 'mma.sync'})")
@@ -674,7 +722,6 @@ class Backward:
         if main_persist and dq == "fused":
             raise BadInput("MPER=1 runs the main loop's work items one after another in a block, not beside the "
                            "pass's blocks: give it DQ=0 or DQ=1, not DQ=2")
-        stride, inner = prob.mask.strided()
         if cfg.WG and dq != "fused" and (MAIN_PERSIST if main_persist is None else main_persist):
             self.cfg = cfg = dataclasses.replace(cfg, PERSIST=1)  # a block takes work items in turn
         if cfg.WG and not cfg.TMA and dq != "fused" and stride == 1 and (MAIN_TMA if main_tma is None else main_tma):
@@ -720,8 +767,8 @@ class Backward:
         if stats is None:
             stats = PASS_STATS_FROM if PASS_STATS and (self.n_split == 0 or PASS_STATS_SPLIT[prob.D]) else 0
         self.stats = int(stats) if dq == "pass" else 0
-        self.skip = (PASS_SKIP[prob.D] if skip is None else int(skip)) if dq != "atomic" else 0
-        if dq != "atomic":  # the forward list at the dQ pass's tiles, on the device (built above on mma.sync)
+        self.skip = (PASS_SKIP[prob.D] if skip is None else int(skip)) if dq in ("pass", "fused") else 0
+        if dq in ("pass", "fused"):  # the forward list at the dQ pass's tiles, on the device (built above on mma.sync)
             self.pcfg = pcfg = cfg if dq == "fused" else dq_pass_config(prob.D, cfg, pass_minb, pass_wg, pass_tma, stride,
                                                                         pass_persist)
             if pass_persist and not (pcfg.WG and pcfg is not cfg):
@@ -790,7 +837,9 @@ class Backward:
         is split (it converts nothing else); with the pass computing the rows' stats (``stats``): the
         pass, then main; when a key tile is split, prep before them on no row but the split tiles'
         accumulators ("zero": it reads no O or dO), and the convert after; fused (``dq`` "fused"): prep,
-        the main loop's items and the pass's blocks in one launch, the convert where a key tile is split."""
+        the main loop's items and the pass's blocks in one launch, the convert where a key tile is split; store
+        (``dq`` "store"): prep (the stats alone), the main loop storing dQ itself, the convert where a key tile
+        is split."""
         prob, cfg = self.prob, self.cfg
         B, H, T, D = prob.shape
         rows, srows = B * H * T, self.split_rows
@@ -802,7 +851,7 @@ class Backward:
                           (o, do, lse, ld, dq_acc, np.int32(n), dkv_acc, np.int32(srows)))
 
         prep = prep_on(rows)
-        margs = (q, k, v, do, ld, dq_acc, dk, dv, it.heads, it.tiles, self.tiles.entries, dkv_acc,
+        margs = (q, k, v, do, ld, dq if self.dq_way == "store" else dq_acc, dk, dv, it.heads, it.tiles, self.tiles.entries, dkv_acc,
                  np.int32(B * H), np.int32(T), np.float32(scale * LOG2E), np.float32(scale), self.table)
         mmaps = []
         if cfg.TMA:  # then the maps of Q and dO (the wgmma main loop's bulk copies)
@@ -825,6 +874,8 @@ class Backward:
                        np.int32(T), np.int64(s8)))
         if self.dq_way == "atomic":
             return self._order([("prep", prep), ("main", main), ("convert", conv)])
+        if self.dq_way == "store":  # dQ stored by the main loop: the convert only for split key tiles' dK and dV
+            return self._order([("prep", prep), ("main", main)] + ([("convert", conv)] if s8 else []))
         ft = self.fwd_tiles
         if self.dq_way == "fused":  # the items and the pass's blocks in one launch, in fused_order's order
             fused = Launch(self.main, (self.order.size,), (cfg.threads,), self.smem, main.args + (

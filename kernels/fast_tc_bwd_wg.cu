@@ -18,7 +18,8 @@
 // fast_tc_bwd.cu's fast_tc_bwd_dq_pass (a launch of the mma.sync build). TMA 1 (unstrided patterns): the
 // Q and dO tiles by bulk tensor copies (tc/bwd_wgmma.cuh's TcBwgWalk), their maps after the main
 // kernel's parameters; with BWD_DQ_BULK dQ's sums by bulk tensor reductions from shared memory
-// (tc_bwg_dq_out), the map of its float32 accumulator after them.
+// (tc_bwg_dq_out), the map of its float32 accumulator after them. BWD_DQ_STORE: where one work item holds all of
+// each query tile's keys, dQ stored by it (tc_bwg_dq_out), its pointer in dQacc's place; no accumulator.
 #include "tc/config.cuh"
 #include "tc/common.cuh"
 #include "tc/scheduler.cuh"
@@ -125,7 +126,9 @@ tc_bwg_item(unsigned char* smem, int b, const u16* __restrict__ Qg, const u16* _
     TcBwdCols dk, dv;
     tc_zero_frag(dk);
     tc_zero_frag(dv);
-#if !BWD_DQ_PASS
+#if BWD_DQ_STORE  // dQacc is dQ itself, in the storage dtype
+    const TcBwgDq dq = tc_bwg_dq_store_at(reinterpret_cast<u16*>(dQacc) + w.base, scale);
+#elif !BWD_DQ_PASS
     const TcBwgDq dq = tc_bwg_dq_at(dQacc + w.base, mdq, w.bh, sm);
 #endif
     const bool edge = kt * BN + BN > T;  // keys >= T in the tile: masked on every query tile

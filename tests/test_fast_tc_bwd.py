@@ -332,6 +332,100 @@ def test_the_fused_launch_is_refused_where_it_does_not_build(no_device_check):
         Backward(prob, dq="fused", wgmma=True, main_tma=1)
 
 
+# ---- dQ stored by the wgmma main loop (DQ=3) where every query tile reads one key tile ---------------------------
+STORE_CASES = [  # (pattern, T, causal, params, NWARPS of the store shape)
+    ("block_diagonal", 784, False, dict(block=16), 4), ("block_diagonal", 1024, True, dict(block=64), 4),
+    ("block_diagonal", 896, False, dict(block=128), 8), ("custom", 1000, False, dict(expr="i // 128 == j // 128"), 8),
+    ("custom", 777, True, dict(expr="i // 16 == j // 16"), 4),
+]
+
+
+@pytest.mark.parametrize("D", DIMS)
+def test_the_store_shape_is_where_every_query_tile_reads_one_key_tile(D):
+    """store_shape: one warpgroup's 64-key tiles where every query tile reads one of them, else two warpgroups'
+    128-key tiles, else None (a query tile reading two key tiles, or a block that straddles them)."""
+    from attnbench.fast_tc_bwd import store_shape, single_key_tile
+
+    for pattern, T, causal, params, nwarps in STORE_CASES:
+        mask = make_mask(pattern, T, causal, **params)
+        cfg = store_shape(D, mask)
+        assert cfg == (BWD_SHAPES_WG if nwarps == 4 else BWD_SHAPES_WG2)[D][0], (pattern, params)
+        assert single_key_tile(mask, cfg.BM, cfg.BN)
+        assert single_key_tile(mask, 64, 128)  # (a 64-key fit fits 128 keys too)
+        assert store_shape(D, mask, {"NWARPS": 8, "MINB": 1}).NWARPS == 8  # the fields win
+    for pattern, T, causal, params in (("streaming", 1000, True, dict(sink=16, window=64)), ("dense", 1000, True, {}),
+                                       ("document", 4096, True, dict(doc_mean=512)), ("window", 1000, True, dict(window=8)),
+                                       ("block_diagonal", 960, False, dict(block=96)),
+                                       ("dilated", 777, True, dict(window=70, dilation=3))):
+        mask = make_mask(pattern, T, causal, **params)
+        assert store_shape(D, mask.strided()[1]) is None, pattern
+    # block-diagonal 128 on 64-key tiles: a query tile reads its block's two key tiles
+    assert not single_key_tile(make_mask("block_diagonal", 896, False, block=128), 64, 64)
+    d = bwd_defines(D, "bfloat16", make_mask("block_diagonal", 784, False, block=16), BWD_SHAPES_WG[D][0], dq="store")
+    assert d["BWD_DQ_STORE"] == 1 and "BWD_DQ_PASS" not in d and "BWD_PASS_SKIP" not in d
+
+
+@pytest.mark.parametrize("D", DIMS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("nwarps", [4, 8], ids=["one-warpgroup", "two"])
+def test_the_store_builds_compile_without_spills(D, dtype, nwarps):
+    """BWD_DQ_STORE: the wgmma main loop storing dQ itself (and prep zeroing no accumulator), one warpgroup and two
+    (at D=64 a pair's tiles, at D=128 a panel each), no spills."""
+    import dataclasses
+
+    mask = make_mask("block_diagonal", 896, False, block=128 if nwarps == 8 else 16)
+    cfg = dataclasses.replace((BWD_SHAPES_WG if nwarps == 4 else BWD_SHAPES_WG2)[D][0], TMA=1)
+    d = bwd_defines(D, dtype, mask, cfg, dq="store")
+    reports = {r.kernel: r for r in compile_only("fast_tc_bwd_wg", d, "sm_90a")}
+    assert sorted(reports) == BWD_KERNELS
+    for r in reports.values():
+        assert r.arch == "sm_90a" and 0 < r.registers <= 255
+        assert (r.spill_stores, r.spill_loads, r.stack) == (0, 0, 0), r
+
+
+def test_dq_store_is_refused_where_it_does_not_build(no_device_check):
+    from attnbench.fast_tc_bwd import Backward
+
+    prob = Problem(make_mask("streaming", 1000, True, sink=16, window=64), 1, 2, 64, "bfloat16", pass_name="bwd")
+    with pytest.raises(BadInput, match=r"dq=store \(DQ=3\).*several key tiles.*give DQ=0, 1 or 2"):
+        Backward(prob, dq="store", wgmma=True)
+    bd = Problem(make_mask("block_diagonal", 896, False, block=128), 1, 2, 64, "bfloat16", pass_name="bwd")
+    with pytest.raises(BadInput, match=r"dq=store \(DQ=3\).*mma.sync"):
+        Backward(bd, dq="store", wgmma=False)
+    with pytest.raises(BadInput, match="not in flight.*PAIRS=0 or 1"):
+        Backward(bd, dq="store", wgmma=True, fields={"NWARPS": 8, "MINB": 1, "PAIRS": 2})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pattern,T,causal,params,nwarps", STORE_CASES)
+@pytest.mark.parametrize("D,dtype", [(64, "bfloat16"), (128, "float16")])
+@pytest.mark.parametrize("text", ["", "DQ=3,MTMA=0", "DQ=3,MPER=1", "DQ=3,L=1"])
+def test_dq_stored_by_the_main_loop_matches_the_reference(monkeypatch, pattern, T, causal, params, nwarps, D, dtype,
+                                                          text):
+    """Where every query tile reads one key tile, fast-tc's default on sm_90 stores dQ from the main loop (no pass,
+    no accumulator, no convert): through the gate, with bulk copies and by cp.async, persistent, and with every
+    key tile that two query tiles visit split (L=1: its dK and dV summed in float32, converted after)."""
+    from attnbench.fast_tc_bwd import PERSIST_BLOCKS_ENV, parse_bwd_config
+
+    if not IMPL.uses_wgmma():
+        pytest.skip("dQ is stored by the wgmma main loop (sm_90)")
+    monkeypatch.setenv(PERSIST_BLOCKS_ENV, "5")
+    mask = make_mask(pattern, T, causal, **params)
+    prob = Problem(mask, 2, 3, D, dtype, pass_name="bwd")
+    q, k, v, do = _inputs(prob, seed=T + D + 11)
+    impl = IMPL.bwd_variant(parse_bwd_config(text)) if text else IMPL
+    runner = impl.prepare(prob, q, k, v, do=do)
+    assert runner.setup["bwd_dq"] == "store"
+    assert runner.setup["bwd_tile_config"].startswith(f"NWARPS={nwarps},")
+    split = runner.setup["bwd_split_tiles"] > 0
+    assert split == (text == "DQ=3,L=1" and nwarps == 8)  # (a 64-key tile here is one query tile's alone)
+    assert runner.setup["bwd_launches"] == "prep,main" + (",convert" if split else "")
+    for _ in range(2):  # a second run writes every gradient again
+        runner.poison()
+        runner.run()
+        _check_grads(prob, runner.grads, q, k, v, do)
+
+
 def test_a_persistent_launchs_blocks_come_from_the_environment(monkeypatch):
     from attnbench.fast_tc_bwd import PERSIST_BLOCKS_ENV, persist_blocks
 
@@ -951,7 +1045,7 @@ def test_bwd_config_parses_fields_and_refuses_bad_ones_by_name():
     assert s.order == 1 and s.split == 8 and s.shape == {} and str(s) == "ORDER=1,L=8"
     assert parse_bwd_config("ORDER=1,CUT=8").cut == 8 and parse_bwd_config("CUT=8").shape == {}
     assert parse_bwd_config("L=0").split is None and parse_bwd_config("DQ=1").order is None  # 0: split_length's
-    for bad, words in (("DQ=3", "DQ=3 must be from 0 to 2"), ("NWARPS=6", "NWARPS=6 must be a multiple of 4"),
+    for bad, words in (("DQ=4", "DQ=4 must be from 0 to 3"), ("NWARPS=6", "NWARPS=6 must be a multiple of 4"),
                        ("BN=64", "unknown field 'BN'"), ("8,2", "positional form takes 4 to 18"),
                        ("ORDER=2", "ORDER=2 must be 0 or 1"),
                        ("STATS=3", "STATS=3 must be from 0 to 2"), ("SKIP=2", "SKIP=2 must be 0 or 1"), ("PWG=2", "PWG=2 must be 0 or 1"), ("PTMA=2", "PTMA=2 must be 0 or 1"), ("MTMA=2", "MTMA=2 must be 0 or 1"), ("PPER=2", "PPER=2 must be 0 or 1"), ("MPER=2", "MPER=2 must be 0 or 1"), ("DQR=2", "DQR=2 must be 0 or 1"), ("PAIRS=3", "PAIRS=3 must be from 0 to 2")):

@@ -61,7 +61,8 @@ def test_fast_decode_is_sanitizer_clean(tool, tq, shape):
 # copies by default); the wgmma main loop's Q and dO by cp.async (MTMA=0; by bulk tensor copies by default), beside
 # the pass and with two warpgroups and dQ's reductions; the wgmma pass and the wgmma main loop persistent (PPER=1,
 # MPER=1, the latter by cp.async too; by three blocks, so that each takes several works); dQ's sums by bulk tensor
-# reductions from shared memory (DQR=1), one warpgroup and two
+# reductions from shared memory (DQR=1), one warpgroup and two; and dQ stored by the wgmma main loop on
+# block-diagonal patterns (one warpgroup, two, split key tiles, by cp.async, persistent)
 BACKWARD_RUNS = """
 import os
 import cupy
@@ -103,6 +104,25 @@ for impl, split, dq, shape, fields in (
             im.prepare(prob, q, k, v, do=do).run()
             cupy.cuda.get_current_stream().synchronize()
             n += 1
+# dQ stored by the wgmma main loop (the default where every query tile reads one key tile): one warpgroup's
+# 64-key tiles, two warpgroups' 128-key tiles, their key tiles split (dK and dV summed), by cp.async, persistent
+os.environ[DQ_ENV] = ""
+for split, shape, fields in (("", "", ""), ("1", "", ""), ("", "", "MTMA=0"), ("", "", "MPER=1")):
+    os.environ[SPLIT_ENV], os.environ[SHAPE_ENV] = split, shape
+    for pattern, T, causal, params in (("block_diagonal", 192, False, dict(block=16)),
+                                       ("block_diagonal", 384, False, dict(block=128))):
+        for D, dtype in ((64, "bfloat16"), (128, "float16")):
+            prob = Problem(make_mask(pattern, T, causal, **params), 1, 2, D, dtype, pass_name="fwd+bwd")
+            q, k, v = random_inputs(prob.shape, prob.dtype, seed=1)
+            do = random_inputs(prob.shape, prob.dtype, seed=2)[0]
+            im = get_impl("fast-tc")
+            if fields:
+                im = im.bwd_variant(parse_bwd_config(fields))
+            r = im.prepare(prob, q, k, v, do=do)
+            assert r.setup["bwd_dq"] == ("store" if im.uses_wgmma() else r.setup["bwd_dq"]), r.setup["bwd_dq"]
+            r.run()
+            cupy.cuda.get_current_stream().synchronize()
+            n += 1
 print(f"backward runs {n}")
 """
 
@@ -115,4 +135,4 @@ def test_backward_kernels_are_sanitizer_clean(tool):
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     assert "ERROR SUMMARY: 0 errors" in out or "RACECHECK SUMMARY: 0 hazards" in out, out[-2000:]
-    assert "backward runs 252" in out, out[-2000:]
+    assert "backward runs 268" in out, out[-2000:]

@@ -3,7 +3,7 @@
 //
 //   fast_tc_bwd_prep  per row: delta = rowsum(dO * O) in float32, stored beside the forward's
 //                     log-sum-exp in base 2 (LD [B * H * T] of float2 (lse * log2 e, delta)); the
-//                     row of the float32 dQ accumulator zeroed (not with BWD_DQ_PASS), and the rows
+//                     row of the float32 dQ accumulator zeroed (not with BWD_DQ_PASS or BWD_DQ_STORE), and the rows
 //                     of the split key tiles' float32 dK / dV accumulator. Grid: max(rows, split
 //                     rows) / (256 / CH); 256 threads, CH per row.
 //   fast_tc_bwd_dq    dQ = scale * the accumulator, in the storage dtype; then (the blocks past dQ)
@@ -22,6 +22,10 @@
 #ifndef BWD_DQ_PASS
 #define BWD_DQ_PASS 0
 #endif
+// BWD_DQ_STORE 1 (the wgmma main loop, tc/bwd_wgmma.cuh): dQ stored by the main loop, no accumulator either
+#ifndef BWD_DQ_STORE
+#define BWD_DQ_STORE 0
+#endif
 #define BWD_PREP_THREADS 256
 
 extern "C" __global__ void __launch_bounds__(BWD_PREP_THREADS)
@@ -37,7 +41,7 @@ fast_tc_bwd_prep(const u16* __restrict__ Og, const u16* __restrict__ dOg, const 
     if (ok) {
         const size_t at = (size_t)row * HEAD_D + c * 8;
         d = tc_dot8(*reinterpret_cast<const uint4*>(Og + at), *reinterpret_cast<const uint4*>(dOg + at), d);
-#if !BWD_DQ_PASS
+#if !BWD_DQ_PASS && !BWD_DQ_STORE
         float4* z = reinterpret_cast<float4*>(dQacc + at);
         z[0] = z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
 #endif

@@ -87,10 +87,18 @@
 #ifndef BWD_DQ_BULK
 #define BWD_DQ_BULK 0
 #endif
+// BWD_DQ_STORE 1 (the host's rule: every query tile's forward list holds one key tile, so one work item sums all of
+// its dQ): dQ's rows leave as the finished gradient, times the scale in the storage dtype, by plain stores from
+// registers into dQ itself; no float32 accumulator, no zeroing, no reductions and no convert
+#ifndef BWD_DQ_STORE
+#define BWD_DQ_STORE 0
+#endif
 #define BWG_DQ_BUFS (BWD_DQ_BULK ? (HEAD_D / 64 > BWG_NWG ? HEAD_D / 64 : BWG_NWG) : 0)
 #define BWG_DQB (BWG_QT * 64 * 4)  // a staged float32 panel: two boxes of 64 rows x 128 bytes
 static_assert(!BWD_DQ_BULK || (TMA && !BWD_DQ_PASS && !BWG_DQ_PIPE),
               "dQ by bulk reductions: beside bulk tensor copies, with dQ summed in the main loop, not in flight");
+static_assert(!BWD_DQ_STORE || (!BWD_DQ_PASS && !BWD_DQ_BULK && !BWG_DQ_PIPE),
+              "dQ stored by the main loop: summed there, from registers, not in flight");
 static_assert(WG && (!TMA || STRIDE == 1) && NWARPS % 4 == 0 && BN == 64 * BWG_NWG &&
               (BWG_NWG == 1 || HEAD_D == 64 * BWG_NWG || BWG_DQ_HALVES),
               "wgmma backward: BN = 64 keys a warpgroup, bulk tensor copies on unstrided patterns only; several "
@@ -375,6 +383,10 @@ __device__ __forceinline__ void tc_bwg_stage(u32 s, const TcBwgFrag& a, int warp
 // ([B*H][T][HEAD_D], boxes of 32 columns by 64 rows), the head and the staging buffers
 struct TcBwgDq {
     float* p;
+#if BWD_DQ_STORE
+    u16* o;       // dQ itself at the head's (class's) first row
+    float scale;  // the softmax scale dQ is multiplied by
+#endif
 #if BWD_DQ_BULK
     const TmaMap* map;
     int bh;
@@ -382,8 +394,21 @@ struct TcBwgDq {
 #endif
 };
 
+// BWD_DQ_STORE: dQ's rows stored at o (the head's first row of dQ in the storage dtype), times scale
+__device__ __forceinline__ TcBwgDq tc_bwg_dq_store_at(u16* o, float scale) {
+#if BWD_DQ_STORE
+    return {nullptr, o, scale};
+#else
+    (void)o, (void)scale;
+    return {nullptr};
+#endif
+}
+
 __device__ __forceinline__ TcBwgDq tc_bwg_dq_at(float* p, const TmaMap* map, int bh, const TcBwgSmem& sm) {
-#if BWD_DQ_BULK
+#if BWD_DQ_STORE
+    (void)p, (void)map, (void)bh, (void)sm;
+    return {nullptr, nullptr, 0.f};
+#elif BWD_DQ_BULK
     return {p, map, bh, sm.dqs};
 #else
     (void)map, (void)bh, (void)sm;
@@ -407,13 +432,25 @@ __device__ __forceinline__ void tc_bwg_dq_drain() {
 }
 
 // C = 64 or 32 columns of a warp's dQ rows row0 + g, + 8 (c[j]: columns 8 j + 2 t4, + 1) added at dQ's columns
-// c0: by red.global.add from registers; with BWD_DQ_BULK, staged in buffer `buf` (box j / 4: 16-byte chunk
+// c0: by red.global.add from registers; with BWD_DQ_STORE stored (times the scale, a column pair a 4-byte store,
+// rows below T), the tile's whole sum; with BWD_DQ_BULK, staged in buffer `buf` (box j / 4: 16-byte chunk
 // (2 (j % 4) + t4 / 2) ^ (row % 8) of the row's 128 bytes) and added by one bulk tensor reduction a box, issued
 // by the warpgroup's first thread once its four warps have staged theirs (rows >= T: the map clips them)
 template <int C>
 __device__ __forceinline__ void tc_bwg_dq_out(const TcBwgDq& dq, const float (&c)[C / 8][4], int c0, int row0, int T,
                                               int g, int t4, int buf) {
-#if BWD_DQ_BULK
+#if BWD_DQ_STORE
+    (void)buf;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = row0 + g + 8 * h;
+        if (row < T) {
+            u32* p = reinterpret_cast<u32*>(dq.o + (size_t)row * (STRIDE * HEAD_D) + c0 + 2 * t4);
+#pragma unroll
+            for (int j = 0; j < C / 8; ++j) p[4 * j] = tc_pack(c[j][2 * h] * dq.scale, c[j][2 * h + 1] * dq.scale);
+        }
+    }
+#elif BWD_DQ_BULK
     const u32 base = dq.buf + (u32)buf * BWG_DQB;
     const int r = (row0 & (BWG_QT - 1)) + g;
 #pragma unroll
