@@ -510,9 +510,12 @@ def choose_bwd_config(D: int, wgmma: bool, dq: str = "atomic", keys_per_query: f
 # dQ stored whole by the wgmma main loop (DQ=3, BWD_DQ_STORE) where every query tile's forward list at the main
 # loop's tiles holds one key tile (``store_shape``: block-diagonal patterns whose blocks fit a key tile): the work
 # item of that key tile sums all of the query tile's dQ, so it stores the gradient itself, times the scale; no float32
-# accumulator to zero, reduce into and convert, and no pass that reads Q, dO, K and V again. Chosen there by default
-# where STORE_DQ (docs/PERF.md "backward v21")
+# accumulator to zero, reduce into and convert, and no pass that reads Q, dO, K and V again. Chosen by default where
+# STORE_DQ and one warpgroup's 64-key tiles fit (STORE_DQ_SHAPES): H100, T=32768, against the pass (docs/PERF.md
+# "backward v21"), block-diagonal 16 bwd 0.85 (D=64) and 0.89 (D=128); two warpgroups' 128-key tiles (block-diagonal
+# 128) 1.17 at D=64 (one block a multiprocessor) and 1.00 at D=128, so there only when asked (DQ=3)
 STORE_DQ = 1
+STORE_DQ_SHAPES = (BWD_SHAPES_WG,)
 
 
 def single_key_tile(mask: Mask, BM: int, BN: int) -> bool:
@@ -521,12 +524,14 @@ def single_key_tile(mask: Mask, BM: int, BN: int) -> bool:
     return bool(count.size) and bool((count == 1).all())
 
 
-def store_shape(D: int, mask: Mask, fields: dict | None = None) -> BwdConfig | None:
+def store_shape(D: int, mask: Mask, fields: dict | None = None, shapes_tried: tuple = (BWD_SHAPES_WG, BWD_SHAPES_WG2)
+                ) -> BwdConfig | None:
     """The wgmma main loop's shape under which dQ is stored by it (DQ=3): one warpgroup's (64-key tiles) where every
     query tile of ``mask`` (the inner pattern of a strided one) reads one key tile, else two warpgroups' (128-key
     tiles) where that holds there, each with the fields $ATTNBENCH_BWD_SHAPE and ``fields`` name replaced; None
-    where neither holds."""
-    for shapes in (BWD_SHAPES_WG, BWD_SHAPES_WG2):
+    where neither holds (``shapes_tried``: the shape tables tried, in order; the default choice tries
+    STORE_DQ_SHAPES)."""
+    for shapes in shapes_tried:
         cfg = dataclasses.replace(shapes[D][0], **{**forced_shape(), **(fields or {})})
         if cfg.NWARPS in (4, 8) and single_key_tile(mask, cfg.BM, cfg.BN):
             return cfg
@@ -660,7 +665,7 @@ class Backward:
     "fused" (that pass's blocks in the main kernel's launch, ``fused_order``; wgmma, one warpgroup,
     prep's stats) or "store" (the wgmma main loop stores dQ whole where every query tile reads one key tile,
     ``store_shape``; BadInput elsewhere); None: $ATTNBENCH_BWD_DQ, else "store" where STORE_DQ and ``store_shape``
-    finds a shape (``cfg`` not given), else ``choose_dq`` (the pass below DQ_PASS_MAX_KEYS keys a query). ``stats``: where the pass's rows' stats come from (0: prep; 1, 2: the pass, from O in
+    finds one of STORE_DQ_SHAPES (``cfg`` not given), else ``choose_dq`` (the pass below DQ_PASS_MAX_KEYS keys a query). ``stats``: where the pass's rows' stats come from (0: prep; 1, 2: the pass, from O in
     global or shared memory; None: PASS_STATS_FROM where PASS_STATS and PASS_STATS_SPLIT allow, else
     prep). ``skip``: whether the pass skips a warp's all-zero key blocks of P (None: PASS_SKIP's).
     ``pass_minb``: the pass's MINB (``dq_pass_config``; None: its shape's). ``order``: the work items'
@@ -691,8 +696,10 @@ class Backward:
         dq = forced_dq() if dq is None else dq
         stride, inner = prob.mask.strided()
         store = None  # the shape under which the main loop stores dQ (``store_shape``), where asked or chosen
-        if (dq == "store" or (dq is None and STORE_DQ)) and wgmma and cfg is None:
+        if dq == "store" and wgmma and cfg is None:
             store = store_shape(prob.D, inner, fields)
+        elif dq is None and STORE_DQ and wgmma and cfg is None:
+            store = store_shape(prob.D, inner, fields, STORE_DQ_SHAPES)
         if dq == "store" and store is None and cfg is None:
             raise BadInput("dq=store (DQ=3) stores dQ from the wgmma main loop (fast-tc on sm_90) where every query "
                            "tile reads one key tile of 64 or 128 keys; here " + (
