@@ -507,6 +507,22 @@ def choose_bwd_config(D: int, wgmma: bool, dq: str = "atomic", keys_per_query: f
     return cfg
 
 
+# two warpgroups at D=64 summing dQ in the main loop (dense causal from T=65536, where the pass gives way to the
+# reductions): a pair's dQ products in flight through the next pair's first tile (PAIRS=2) unless a field or
+# $ATTNBENCH_BWD_SHAPE gives PAIRS, or DQR=1 is asked (it stages a pair's dQ once done). H100, --pass bwd, dense causal,
+# PAIRS=2 / 1: T=131072 0.968 (253.6 -> 245.5 ms; docs/PERF.md "backward v22"), T=32768 0.985 ("backward v11")
+ATOMIC_PAIRS = 2
+
+
+def default_pairs(D: int, cfg: BwdConfig, dq: str, given: dict, dq_bulk: int | None) -> int:
+    """PAIRS of the main loop: ``given``'s (the fields and $ATTNBENCH_BWD_SHAPE) where it names PAIRS; ATOMIC_PAIRS
+    where two warpgroups at D=64 sum dQ in the main loop (``cfg.paired`` with ``dq`` "atomic") and no bulk reductions
+    are asked (``dq_bulk``); else the shape's."""
+    if "PAIRS" in given or dq != "atomic" or not cfg.paired(D, dq) or dq_bulk:
+        return cfg.PAIRS
+    return ATOMIC_PAIRS
+
+
 # dQ stored whole by the wgmma main loop (DQ=3, BWD_DQ_STORE) where every query tile's forward list at the main
 # loop's tiles holds one key tile (``store_shape``: block-diagonal patterns whose blocks fit a key tile): the work
 # item of that key tile sums all of the query tile's dQ, so it stores the gradient itself, times the scale; no float32
@@ -710,7 +726,11 @@ class Backward:
         self.dq_way = dq = choose_dq(prob.D, kpq, wgmma) if dq is None else dq
         if dq not in DQ_WAYS:
             raise BadInput(f"dq={dq!r}: expected one of {', '.join(DQ_WAYS)}")
-        self.cfg = cfg = cfg or store or choose_bwd_config(prob.D, wgmma, dq, kpq, fields)
+        if cfg is None and store is None:
+            cfg = choose_bwd_config(prob.D, wgmma, dq, kpq, fields)
+            cfg = dataclasses.replace(cfg, PAIRS=default_pairs(prob.D, cfg, dq, {**forced_shape(), **(fields or {})},
+                                                               dq_bulk))
+        self.cfg = cfg = cfg or store
         if dq == "store" and not (cfg.WG and single_key_tile(inner, cfg.BM, cfg.BN)):
             raise BadInput(f"dq=store (DQ=3) needs the wgmma main loop with every query tile reading one key tile; "
                            f"this backward's main loop is {cfg.spec} ({'wgmma' if cfg.WG else 'mma.sync'})")

@@ -1115,6 +1115,22 @@ def test_the_wgmma_kernels_refuse_what_they_do_not_build_before_any_launch(text,
         IMPL.bwd_variant(parse_bwd_config(text)).prepare(prob, q, k, v, do=do)
 
 
+def test_two_warpgroups_summing_dq_at_d64_keep_a_pairs_products_in_flight_by_default():
+    """default_pairs: ATOMIC_PAIRS where two warpgroups at D=64 sum dQ in the main loop; a given PAIRS wins; bulk
+    reductions (DQR=1), dQ's pass, D=128 and one warpgroup keep the shape's."""
+    from attnbench.fast_tc_bwd import ATOMIC_PAIRS, default_pairs
+
+    assert ATOMIC_PAIRS == 2
+    two, one = BWD_SHAPES_WG2[64][0], BWD_SHAPES_WG[64][0]
+    assert default_pairs(64, two, "atomic", {}, None) == 2
+    assert default_pairs(64, two, "atomic", {"PAIRS": 1}, None) == 1 and default_pairs(64, two, "atomic", {"PAIRS": 0}, None) == 1
+    assert default_pairs(64, two, "atomic", {}, 1) == 1  # DQR=1 stages a pair's dQ once done
+    assert default_pairs(64, two, "atomic", {}, 0) == 2
+    assert default_pairs(64, two, "pass", {}, None) == 1 and default_pairs(64, two, "store", {}, None) == 1
+    assert default_pairs(128, BWD_SHAPES_WG2[128][0], "atomic", {}, None) == 1
+    assert default_pairs(64, one, "atomic", {}, None) == 1
+
+
 def test_the_variants_fields_win_over_the_environments(monkeypatch):
     from attnbench.fast_tc_bwd import SHAPE_ENV
 
@@ -1127,6 +1143,7 @@ def test_the_variants_fields_win_over_the_environments(monkeypatch):
 @pytest.mark.parametrize("text, dq, nwarps", [("DQ=1", "pass", None), ("NWARPS=4,MINB=2,DQ=1", "pass", 4),
                                               ("NWARPS=8,MINB=1,DQ=0", "atomic", 8),
                                               ("NWARPS=8,MINB=1,DQ=0,PAIRS=0", "atomic", 8),
+                                              ("NWARPS=8,MINB=1,DQ=0,PAIRS=1", "atomic", 8),
                                               ("NWARPS=8,MINB=1,DQ=0,PAIRS=2", "atomic", 8), ("DQ=1,STATS=0", "pass", None),
                                               ("DQ=1,STATS=1", "pass", None), ("DQ=1,STATS=2", "pass", None),
                                               ("DQ=2", "fused", 4), ("DQ=1,SKIP=0", "pass", None),
@@ -1216,6 +1233,12 @@ def test_a_bwd_variant_runs_its_fields_and_matches_the_reference(monkeypatch, te
 
     bulk = main_tma and dq == "atomic" and fields.get("PAIRS") != 2 and fields.get("DQR", MAIN_DQ_BULK)
     assert (",DQR=1" in runner.setup["bwd_tile_config"]) == bool(bulk)
+    # two warpgroups summing dQ at D=64: the pair's products in flight by default (ATOMIC_PAIRS), unless given
+    from attnbench.fast_tc_bwd import ATOMIC_PAIRS
+
+    paired = IMPL.uses_wgmma() and dq == "atomic" and nwarps == 8
+    pairs = fields.get("PAIRS", ATOMIC_PAIRS if paired and not fields.get("DQR") else 1)
+    assert (f",PAIRS={pairs}" in runner.setup["bwd_tile_config"]) == (pairs != 1), runner.setup["bwd_tile_config"]
     runner.poison()
     runner.run()
     _check_grads(prob, runner.grads, q, k, v_, do)

@@ -79,7 +79,7 @@ for impl, split, dq, shape, fields in (
         ("fast-tc", "1", "atomic", "NWARPS=8,MINB=1,PAIRS=2", ""),
         ("fast-tc", "", "fused", "", ""), ("fast-tc", "1", "fused", "", ""),
         ("fast-tc", "", "pass", "", "PWG=0"), ("fast-tc", "1", "pass", "", "PTMA=0"),
-        ("fast-tc", "1", "pass", "", "MTMA=0"), ("fast-tc", "1", "atomic", "NWARPS=8,MINB=1", "MTMA=0"),
+        ("fast-tc", "1", "pass", "", "MTMA=0"), ("fast-tc", "1", "atomic", "NWARPS=8,MINB=1,PAIRS=1", "MTMA=0"),
         ("fast-tc", "1", "pass", "", "PPER=1"), ("fast-tc", "1", "pass", "", "MPER=1"),
         ("fast-tc", "1", "atomic", "NWARPS=8,MINB=1,PAIRS=2", "MPER=1"), ("fast-tc", "1", "pass", "", "MPER=1,MTMA=0"),
         ("fast-tc", "1", "atomic", "", "DQR=1"), ("fast-tc", "1", "atomic", "NWARPS=8,MINB=1", "DQR=1")):
