@@ -22,7 +22,9 @@ no float32 accumulator and no reductions, 1.4x the products; docs/PERF.md "backw
 pass computes the rows' stats itself and runs first (prep then only zeroes a split key tile's
 accumulators, or does not run), reading O from a tile copied into shared memory ("backward v8" to
 "backward v12"). ``--bwd-config DQ=2`` (``fast_tc_bwd_fused``) runs the pass's blocks in the wgmma
-main loop's launch instead, after prep: a measured variant, not a default ("backward v12").
+main loop's launch instead, after prep: a measured variant, not a default ("backward v12"). Where every
+query tile reads one key tile of the wgmma main loop (block-diagonal up to 64 on one warpgroup's tiles,
+``store_shape``), the main loop stores dQ itself (``--bwd-config DQ=3``, "backward v21"): no pass, no accumulator.
 
 The log-sum-exp is the natural log: ``lse[b, h, i] = log(sum_j exp(scale * q_i . k_j))`` over row
 i's allowed keys, float32 [B, H, T] (``reference.reference_forward``'s), as the forward with
