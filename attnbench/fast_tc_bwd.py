@@ -714,28 +714,22 @@ class Backward:
         dq = forced_dq() if dq is None else dq
         stride, inner = prob.mask.strided()
         store = None  # the shape under which the main loop stores dQ (``store_shape``), where asked or chosen
-        if dq == "store" and wgmma and cfg is None:
-            store = store_shape(prob.D, inner, fields)
-        elif dq is None and STORE_DQ and wgmma and cfg is None:
-            store = store_shape(prob.D, inner, fields, STORE_DQ_SHAPES)
-        if dq == "store" and store is None and cfg is None:
-            raise BadInput("dq=store (DQ=3) stores dQ from the wgmma main loop (fast-tc on sm_90) where every query "
-                           "tile reads one key tile of 64 or 128 keys; here " + (
-                               "the main loop is mma.sync's" if not wgmma else
-                               "a query tile reads several key tiles (or none)") + ": give DQ=0, 1 or 2")
-        if dq is None and store is not None:
-            dq = "store"
+        if wgmma and cfg is None and (dq == "store" or (dq is None and STORE_DQ)):
+            store = store_shape(prob.D, inner, fields, (BWD_SHAPES_WG, BWD_SHAPES_WG2) if dq else STORE_DQ_SHAPES)
+            dq = "store" if store is not None else dq
         self.dq_way = dq = choose_dq(prob.D, kpq, wgmma) if dq is None else dq
         if dq not in DQ_WAYS:
             raise BadInput(f"dq={dq!r}: expected one of {', '.join(DQ_WAYS)}")
-        if cfg is None and store is None:
-            cfg = choose_bwd_config(prob.D, wgmma, dq, kpq, fields)
+        if cfg is None:
+            cfg = store or choose_bwd_config(prob.D, wgmma, dq, kpq, fields)
             cfg = dataclasses.replace(cfg, PAIRS=default_pairs(prob.D, cfg, dq, {**forced_shape(), **(fields or {})},
                                                                dq_bulk))
-        self.cfg = cfg = cfg or store
+        self.cfg = cfg
         if dq == "store" and not (cfg.WG and single_key_tile(inner, cfg.BM, cfg.BN)):
-            raise BadInput(f"dq=store (DQ=3) needs the wgmma main loop with every query tile reading one key tile; "
-                           f"this backward's main loop is {cfg.spec} ({'wgmma' if cfg.WG else 'mma.sync'})")
+            raise BadInput("dq=store (DQ=3) stores dQ from the wgmma main loop (fast-tc on sm_90) where every query "
+                           "tile reads one key tile of 64 or 128 keys; here " + (
+                               f"a query tile reads several key tiles (or none) at {cfg.spec}" if cfg.WG else
+                               "the main loop is mma.sync's") + ": give DQ=0, 1 or 2")
         if dq == "store" and cfg.paired(prob.D, dq) and cfg.PAIRS == 2:
             raise BadInput("dq=store (DQ=3) stores a pair's dQ once its products are done, not in flight: give "
                            "PAIRS=0 or 1")
@@ -880,7 +874,8 @@ class Backward:
                           (o, do, lse, ld, dq_acc, np.int32(n), dkv_acc, np.int32(srows)))
 
         prep = prep_on(rows)
-        margs = (q, k, v, do, ld, dq if self.dq_way == "store" else dq_acc, dk, dv, it.heads, it.tiles, self.tiles.entries, dkv_acc,
+        dq_main = dq if self.dq_way == "store" else dq_acc  # what the main loop writes dQ's sums into
+        margs = (q, k, v, do, ld, dq_main, dk, dv, it.heads, it.tiles, self.tiles.entries, dkv_acc,
                  np.int32(B * H), np.int32(T), np.float32(scale * LOG2E), np.float32(scale), self.table)
         mmaps = []
         if cfg.TMA:  # then the maps of Q and dO (the wgmma main loop's bulk copies)

@@ -14,7 +14,8 @@
 //     c0) added to float32 dq (the class base, rows STRIDE * HEAD_D floats apart) at rows
 //     row0 + g and row0 + g + 8 below T, a column pair per reduction (tc_red2).
 //   tc_bwd_store_cols(o, acc, scale, row0, T, g, t4): a warp's [16][HEAD_D] accumulators times
-//     scale as 16-bit values into rows row0 + g and + 8 below T (4-byte stores, once per block).
+//     scale as 16-bit values into rows row0 + g and + 8 below T (4-byte stores, once per block);
+//     tc_bwd_store_part<C>(o, acc, c0, ...) the same for C of them at columns c0.
 //   tc_bwd_add_cols(a, acc, r0, n, g, t4): a warp's [16][HEAD_D] accumulators added to float32
 //     rows r0 + g and r0 + g + 8 (below n) of a split key tile's accumulator a (rows 2 * HEAD_D
 //     floats apart: dK's then dV's columns), once per item.
@@ -100,17 +101,23 @@ __device__ __forceinline__ void tc_bwd_dq_add(float* __restrict__ dq, const floa
     }
 }
 
-__device__ __forceinline__ void tc_bwd_store_cols(u16* __restrict__ o, const float (&acc)[HEAD_D / 8][4], float scale,
+template <int C>
+__device__ __forceinline__ void tc_bwd_store_part(u16* __restrict__ o, const float (&acc)[C / 8][4], int c0, float scale,
                                                   int row0, int T, int g, int t4) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int row = row0 + g + 8 * h;
         if (row < T) {
-            u32* p = reinterpret_cast<u32*>(o + (size_t)row * (STRIDE * HEAD_D) + 2 * t4);
+            u32* p = reinterpret_cast<u32*>(o + (size_t)row * (STRIDE * HEAD_D) + c0 + 2 * t4);
 #pragma unroll
-            for (int j = 0; j < HEAD_D / 8; ++j) p[4 * j] = tc_pack(acc[j][2 * h] * scale, acc[j][2 * h + 1] * scale);
+            for (int j = 0; j < C / 8; ++j) p[4 * j] = tc_pack(acc[j][2 * h] * scale, acc[j][2 * h + 1] * scale);
         }
     }
+}
+
+__device__ __forceinline__ void tc_bwd_store_cols(u16* __restrict__ o, const float (&acc)[HEAD_D / 8][4], float scale,
+                                                  int row0, int T, int g, int t4) {
+    tc_bwd_store_part<HEAD_D>(o, acc, 0, scale, row0, T, g, t4);
 }
 
 __device__ __forceinline__ void tc_bwd_add_cols(float* __restrict__ a, const float (&acc)[HEAD_D / 8][4], int r0, int n,

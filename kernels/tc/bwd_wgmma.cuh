@@ -405,10 +405,7 @@ __device__ __forceinline__ TcBwgDq tc_bwg_dq_store_at(u16* o, float scale) {
 }
 
 __device__ __forceinline__ TcBwgDq tc_bwg_dq_at(float* p, const TmaMap* map, int bh, const TcBwgSmem& sm) {
-#if BWD_DQ_STORE
-    (void)p, (void)map, (void)bh, (void)sm;
-    return {nullptr, nullptr, 0.f};
-#elif BWD_DQ_BULK
+#if BWD_DQ_BULK
     return {p, map, bh, sm.dqs};
 #else
     (void)map, (void)bh, (void)sm;
@@ -441,15 +438,7 @@ __device__ __forceinline__ void tc_bwg_dq_out(const TcBwgDq& dq, const float (&c
                                               int g, int t4, int buf) {
 #if BWD_DQ_STORE
     (void)buf;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int row = row0 + g + 8 * h;
-        if (row < T) {
-            u32* p = reinterpret_cast<u32*>(dq.o + (size_t)row * (STRIDE * HEAD_D) + c0 + 2 * t4);
-#pragma unroll
-            for (int j = 0; j < C / 8; ++j) p[4 * j] = tc_pack(c[j][2 * h] * dq.scale, c[j][2 * h + 1] * dq.scale);
-        }
-    }
+    tc_bwd_store_part<C>(dq.o, c, c0, dq.scale, row0, T, g, t4);
 #elif BWD_DQ_BULK
     const u32 base = dq.buf + (u32)buf * BWG_DQB;
     const int r = (row0 & (BWG_QT - 1)) + g;
