@@ -96,19 +96,21 @@ def _sync() -> None:
     cupy.cuda.get_current_stream().synchronize()
 
 
-def _time_ms(fn, warmup: int = 2, reps: int = 10) -> float:
-    """Mean milliseconds of ``fn`` on the current stream (a quick pick, not a benchmark)."""
-    import cupy
+@functools.lru_cache(maxsize=None)
+def _selection_timer():
+    from .timing import EventTimer
 
+    return EventTimer()
+
+
+def _time_ms(fn, warmup: int = 2, reps: int = 5) -> float:
+    """Median milliseconds of ``fn`` under the rows' own protocol (``timing.EventTimer``: the L2
+    flushed, the host's path behind a hold), so a setting is chosen by the time its row shows and
+    not by how fast the host issues it back to back."""
     for _ in range(warmup):
         fn()
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    end.synchronize()
-    return cupy.cuda.get_elapsed_time(start, end) / reps
+    timer = _selection_timer()
+    return float(np.median([timer.sample(fn) for _ in range(reps)]))
 
 
 # -- cublas ------------------------------------------------------------------------------------
@@ -886,7 +888,7 @@ FLEX = register(FlexImpl(
     "torch.nn.attention.flex_attention under torch.compile (static shapes), mask_mod = the pattern's own "
     "predicate (Mask.mask_mod), BlockMask built once per configuration (create_block_mask compiled from "
     f"T = {FLEX_COMPILED_MASK_FROM}), at the faster of block 64 (kernel BLOCK_M = BLOCK_N = 64) and 128 "
-    "by a short timing in prepare; the backward through torch.autograd.grad of the compiled call, at the "
+    "by a short timing in prepare under the rows' protocol (L2 flushed, host path held out); the backward through torch.autograd.grad of the compiled call, at the "
     "fastest of FLEX_BWD_SETTINGS that compiles (block 128 at Flex's defaults; block 64 with BLOCK_M1=32 "
     "BLOCK_N1=64 BLOCK_M2=64 BLOCK_N2=32), the one used and those that failed in setup_s",
     ALL_DTYPES))

@@ -1,7 +1,8 @@
 """Timing protocol (SPEC section 4) and the machine's peaks (SPEC section 3).
 
 * ``EventTimer``: CUDA events around one launch, the L2 flushed before every sample, the
-  host's launch path hidden behind a short blocking kernel.
+  host's launch path hidden behind a short blocking kernel, held longer (and the sample taken
+  again) for a run whose host path outlasts it (``next_hold_us``).
 * ``time_interleaved``: warm-up, then round-robin samples over several runners until each
   one's relative spread (p80 - p20) / median is small or the time budget is spent.
 * ``measure_peaks``: tensor-core matmul, float32 matmul without TF32, device copy.
@@ -11,7 +12,7 @@ The adaptive loop takes any ``sample(fn) -> ms`` callable, so its logic runs wit
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -29,6 +30,7 @@ class Timing:
     p20_ms: float
     p80_ms: float
     samples: int
+    hold_us: float | None = None  # the blocking kernel's hold the samples were taken behind (EventTimer)
 
     @property
     def spread(self) -> float:
@@ -128,6 +130,28 @@ extern "C" __global__ void attnbench_hold(unsigned long long ns) {
 }
 """
 HOLD_US = 500.0
+# A sample counts only where the host issued the whole run within this share of the hold: the hold
+# kernel cannot start before the host launched it, so every launch of the run was queued before the
+# GPU left the hold, and no host time lies between the events. A run issued more slowly takes its
+# sample again behind a longer hold (twice the host's time), up to HOLD_MAX_US.
+HOLD_MARGIN = 0.8
+HOLD_MAX_US = 200_000.0
+
+
+class HostOutranHold(RuntimeError):
+    """The host took longer to issue one run than the longest hold (HOLD_MAX_US)."""
+
+
+def next_hold_us(hold_us: float, issued_us: float) -> float | None:
+    """None where a run the host issued in ``issued_us`` was hidden by a hold of ``hold_us``; else
+    the hold to take the sample again behind (at least twice both); HostOutranHold past HOLD_MAX_US."""
+    if issued_us <= HOLD_MARGIN * hold_us:
+        return None
+    if hold_us >= HOLD_MAX_US:
+        raise HostOutranHold(f"the host took {issued_us:.0f} us to issue one run, more than "
+                             f"{HOLD_MARGIN:g} of the longest hold ({HOLD_MAX_US:.0f} us): its time would "
+                             "include the host's")
+    return min(HOLD_MAX_US, max(2 * hold_us, 2 * issued_us))
 
 
 class EventTimer:
@@ -136,7 +160,10 @@ class EventTimer:
     Before the start event a one-thread kernel holds the stream for ``hold_us`` microseconds
     (a blocking kernel, as NVBench does): the host issues the launch while the GPU waits, so
     the time between the events is the GPU's and not the host's launch path (a torch.compile
-    dispatch, a Python wrapper). The hold touches no memory, so the L2 stays flushed."""
+    dispatch, a Python wrapper). The hold touches no memory, so the L2 stays flushed. Where the
+    host took longer than the hold to issue a run (a compiled forward and its autograd backward
+    can take a millisecond), that sample is dropped and taken again behind a longer hold, which
+    that ``fn`` keeps (``hold_of``; ``time`` puts it in each Timing)."""
 
     def __init__(self, flush: bool = True, hold_us: float = HOLD_US):
         import cupy
@@ -144,24 +171,38 @@ class EventTimer:
         self._cupy = cupy
         self.flusher = L2Flusher() if flush else None
         self.hold = cupy.RawKernel(_HOLD, "attnbench_hold") if hold_us > 0 else None
-        self.hold_ns = np.uint64(int(hold_us * 1e3))
+        self.hold_us = float(hold_us)
+        self._holds: dict = {}  # fn -> the hold its host path needed, where longer than hold_us
         self.start = cupy.cuda.Event()
         self.end = cupy.cuda.Event()
 
+    def hold_of(self, fn) -> float:
+        return self._holds.get(fn, self.hold_us)
+
     def sample(self, fn: Callable[[], None]) -> float:
-        if self.flusher is not None:
-            self.flusher.flush()
-        if self.hold is not None:
-            self.hold((1,), (1,), (self.hold_ns,))
         stream = self._cupy.cuda.get_current_stream()
-        self.start.record(stream)
-        fn()
-        self.end.record(stream)
-        self.end.synchronize()
-        return float(self._cupy.cuda.get_elapsed_time(self.start, self.end))
+        while True:
+            hold = self.hold_of(fn)
+            if self.flusher is not None:
+                self.flusher.flush()
+            t0 = time.perf_counter()
+            if self.hold is not None:
+                self.hold((1,), (1,), (np.uint64(int(hold * 1e3)),))
+            self.start.record(stream)
+            fn()
+            self.end.record(stream)
+            issued_us = (time.perf_counter() - t0) * 1e6
+            self.end.synchronize()
+            ms = float(self._cupy.cuda.get_elapsed_time(self.start, self.end))
+            longer = next_hold_us(hold, issued_us) if self.hold is not None else None
+            if longer is None:
+                return ms
+            self._holds[fn] = longer
 
     def time(self, runs: dict[str, Callable[[], None]], **kw) -> dict[str, Timing | BaseException]:
-        return time_interleaved(runs, self.sample, **kw)
+        out = time_interleaved(runs, self.sample, **kw)
+        return {name: replace(t, hold_us=self.hold_of(runs[name])) if isinstance(t, Timing) else t
+                for name, t in out.items()}
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
 """Sweeps without a GPU: plans, gating, skip and failure rows, interleaved timing, resume, CLI."""
+import json
 import re
 import csv
 import sys
@@ -15,7 +16,8 @@ from attnbench import sweep as sw  # noqa: E402
 from attnbench.cli import main  # noqa: E402
 from attnbench.patterns import PATTERNS, BadInput  # noqa: E402
 from attnbench.results import ResultWriter, row_key  # noqa: E402
-from attnbench.timing import Timing, summarize, time_interleaved  # noqa: E402
+from attnbench.timing import (HOLD_MARGIN, HOLD_MAX_US, HOLD_US, HostOutranHold, Timing, next_hold_us,  # noqa: E402
+                              summarize, time_interleaved)
 
 
 def ctx_for(impls, **kw):
@@ -166,6 +168,21 @@ def test_an_exception_while_timing_fails_that_impl_only():
     assert rows["b"]["status"] == "failed" and rows["b"]["reason"] == "timing: RuntimeError: launch failed"
 
 
+@pytest.mark.parametrize("hold, grew", [(HOLD_US, False), (1400.0, True)])
+def test_a_row_says_the_hold_only_where_its_host_path_outgrew_the_default(hold, grew):
+    impls = [FakeImpl("a")]
+
+    def time(runs, budget_s=None):
+        return {"a": Timing(1.0, 0.9, 1.1, 10, hold_us=hold)}
+
+    ctx = sw.Context(time=time, peaks=PEAKS, provenance=dict(PROVENANCE), inputs=host_inputs,
+                     cleanup=lambda: None)
+    (row,) = sw.run_case(case(), impls, ctx)
+    setup = json.loads(row["setup_s"])
+    assert row["status"] == "ok"
+    assert setup.get("hold_us") == (1400.0 if grew else None)
+
+
 def test_failed_inputs_fail_every_candidate():
     impls = [FakeImpl("a"), FakeImpl("b", unavailable="no")]
 
@@ -272,6 +289,25 @@ def test_timing_warms_up_and_keeps_going_past_a_failing_runner():
                            min_samples=3, warmup=2)
     assert isinstance(out["bad"], RuntimeError)
     assert out["ok"].samples == 3 and len(calls) == 2 + 3
+
+
+def test_a_sample_the_host_issued_within_the_hold_stands():
+    assert next_hold_us(HOLD_US, HOLD_MARGIN * HOLD_US) is None
+    assert next_hold_us(HOLD_US, 10.0) is None
+
+
+def test_a_host_path_past_the_hold_takes_the_sample_again_behind_twice_its_time():
+    issued = 1234.0  # a compiled forward and its autograd backward, issued in 1.2 ms
+    longer = next_hold_us(HOLD_US, issued)
+    assert longer == 2 * issued
+    assert next_hold_us(longer, issued) is None  # behind that hold the same path is hidden
+    assert next_hold_us(HOLD_US, HOLD_MARGIN * HOLD_US + 1) == 2 * HOLD_US  # just past: at least twice the hold
+
+
+def test_a_host_path_longer_than_the_longest_hold_fails_the_timing():
+    assert next_hold_us(HOLD_MAX_US / 2, HOLD_MAX_US) == HOLD_MAX_US
+    with pytest.raises(HostOutranHold, match="longest hold"):
+        next_hold_us(HOLD_MAX_US, HOLD_MAX_US)
 
 
 def test_summary_percentiles():

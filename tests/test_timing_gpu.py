@@ -62,6 +62,25 @@ def test_host_launch_overhead_stays_out_of_the_time():
     assert held < 0.2   # with it only the kernel's ~50 us do
 
 
+def test_a_host_path_longer_than_the_hold_is_hidden_behind_a_longer_one():
+    import cupy
+
+    from attnbench.timing import HOLD_US, EventTimer
+
+    kernel = cupy.RawModule(code=SPIN).get_function("spin")
+    khz = cupy.cuda.Device().attributes.get("ClockRate") or 1_500_000
+    cycles = np.int64(int(khz * 0.05))  # about 50 us
+
+    def slow_host_then_launch():
+        time.sleep(0.0015)  # a compiled forward and its autograd backward: 1.5 ms of host, past the default hold
+        kernel((1,), (1,), (cycles,))
+
+    timer = EventTimer()
+    t = timer.time({"slow": slow_host_then_launch}, samples=7, warmup=1)["slow"]
+    assert t.median_ms < 0.3  # the kernel's ~50 us, not the host's 1.5 ms
+    assert t.hold_us == timer.hold_of(slow_host_then_launch) >= 2 * 1500 > HOLD_US
+
+
 def test_flush_buffer_is_at_least_twice_the_l2():
     import cupy
 
