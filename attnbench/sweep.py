@@ -512,8 +512,13 @@ def run_case(case: Case, impls: list[Impl], ctx: Context, done: Callable[[dict],
                 runner = impl.prepare(prob, q, k, v, **grad)
                 _setup_cols(row, getattr(runner, "setup", None))
                 if ref is None:
+                    made = ctx.references.computed
                     with window.aside() if window is not None else contextlib.nullcontext():
                         ref = ctx.references.get(ref_key, backward, lambda: reference_of(prob, q, k, v, **grad))
+                    if ctx.references.computed != made:
+                        # the float64 reference's temporaries (gigabytes at T=131072) go back to the device
+                        # before the next implementation prepares: a torch peer cannot allocate from CuPy's pool
+                        ctx.cleanup()
                 g = judge(impl, prob, MeteredRunner(runner, window) if window is not None else runner, q, k, v, ref,
                           **grad)
                 if window is not None:

@@ -183,6 +183,24 @@ def test_a_row_says_the_hold_only_where_its_host_path_outgrew_the_default(hold, 
     assert setup.get("hold_us") == (1400.0 if grew else None)
 
 
+def test_the_reference_s_temporaries_go_back_before_the_next_implementation_prepares():
+    log = []
+
+    class Logged(FakeImpl):
+        def prepare(self, prob, q, k, v, do=None):
+            log.append(f"prepare {self.name}")
+            return super().prepare(prob, q, k, v, do)
+
+    impls = [Logged("a"), Logged("b")]
+    ctx, _ = ctx_for(impls)
+    ctx.cleanup = lambda: log.append("cleanup")
+    rows = sw.run_case(case(), impls, ctx)
+    assert {r["status"] for r in rows} == {"ok"}
+    # one reference, made after the first prepare: the device memory it left is given back before b's
+    assert log[:3] == ["prepare a", "cleanup", "prepare b"]
+    assert ctx.references.computed == 1
+
+
 def test_failed_inputs_fail_every_candidate():
     impls = [FakeImpl("a"), FakeImpl("b", unavailable="no")]
 
