@@ -162,8 +162,9 @@ class EventTimer:
     the time between the events is the GPU's and not the host's launch path (a torch.compile
     dispatch, a Python wrapper). The hold touches no memory, so the L2 stays flushed. Where the
     host took longer than the hold to issue a run (a compiled forward and its autograd backward
-    can take a millisecond), that sample is dropped and taken again behind a longer hold, which
-    that ``fn`` keeps (``hold_of``; ``time`` puts it in each Timing)."""
+    can take a millisecond), that sample is dropped and taken again behind a longer hold
+    (``next_hold_us``); ``time`` starts each name's later samples at the hold its last one needed and
+    puts it in the name's Timing. The timer keeps no reference to a run after ``time`` returns."""
 
     def __init__(self, flush: bool = True, hold_us: float = HOLD_US):
         import cupy
@@ -172,17 +173,16 @@ class EventTimer:
         self.flusher = L2Flusher() if flush else None
         self.hold = cupy.RawKernel(_HOLD, "attnbench_hold") if hold_us > 0 else None
         self.hold_us = float(hold_us)
-        self._holds: dict = {}  # fn -> the hold its host path needed, where longer than hold_us
+        self.last_hold_us = self.hold_us  # the hold the last sample was taken behind
         self.start = cupy.cuda.Event()
         self.end = cupy.cuda.Event()
 
-    def hold_of(self, fn) -> float:
-        return self._holds.get(fn, self.hold_us)
-
-    def sample(self, fn: Callable[[], None]) -> float:
+    def sample(self, fn: Callable[[], None], hold_us: float | None = None) -> float:
+        """One sample of ``fn`` behind a hold of ``hold_us`` (default: the timer's), longer where the
+        host's path needed it (``last_hold_us`` then says how long)."""
         stream = self._cupy.cuda.get_current_stream()
+        hold = self.hold_us if hold_us is None else hold_us
         while True:
-            hold = self.hold_of(fn)
             if self.flusher is not None:
                 self.flusher.flush()
             t0 = time.perf_counter()
@@ -196,12 +196,22 @@ class EventTimer:
             ms = float(self._cupy.cuda.get_elapsed_time(self.start, self.end))
             longer = next_hold_us(hold, issued_us) if self.hold is not None else None
             if longer is None:
+                self.last_hold_us = hold
                 return ms
-            self._holds[fn] = longer
+            hold = longer
 
     def time(self, runs: dict[str, Callable[[], None]], **kw) -> dict[str, Timing | BaseException]:
-        out = time_interleaved(runs, self.sample, **kw)
-        return {name: replace(t, hold_us=self.hold_of(runs[name])) if isinstance(t, Timing) else t
+        holds: dict[str, float] = {}
+        name_of = {id(fn): name for name, fn in runs.items()}
+
+        def sample(fn):
+            name = name_of[id(fn)]
+            ms = self.sample(fn, holds.get(name))
+            holds[name] = self.last_hold_us
+            return ms
+
+        out = time_interleaved(runs, sample, **kw)
+        return {name: replace(t, hold_us=holds.get(name, self.hold_us)) if isinstance(t, Timing) else t
                 for name, t in out.items()}
 
 
