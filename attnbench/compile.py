@@ -234,14 +234,15 @@ def target_arch(defines: dict, arch: str) -> str | None:
 
 def standard_builds() -> list[tuple[str, dict]]:
     """(source, constants) for every kernel at the standard configurations (SPEC section 5): the
-    tile-list expansion, the document lists, the bandwidth probe, the tile classification, and each
+    tile-list expansion, the document lists, the bandwidth probe, the tile classification, the class-major
+    copy, and each
     implementation module's own ``standard_builds``."""
     import importlib
 
     from .impls import MODULES
 
     builds: list[tuple[str, dict]] = []
-    for name in ("tiles", "document_tiles", "timing", "classify") + MODULES:
+    for name in ("tiles", "document_tiles", "timing", "classify", "classes") + MODULES:
         mod = importlib.import_module(f"{__package__}.{name}")
         for b in getattr(mod, "standard_builds", list)():
             if b not in builds:

@@ -123,4 +123,10 @@ def get_config(name: str) -> Config:
         raise BadInput(f"config={name!r} is unknown: choose one of {', '.join(CONFIGS)}") from None
 
 
-__all__ = ["Instance", "Config", "CONFIGS", "SEED", "LLM", "TRAINING", "DECODE", "get_config"]
+def layouts(mask) -> list:
+    """``mask``, then its class-major layout where it has one (what fast-tc and fast-tc-classes compile)."""
+    r, banded = mask.class_major()
+    return [mask] + ([banded] if r > 1 else [])
+
+
+__all__ = ["Instance", "Config", "CONFIGS", "SEED", "LLM", "TRAINING", "DECODE", "get_config", "layouts"]

@@ -288,6 +288,7 @@ class FastTC(Impl):
     wgmma: bool = True  # take the Hopper shapes on sm_90
     tile: TileSpec | None = None  # fields of the chosen shape fixed (``--tile-config``)
     bwd: object = None  # fast_tc_bwd.BwdSpec: fields of the backward fixed (``--bwd-config``)
+    classes: bool = False  # run on the class-major layout (``attnbench.classes``: fast-tc-classes)
 
     def tile_variant(self, spec: TileSpec) -> "FastTC":
         """Named '<name>[<spec>]': the shape it chooses with ``spec``'s fields fixed."""
@@ -321,12 +322,19 @@ class FastTC(Impl):
                     f"(supports D in {', '.join(map(str, sorted(CONFIGS)))})")
         if prob.B * prob.H > MAX_GRID_Y:
             return f"B*H={prob.B * prob.H} exceeds {MAX_GRID_Y} for {self.name}"
+        if self.classes and prob.mask.class_major()[0] == 1:
+            return (f"{self.name}: {prob.mask.label()} at T={prob.T} has no class-major layout (its pairs of "
+                    f"residue classes are no bands, or T is no multiple of the classes); fast-tc runs it")
         stride = prob.mask.strided()[0]
         if min(stride, prob.T) > MAX_GRID_Z:
             return f"dilation={stride} exceeds {MAX_GRID_Z} for {self.name} (one grid layer per residue class)"
         return None
 
     def build(self, prob: Problem, q, k, v, cfg: TileConfig | None = None, do=None) -> Runner:
+        if self.classes:
+            from .classes import build as build_classes
+
+            return build_classes(self, prob, q, k, v, cfg, do)
         if prob.pass_name != "fwd":
             from .fast_tc_bwd import build_backward
 
@@ -444,6 +452,15 @@ IMPL = register(FastTC(
                 "warpgroup MMA (wgmma) on sm_90, mma.sync with ldmatrix elsewhere",
     dtypes=("bfloat16", "float16"),
 ))
+CLASSES_IMPL = register(FastTC(
+    name="fast-tc-classes",
+    family="attnbench",
+    description="fast-tc on the class-major layout, for patterns whose pairs of residue classes are bands "
+                "(dilated with several levels): Q, K, V (and dO) copied class by class, the pattern run as "
+                "one band per class pair, O (and dQ, dK, dV) copied back, all timed",
+    dtypes=("bfloat16", "float16"),
+    classes=True,
+))
 SYNC_IMPL = register(FastTC(
     name="fast-tc-sync",
     family="attnbench",
@@ -453,25 +470,26 @@ SYNC_IMPL = register(FastTC(
 ))
 
 __all__ = ["SHAPES", "shape", "CONFIGS", "WIDE_CONFIGS", "PARTIAL_CONFIGS", "HOPPER_CONFIGS", "HOPPER_WIDE_CONFIGS",
-           "HOPPER_PARTIAL_CONFIGS", "choose_config", "TileConfig", "TileSpec", "parse_tile_config", "FastTC", "IMPL", "SYNC_IMPL",
+           "HOPPER_PARTIAL_CONFIGS", "choose_config", "TileConfig", "TileSpec", "parse_tile_config", "FastTC", "IMPL", "SYNC_IMPL", "CLASSES_IMPL",
            "kernel_defines", "tile_list", "forward_lse", "backward"]
 
 
 def standard_builds() -> list[tuple[str, dict]]:
-    """The llm configuration (SPEC section 5) at its build T: every pattern, D = 64 and 128, bfloat16;
+    """The llm configuration (SPEC section 5) at its build T: every pattern (and its class-major layout where
+    it has one), D = 64 and 128, bfloat16;
     float16 for dense causal; the mma.sync and the wgmma (sm_90a, ``target_arch``) shapes; three of its
     patterns with grouped-query heads (KV_GROUP = GQA_BUILD_GROUP); then the backward's builds and the forwards with the log-sum-exp it runs after (fast_tc_bwd)."""
-    from .configs import LLM
+    from .configs import LLM, layouts
 
     builds = []
     for D in (64, 128):
         for inst in LLM.instances:
-            mask = inst.mask(LLM.build_T)
-            for dtype in ("bfloat16", "float16") if inst.pattern == "dense" else ("bfloat16",):
-                for wgmma in (False, True):
-                    b = (KERNEL, kernel_defines(D, dtype, mask, choose_config(mask, D, wgmma)))
-                    if b not in builds:
-                        builds.append(b)
+            for mask in layouts(inst.mask(LLM.build_T)):  # and its class-major layout (fast-tc-classes)
+                for dtype in ("bfloat16", "float16") if inst.pattern == "dense" else ("bfloat16",):
+                    for wgmma in (False, True):
+                        b = (KERNEL, kernel_defines(D, dtype, mask, choose_config(mask, D, wgmma)))
+                        if b not in builds:
+                            builds.append(b)
     # grouped-query heads (``attnbench sweep --config llm --H-kv 4``): a dense, a partial and a strided build
     for D in (64, 128):
         for inst in LLM.instances:

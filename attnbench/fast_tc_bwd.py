@@ -1101,13 +1101,14 @@ def _unique(builds) -> list[tuple[str, dict]]:
 
 
 def standard_builds() -> list[tuple[str, dict]]:
-    """Those of every llm instance (SPEC section 5) at its build T, D = 64 and 128, bfloat16 (and
-    float16 for dense causal)."""
-    from .configs import LLM
+    """Those of every llm instance (SPEC section 5) at its build T, and of its class-major layout where it
+    has one (fast-tc-classes), D = 64 and 128, bfloat16 (and float16 for dense causal)."""
+    from .configs import LLM, layouts
 
     return _unique(b for D in BWD_SHAPES for inst in LLM.instances
                    for dtype in (("bfloat16", "float16") if inst.pattern == "dense" else ("bfloat16",))
-                   for b in _builds_of(inst.mask(LLM.build_T), D, dtype))
+                   for mask in layouts(inst.mask(LLM.build_T))
+                   for b in _builds_of(mask, D, dtype))
 
 
 def gate_builds(masks) -> list[tuple[str, dict]]:

@@ -49,7 +49,7 @@ def test_an_unknown_pass_is_refused():
 
 # the tensor-core family (attnbench/fast_tc_bwd.py) and the peers (attnbench/peers.py); the float32
 # family (naive, fast-f32) and fast-decode stay forward-only
-BACKWARD_IMPLS = {"fast-tc", "fast-tc-sync", "cublas", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math",
+BACKWARD_IMPLS = {"fast-tc", "fast-tc-sync", "fast-tc-classes", "cublas", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math",
                   "flex"}
 
 

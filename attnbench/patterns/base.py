@@ -244,6 +244,14 @@ class Pattern:
         then gather rows at stride r and work on dense tiles of the inner pattern."""
         return None
 
+    def class_major(self, p: dict, causal: bool) -> tuple[int, tuple] | None:
+        """(r, bands) when, with positions taken class by class mod r (``class_bands``: position
+        c * (T / r) + a is a * r + c), the live pairs of each class pair (cq, ck) are one band
+        lo <= a - b <= hi: the (lo, hi) per class pair, query class major, the causal clause in them.
+        Kernels can then run the pattern on permuted copies of the inputs (``attnbench.classes``)
+        with every band's tiles full but at its edges."""
+        return None
+
     def torch_table(self, T: int, p: dict, table, device):
         """What ``allowed`` reads in place of ``table`` when the indices are torch tensors."""
         return None

@@ -7,6 +7,7 @@ from math import lcm
 import numpy as np
 
 from .base import BadInput, Param, Pattern, window_lo_hi
+from .class_bands import MAX_CLASSES, bands_of
 
 MAX_LEVELS = 8  # extra levels the device struct holds (kernels/patterns/dilated.cuh)
 
@@ -76,6 +77,23 @@ class Dilated(Pattern):
         if p["dilation"] > 1 and len(self.all_levels(p)) == 1:
             return (p["dilation"], "window", {"window": p["window"]})
         return None
+
+    def class_major(self, p, causal):
+        # several levels whose dilations all divide r: i - j = r * (a - b) + (cq - ck) is a multiple of
+        # a level's dilation s for every pair of a class pair or for none, and the distances a level
+        # allows are a ball around 0, so each class pair is one band
+        lv = self.all_levels(p)
+        r = lcm(*(s for _, s in lv))
+        if len(lv) < 2 or r < 2 or r > MAX_CLASSES:
+            return None
+
+        def allowed_d(dist):
+            out = np.zeros(dist.shape, bool)
+            for W, s in lv:
+                out |= (np.abs(dist) < W * s) & (dist % s == 0)
+            return out
+
+        return r, bands_of(allowed_d, r, causal, max((W - 1) * s for W, s in lv))
 
     def examples(self, T):
         return [{}, {"window": 7, "dilation": 3}, {"window": 40, "dilation": 1},

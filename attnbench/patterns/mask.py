@@ -99,9 +99,10 @@ class Mask:
         return self.pairs / float(self.T) ** 2
 
     def label(self) -> str:
-        from . import pattern_label
-
-        return pattern_label(self.pattern.name, self.params)
+        """``window(window=64)`` (``pattern_label``), from the pattern itself, so that a pattern outside
+        the registry (``class_bands``) has one too."""
+        ps = ",".join(f"{k}={v}" for k, v in self.pattern.label_items(self.params))
+        return f"{self.pattern.name}({ps})" if ps else self.pattern.name
 
     def at(self, T: int) -> "Mask":
         """The same pattern instance at another length (a ragged batch's shorter caches)."""
@@ -121,6 +122,22 @@ class Mask:
             return 1, self
         r, name, params = s
         return r, make_mask(name, -(-self.T // r), self.causal, **params)
+
+    def class_major(self) -> tuple[int, "Mask"]:
+        """(r, banded): the mask in the class-major layout (``Pattern.class_major``): ``banded`` is
+        a ``class_bands`` mask at the same T, not causal (the clause is in its bands), whose
+        position c * (T / r) + a stands for this mask's a * r + c. (1, self) for a pattern without
+        that layout, or a T that r does not divide."""
+        from .class_bands import ClassBands
+
+        cm = self.pattern.class_major(self.params, self.causal)
+        if cm is None or self.T % cm[0]:
+            return 1, self
+        r, bands = cm
+        pat = ClassBands()
+        params = {"classes": r, "length": self.T // r, "bands": bands}
+        pat.validate(self.T, params)
+        return r, Mask(pat, self.T, False, params)
 
     # -- the device predicate --------------------------------------------------------
     def device_args(self) -> np.ndarray:

@@ -1,0 +1,104 @@
+"""class_bands: a pattern of the class-major layout (``attnbench.classes``), not one to sweep.
+
+Positions are taken in residue classes mod r: position ``c * n + a`` (n = T / r) stands for the
+original position ``a * r + c``. A pattern whose live pairs, in those coordinates, are a band
+``lo <= a - b <= hi`` for each pair of classes (cq, ck) of query and key (``Mask.class_major``:
+dilated with several levels) is this pattern with those bands; its causal clause, if any, is in the
+bands, so the mask itself is not causal. Every band is exact, so its tile lists come from the
+intervals, and a tile is partial only where a band's edge crosses it.
+Device predicate: kernels/patterns/class_bands.cuh."""
+import numpy as np
+
+from .base import BadInput, Param, Pattern
+
+MAX_CLASSES = 8  # the device struct holds the bands of up to MAX_CLASSES x MAX_CLASSES class pairs
+EMPTY = (1, 0)   # a band no pair lies in (lo > hi)
+
+
+class ClassBands(Pattern):
+    name = "class_bands"
+    params = (Param("classes", 1, 1, "residue classes r"),
+              Param("length", 1, 1, "positions per class, n = T / r"),
+              Param("bands", (), -(1 << 30), "(lo, hi) of a - b per class pair, query class major", kind="pairs",
+                    column=False))
+    summary = "class-major bands: position c * (T / r) + a is a * r + c; lo <= a - b <= hi per class pair"
+
+    def validate(self, T, p):
+        r = p["classes"]
+        if r > MAX_CLASSES:
+            raise BadInput(f"classes={r} exceeds the {MAX_CLASSES} the device predicate holds")
+        if r * p["length"] != T:
+            raise BadInput(f"classes={r} x length={p['length']} is not T={T}")
+        if len(p["bands"]) != r * r:
+            raise BadInput(f"bands holds {len(p['bands'])} pairs; classes={r} needs {r * r}")
+
+    @staticmethod
+    def _split(x, T, r):
+        n = T // r
+        return x // n, x % n
+
+    def _lo_hi(self, p):
+        b = np.asarray(p["bands"], np.int64).reshape(-1, 2)
+        return b[:, 0], b[:, 1]
+
+    def allowed(self, i, j, T, causal, p, table):
+        r = p["classes"]
+        lo, hi = self._lo_hi(p)
+        cq, a = self._split(np.asarray(i), T, r)
+        ck, b = self._split(np.asarray(j), T, r)
+        d = a - b
+        k = cq * r + ck
+        return (d >= lo[k]) & (d <= hi[k])
+
+    def _family(self, i, T, p, ck):
+        """Keys of class ck that row i allows: [lo, hi) in the permuted positions (empty: hi <= lo)."""
+        r = p["classes"]
+        n = T // r
+        blo, bhi = self._lo_hi(p)
+        cq, a = self._split(i, T, r)
+        k = cq * r + ck
+        first = np.maximum(a - bhi[k], 0)         # b >= a - hi
+        last = np.minimum(a - blo[k], n - 1)      # b <= a - lo
+        lo = ck * n + first
+        return lo, np.maximum(ck * n + last + 1, lo)
+
+    def row_counts(self, i, T, causal, p, table):
+        out = np.zeros_like(i)
+        for ck in range(p["classes"]):
+            lo, hi = self._family(i, T, p, ck)
+            out += hi - lo
+        return out
+
+    def intervals(self, i, T, causal, p, table, split):
+        fams = [self._family(i, T, p, ck) for ck in range(p["classes"])]
+        return (np.stack([lo for lo, _ in fams]), np.stack([hi for _, hi in fams]),
+                [True] * p["classes"])
+
+    def device_args(self, p):
+        return (p["classes"], p["length"]) + tuple(x for band in p["bands"] for x in band)
+
+    def examples(self, T):
+        return [{"classes": 1, "length": T, "bands": ((-T, T),)}]
+
+
+def bands_of(allowed_d, r: int, causal: bool, reach: int) -> tuple:
+    """The bands of a pattern that allows i - j = r * (a - b) + (cq - ck) by distance alone:
+    ``allowed_d(dist)`` (a boolean array over dist) for |dist| <= reach, nothing farther; causal: dist >= 0.
+    Each class pair's allowed a - b must be one interval (else BadInput): the band, or EMPTY."""
+    out = []
+    for cq in range(r):
+        for ck in range(r):
+            delta = cq - ck
+            d = np.arange(-(reach // r) - 2, reach // r + 3)
+            dist = r * d + delta
+            ok = (np.abs(dist) <= reach) & allowed_d(dist)
+            if causal:
+                ok &= dist >= 0
+            live = d[ok]
+            if not live.size:
+                out.append(EMPTY)
+                continue
+            if live.size != live[-1] - live[0] + 1:
+                raise BadInput(f"class pair ({cq}, {ck}) of classes={r} is no band: its a - b are not one interval")
+            out.append((int(live[0]), int(live[-1])))
+    return tuple(out)

@@ -1,0 +1,127 @@
+"""The class-major layout (attnbench/classes.py, the pattern class_bands, fast-tc-classes): its mask is
+the pattern's own with positions taken class by class, its lists visit fewer and fuller tiles, and
+on a GPU the runner passes the gate in every pass."""
+import numpy as np
+import pytest
+
+from attnbench.fast_tc import CLASSES_IMPL
+from attnbench.impls import Problem
+from attnbench.patterns import BadInput, make_mask
+from attnbench.patterns.class_bands import bands_of
+from attnbench.tiles import build
+
+LEVELS = {"window": 2048, "dilation": 1, "levels": ((2048, 2), (2048, 4))}  # the llm configuration's
+SMALL = {"window": 8, "dilation": 1, "levels": ((6, 2), (4, 4))}           # dilated's own example
+ODD = {"window": 5, "dilation": 2, "levels": ((3, 4),)}                     # no level of dilation 1
+
+
+def _perm(T, r):
+    """Original position of each position of the layout: c * n + a stands for a * r + c."""
+    n = T // r
+    p = np.arange(T)
+    return (p % n) * r + p // n
+
+
+@pytest.mark.parametrize("params", [LEVELS, SMALL, ODD], ids=["llm", "small", "odd"])
+@pytest.mark.parametrize("T", [4, 60, 256, 1000])
+@pytest.mark.parametrize("causal", [True, False], ids=["c", "nc"])
+def test_the_banded_mask_is_the_pattern_taken_class_by_class(params, T, causal):
+    mask = make_mask("dilated", T, causal, **params)
+    r, banded = mask.class_major()
+    assert r == 4 and banded.T == T and not banded.causal
+    perm = _perm(T, r)
+    want = mask.dense()[np.ix_(perm, perm)]
+    got = banded.dense()
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(banded.row_counts(), want.sum(axis=1))
+    assert banded.pairs == mask.pairs
+    # every family exact: the intervals cover the live keys and nothing else
+    lo, hi, exact = banded.intervals(np.arange(T))
+    assert exact.all()
+    cover = np.zeros((T, T), bool)
+    for f in range(lo.shape[0]):
+        for i in range(T):
+            cover[i, lo[f, i]:hi[f, i]] = True
+    np.testing.assert_array_equal(cover, want)
+
+
+def test_patterns_without_bands_keep_their_order():
+    for mask in (make_mask("dense", 64), make_mask("window", 64, window=8),
+                 make_mask("dilated", 64, window=8, dilation=2),  # one level: strided instead
+                 make_mask("dilated", 66, **SMALL)):              # T no multiple of the 4 classes
+        r, same = mask.class_major()
+        assert r == 1 and same is mask
+        prob = Problem(mask, 1, 1, 64, "bfloat16")
+        assert "has no class-major layout" in CLASSES_IMPL.unsupported(prob)
+    assert CLASSES_IMPL.unsupported(Problem(make_mask("dilated", 64, **SMALL), 1, 1, 64, "bfloat16")) is None
+
+
+def test_a_class_pair_that_is_no_band_is_refused():
+    # distances 0 and 8 but not 4: class pair (0, 0) holds a - b = 0 and 2, not 1
+    with pytest.raises(BadInput, match=r"class pair \(0, 0\) of classes=4 is no band"):
+        bands_of(lambda d: (d == 0) | (d == 8), 4, True, 8)
+
+
+def test_the_layout_visits_fewer_and_fuller_tiles():
+    """At T=32768 the three-level dilation's 64 x 64 list visits 1.93 times its live pairs in order
+    and 1.06 class by class, with 73% of its tiles partial against 12%."""
+    mask = make_mask("dilated", 32768, True, **LEVELS)
+    _, banded = mask.class_major()
+    before, after = build(mask, 64, 64), build(banded, 64, 64)
+    visited = [t.n_visited * 64 * 64 / mask.pairs for t in (before, after)]
+    assert visited[0] > 1.9 and visited[1] < 1.07
+    partial = [int((t.entries & 1).sum()) / t.n_visited for t in (before, after)]
+    assert partial[0] > 0.7 and partial[1] < 0.13
+
+
+def test_the_label_of_a_mask_outside_the_registry():
+    _, banded = make_mask("dilated", 16, True, **SMALL).class_major()
+    assert banded.label().startswith("class_bands(classes=4,length=4,bands=")
+
+
+# ---- on a GPU ------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("inverse", [False, True], ids=["into", "back"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_the_copy_is_the_permutation(inverse, D):
+    import cupy
+
+    from attnbench.classes import copy_launch
+
+    B, H, T, r = 2, 3, 1000, 4
+    src = cupy.asarray(np.random.default_rng(1).integers(0, 1 << 16, (B, H, T, D)), dtype=cupy.uint16)
+    dst = cupy.full_like(src, 0x7FC0)
+    copy_launch(src, dst, r, inverse)()
+    perm = _perm(T, r)
+    want = cupy.asnumpy(src)[:, :, np.argsort(perm) if inverse else perm]
+    np.testing.assert_array_equal(cupy.asnumpy(dst), want)
+
+
+def _gate_cases():
+    for n, (params, T) in enumerate(((SMALL, 4), (SMALL, 100), (ODD, 1000), (LEVELS, 1000), (LEVELS, 4096))):
+        for pass_name in ("fwd", "bwd", "fwd+bwd"):
+            D = (64, 128)[n % 2]
+            dtype = ("bfloat16", "float16")[(n // 2) % 2]
+            causal = pass_name != "bwd" or n % 2 == 0
+            yield pytest.param(params, T, pass_name, D, dtype, causal,
+                               id=f"T{T}-{pass_name}-D{D}-{dtype}-{'c' if causal else 'nc'}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("params,T,pass_name,D,dtype,causal", list(_gate_cases()))
+def test_gate(params, T, pass_name, D, dtype, causal):
+    from attnbench.check import gate
+
+    prob = Problem(make_mask("dilated", T, causal, **params), 2, 3, D, dtype, pass_name=pass_name)
+    res = gate(CLASSES_IMPL, prob)
+    assert res.ok, res
+
+
+@pytest.mark.gpu
+def test_the_runner_reports_its_layout():
+    from attnbench.arrays import random_inputs
+
+    prob = Problem(make_mask("dilated", 1000, True, **LEVELS), 1, 2, 64, "bfloat16")
+    q, k, v = random_inputs(prob.shape, prob.dtype, seed=3)
+    runner = CLASSES_IMPL.prepare(prob, q, k, v)
+    assert runner.setup["layout"] == "class-major r=4"
