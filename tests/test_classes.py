@@ -118,6 +118,18 @@ def test_gate(params, T, pass_name, D, dtype, causal):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("params,T", [(SMALL, 320), (LEVELS, 320), (ODD, 4096)], ids=["small", "llm", "odd"])
+@pytest.mark.parametrize("causal", [True, False], ids=["c", "nc"])
+def test_the_device_predicate_is_the_band(params, T, causal):
+    """Bit for bit against the numpy mask (words at every 16 keys: some cross a class, T = 320 holding
+    80 positions a class, no multiple of 32)."""
+    from test_predicate import check_bits
+
+    _, banded = make_mask("dilated", T, causal, **params).class_major()
+    check_bits(banded)
+
+
+@pytest.mark.gpu
 def test_the_runner_reports_its_layout():
     from attnbench.arrays import random_inputs
 

@@ -15,14 +15,32 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
 def test_kernels_are_sanitizer_clean(impl, tool):
     """Every pattern through the gate at an odd and a tile-sized T, under compute-sanitizer."""
-    cmd = ["compute-sanitizer", "--tool", tool, "--error-exitcode", "17", sys.executable, "-m",
-           "attnbench.cli", "check", "--impl", impl, "--T", "7", "--T", "64", "--D", "64", "--B", "1", "--H", "2"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=dict(os.environ))
+    _check_is_clean(tool, ["--impl", impl, "--T", "7", "--T", "64", "--D", "64", "--B", "1", "--H", "2"], 240)
+
+
+def _check_is_clean(tool: str, options: list, timeout: int) -> None:
+    """``attnbench check`` with ``options`` under compute-sanitizer's ``tool``: no error or hazard, and
+    every case it checked passed, none skipped."""
+    cmd = ["compute-sanitizer", "--tool", tool, "--error-exitcode", "17", sys.executable, "-m", "attnbench.cli",
+           "check", *options]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     assert "ERROR SUMMARY: 0 errors" in out or "RACECHECK SUMMARY: 0 hazards" in out, out[-2000:]
     m = re.search(r"checked (\d+), passed (\d+), failed 0, skipped 0", out)
     assert m and m.group(1) == m.group(2) != "0", out[-2000:]
+
+
+@pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer not on PATH")
+@pytest.mark.parametrize("pass_name", ["fwd", "fwd+bwd"])
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
+def test_fast_tc_classes_is_sanitizer_clean(tool, pass_name):
+    """fast-tc-classes (the copies into and out of the class-major layout, fast-tc's kernels on the bands)
+    through the gate: dilated with three levels, T 64 and 100 (a class of 25 positions: words across
+    classes), D=64."""
+    _check_is_clean(tool, ["--impl", "fast-tc-classes", "--pattern", "dilated", "--window", "8", "--dilation", "1",
+                           "--levels", "6:2,4:4", "--T", "64", "--T", "100", "--D", "64", "--B", "1", "--H", "2",
+                           "--pass", pass_name], 400)
 
 
 @pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer not on PATH")
