@@ -54,6 +54,9 @@
 #          e.g. "fast-tc flex"), rows in OUT_DIR/train.csv (TRAIN_CSV names another) as they come; with
 #          GPUS=N, N processes (`--shard i/N`, one GPU each) write OUT_DIR/train.shard-i.csv, merged into
 #          train.csv at the end; TRAIN_FROM names a folder of an earlier run's CSVs to resume
+#   classes: fast-tc-classes (the class-major layout): its GPU tests (tests/test_classes.py), then the training
+#          configuration's dilated instances with fast-tc, fast-tc-classes and Flex in one process, every pass,
+#          10 samples (CLASSES_ARGS replaces the default --T 32768), rows in OUT_DIR/classes.csv as they come
 #
 # GPU_TESTS (optional) narrows the tests step to given files or -k expressions (the whole GPU suite
 # takes about 6 minutes on a warm H100, more on a fresh machine: split it over calls under a
@@ -213,6 +216,9 @@ PY
            if [ -n "${TRAIN_FROM:-}" ] && [ -d "$TRAIN_FROM" ]; then cp "$TRAIN_FROM"/*.csv "$out/" 2>/dev/null; fi
            sharded train "$out/${TRAIN_CSV:-train.csv}" attnbench sweep --config training "${ti[@]}" --samples 10 \
                ${TRAIN_ARGS:---T 32768} ;;
+    classes) step classes_tests python3 -m pytest -q -m gpu -rs tests/test_classes.py
+           step classes attnbench sweep --config training --impl fast-tc --impl fast-tc-classes --impl flex \
+               --pattern dilated --samples 10 ${CLASSES_ARGS:---T 32768} --resume --out "$out/classes.csv" ;;
     *) say "unknown step $s"; status=1 ;;
     esac
 done
