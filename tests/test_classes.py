@@ -45,6 +45,30 @@ def test_the_banded_mask_is_the_pattern_taken_class_by_class(params, T, causal):
     np.testing.assert_array_equal(cover, want)
 
 
+@pytest.mark.parametrize("params", [LEVELS, SMALL, ODD], ids=["llm", "small", "odd"])
+@pytest.mark.parametrize("T", [4, 60, 100, 1000, 4096])
+@pytest.mark.parametrize("tile", [(64, 64), (128, 64), (64, 32), (16, 16)], ids=str)
+def test_the_banded_lists_visit_exactly_the_tiles_with_pairs(params, T, tile):
+    """Classes of n = T / 4 positions that share a query tile (n no multiple of BM) keep their hulls
+    apart: every live pair in a visited tile, every full tile full, no tile visited without a pair."""
+    from test_tiles import _visited
+
+    BM, BN = tile
+    _, banded = make_mask("dilated", T, True, **params).class_major()
+    nq, nk = -(-T // BM), -(-T // BN)
+    vis = _visited(build(banded, BM, BN, fresh=True), nq, nk)
+    pad = np.zeros((nq * BM, nk * BN), dtype=bool)
+    pad[:T, :T] = banded.dense()
+    blocks = pad.reshape(nq, BM, nk, BN)
+    has = blocks.any(axis=(1, 3))
+    assert not (has & (vis == 0)).any(), "an allowed pair lies in a skipped tile"
+    assert not ((vis > 0) & ~has).any(), "a visited tile has no allowed pair"
+    real = np.zeros_like(pad)  # rows past T count as live: a last query tile may be full over its rows
+    real[T:] = True
+    full = (pad | real).reshape(blocks.shape).all(axis=(1, 3))
+    assert not ((vis == 2) & ~full).any(), "a full tile holds a masked pair"
+
+
 def test_patterns_without_bands_keep_their_order():
     for mask in (make_mask("dense", 64), make_mask("window", 64, window=8),
                  make_mask("dilated", 64, window=8, dilation=2),  # one level: strided instead

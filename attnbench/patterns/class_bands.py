@@ -57,10 +57,15 @@ class ClassBands(Pattern):
         blo, bhi = self._lo_hi(p)
         cq, a = self._split(i, T, r)
         k = cq * r + ck
-        first = np.maximum(a - bhi[k], 0)         # b >= a - hi
-        last = np.minimum(a - blo[k], n - 1)      # b <= a - lo
-        lo = ck * n + first
-        return lo, np.maximum(ck * n + last + 1, lo)
+        first = np.clip(a - bhi[k], 0, n)          # b >= a - hi
+        end = np.clip(a - blo[k] + 1, 0, n)        # b <= a - lo
+        empty = blo[k] > bhi[k]                    # no row of the pair: one empty interval for all
+        lo = ck * n + np.where(empty, 0, first)
+        return lo, np.maximum(ck * n + np.where(empty, 0, end), lo)
+
+    def monotone_run(self, p):
+        """Within a class (n rows) lo and hi never decrease; they jump back where the class changes."""
+        return p["length"]
 
     def row_counts(self, i, T, causal, p, table):
         out = np.zeros_like(i)
@@ -70,9 +75,19 @@ class ClassBands(Pattern):
         return out
 
     def intervals(self, i, T, causal, p, table, split):
-        fams = [self._family(i, T, p, ck) for ck in range(p["classes"])]
-        return (np.stack([lo for lo, _ in fams]), np.stack([hi for _, hi in fams]),
-                [True] * p["classes"])
+        """One family per key class, or with ``split`` > 1 one per key class and query class mod
+        split (rows of other query classes hold it empty), so the classes sharing a query tile
+        keep their hulls apart."""
+        r = p["classes"]
+        fams = [self._family(i, T, p, ck) for ck in range(r)]
+        if split > 1:
+            s = (np.asarray(i) // (T // r)) % split
+            fams = [(np.where(s == m, lo, 0), np.where(s == m, hi, 0)) for lo, hi in fams for m in range(split)]
+        return (np.stack([lo for lo, _ in fams]), np.stack([hi for _, hi in fams]), [True] * len(fams))
+
+    def extra_defines(self, T, p):
+        """The bands as a constant-memory table (kernels/patterns/class_bands.cuh), read by index."""
+        return {"AB_CLASS_BANDS_TABLE": ",".join(str(int(x)) for band in p["bands"] for x in band)}
 
     def device_args(self, p):
         return (p["classes"], p["length"]) + tuple(x for band in p["bands"] for x in band)

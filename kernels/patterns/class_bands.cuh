@@ -7,16 +7,29 @@
 
 #define AB_CLASS_BANDS_MAX 8
 
+// The bands again, as a table in constant memory (ClassBands.extra_defines: "lo, hi, ..." per class
+// pair, query class major): band_of reads its pair with one indexed constant load (uniform over a
+// warp where its rows and keys stay in one class), where picking it out of the struct's fields by
+// comparisons cost 3 instructions a class pair, about 40% of the forward's instructions.
+#ifdef AB_CLASS_BANDS_TABLE
+__constant__ int ab_class_bands_table[] = {AB_CLASS_BANDS_TABLE};
+#endif
+
 struct ab_class_bands {
     int causal;
     int classes;
     int n;  // positions per class, T / classes
     int band[2 * AB_CLASS_BANDS_MAX * AB_CLASS_BANDS_MAX];  // (lo, hi) per class pair, query class major
 
-    // the band of class pair (cq, ck), chosen by comparisons rather than an index, so that with the
-    // fields compiled in the table stays in constants, not in local memory
+    // the band of class pair (cq, ck): from the constant table where it is compiled in, else chosen
+    // by comparisons rather than an index, so that the fields stay in registers, not in local memory
     __device__ __forceinline__ void band_of(int cq, int ck, int& lo, int& hi) const {
         const int at = cq * classes + ck;
+#ifdef AB_CLASS_BANDS_TABLE
+        const bool in = cq < classes;  // a row past T: no band (and no read past the table)
+        lo = in ? ab_class_bands_table[2 * at] : 1;
+        hi = in ? ab_class_bands_table[2 * at + 1] : 0;
+#else
         lo = 1;
         hi = 0;
 #pragma unroll
@@ -25,6 +38,7 @@ struct ab_class_bands {
                 lo = band[2 * k];
                 hi = band[2 * k + 1];
             }
+#endif
     }
     __device__ __forceinline__ bool allowed(int i, int j) const {
         const int cq = i / n, ck = j / n;
