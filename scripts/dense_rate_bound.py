@@ -1,0 +1,108 @@
+"""What each training row would take at fast-tc's own dense rate: the tiles its lists visit, each run as fast
+as a dense causal tile runs. A host count over a training CSV (no GPU).
+
+    python scripts/dense_rate_bound.py results/train-32768-h200.csv [--impl fast-tc] [--csv-out out.csv]
+    python scripts/dense_rate_bound.py results/train-32768-h200.csv results/classes-32768-h200.csv \
+        --impl fast-tc-classes    # the class-major layout's lists, against fast-tc's dense rows
+
+The CSVs are read as one. For every (instance, D) of ``--impl`` with fwd, bwd and fwd+bwd rows at one T:
+- ``visited_fwd`` / ``visited_bwd``: the pairs the forward's list (its chosen wgmma shape) and the backward's
+  (64-row query tiles, the main loop's key tile) visit, over the live pairs;
+- ``fwd_at_dense`` / ``bwd_at_dense``: fast-tc's dense causal row's time scaled by visited pairs, the instance's against
+  dense's at the same D; ``eff_fwd`` / ``eff_bwd``: that over the measured time (1: as fast per visited tile as
+  dense);
+- ``target``: issue 18's fwd+bwd target, Flex / 3, or 2x the fwd+bwd floor where Flex / 3 would pass the floor;
+- ``need``: measured fwd+bwd over the target; ``bound_over_target``: the dense-rate fwd+bwd over it (above 1: the
+  target asks more than dense's rate per visited tile).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import pandas as pd
+
+
+def visited(mask, BM: int, BN: int) -> int:
+    """Pairs a BM x BN list of ``mask`` visits (every residue class of a strided one)."""
+    from attnbench.tiles import tile_list
+
+    stride, inner = mask.strided()
+    return tile_list(inner, BM, BN).n_visited * BM * BN * stride
+
+
+def bwd_tile(mask, D: int) -> tuple[int, int]:
+    """(query rows, keys) of the wgmma backward's main-loop tile for ``mask``."""
+    from attnbench.fast_tc_bwd import bwd_config, choose_dq
+
+    kpq = mask.pairs / mask.T
+    cfg = bwd_config(D, True, kpq, choose_dq(D, kpq, True))
+    return 64, 64 * max(1, cfg.NWARPS // 4)
+
+
+def table(rows: pd.DataFrame, impl: str = "fast-tc", rate_impl: str = "fast-tc") -> pd.DataFrame:
+    from attnbench.fast_tc import choose_config
+    from attnbench.patterns import make_mask
+
+    ok = rows[rows.status == "ok"]
+    Ts = sorted(ok[ok.impl == impl]["T"].unique())
+    if len(Ts) != 1:
+        raise SystemExit(f"one T expected among {impl}'s rows, found {Ts}: narrow the CSV")
+    T = int(Ts[0])
+    ms = ok.groupby(["label", "D", "pass", "impl"]).median_ms.min()
+    floor = ok[ok.impl == impl].groupby(["label", "D", "pass"]).floor_ms.min()
+    out = []
+    dense_rows = ok[(ok.impl == rate_impl) & (ok.pattern == "dense") & (ok["T"] == T)]
+    for (label, D), g in pd.concat([ok[ok.impl == impl], dense_rows]).groupby(["label", "D"]):
+        r = g.iloc[0]
+        params = json.loads(r.params)
+        mask = make_mask(r.pattern, T, bool(r.causal), **params)
+        if impl.startswith("fast-tc-classes"):
+            mask = mask.class_major()[1]  # its lists are the banded mask's
+        cfg = choose_config(mask, int(D), True)
+        out.append(dict(label=label, D=int(D), mask=mask, vf=visited(mask, cfg.BM, cfg.BN),
+                        vb=visited(mask, *bwd_tile(mask, int(D)))))
+    t = pd.DataFrame(out)
+    res = []
+    for _, x in t.iterrows():
+        if x.label == "dense" and impl != rate_impl:
+            continue
+        dense = t[(t.label == "dense") & (t.D == x.D)]
+        if dense.empty:
+            raise SystemExit(f"no dense row of {rate_impl} at D={x.D}: the rate to scale by is missing")
+        dn = dense.iloc[0]
+        get = lambda lab, p, who=impl: ms.get((lab, x.D, p, who), float("nan"))  # noqa: E731
+        tf = get("dense", "fwd", rate_impl) * x.vf / dn.vf
+        tb = get("dense", "bwd", rate_impl) * x.vb / dn.vb
+        fl = floor.get((x.label, x.D, "fwd+bwd"), float("nan"))
+        flex = get(x.label, "fwd+bwd", "flex")
+        target = flex / 3 if flex / 3 >= fl else 2 * fl
+        fb = get(x.label, "fwd+bwd")
+        res.append(dict(instance=x.label, D=x.D, visited_fwd=x.vf / x["mask"].pairs, visited_bwd=x.vb / x["mask"].pairs,
+                        fwd=get(x.label, "fwd"), fwd_at_dense=tf, eff_fwd=tf / get(x.label, "fwd"),
+                        bwd=get(x.label, "bwd"), bwd_at_dense=tb, eff_bwd=tb / get(x.label, "bwd"),
+                        fwd_bwd=fb, flex_fwd_bwd=flex, floor_fwd_bwd=fl, target=target, need=fb / target,
+                        bound_over_target=(tf + tb) / target))
+    return pd.DataFrame(res)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("csv", nargs="+")
+    ap.add_argument("--impl", default="fast-tc")
+    ap.add_argument("--rate-impl", default="fast-tc", help="whose dense rows give the rate")
+    ap.add_argument("--csv-out", dest="out")
+    a = ap.parse_args(argv)
+    rows = pd.concat([pd.read_csv(f, dtype={"git_commit": str}) for f in a.csv], ignore_index=True)
+    t = table(rows, a.impl, a.rate_impl)
+    if a.out:
+        t.to_csv(a.out, index=False)
+    with pd.option_context("display.width", 250, "display.max_columns", 30):
+        t = t.assign(instance=t.instance.str.slice(0, 34))
+        print(t.round(3).to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""scripts/dense_rate_bound.py on the committed H200 training rows (a host count, no GPU)."""
+import importlib.util
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).parents[1]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("dense_rate_bound", ROOT / "scripts" / "dense_rate_bound.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _rows(*names):
+    return pd.concat([pd.read_csv(ROOT / "results" / n, dtype={"git_commit": str}) for n in names], ignore_index=True)
+
+
+@pytest.fixture(scope="module")
+def bound():
+    return _script().table(_rows("train-32768-h200.csv"))
+
+
+def test_dense_is_its_own_rate(bound):
+    dense = bound[bound.instance == "dense"]
+    assert len(dense) == 2
+    assert (dense.eff_fwd == 1).all() and (dense.eff_bwd == 1).all()
+
+
+def test_the_lists_visit_what_their_tiles_cover(bound):
+    """A window of 256 in 64 x 64 tiles: a query tile reads 4 full-width tiles and one more at the diagonal
+    and the far edge, 5 x 64 of 4 x 64 keys: 1.25; block-diagonal 16 in 64 x 64 tiles: 4."""
+    w = bound[bound.instance == "window(window=256)"].set_index("D")
+    assert w.visited_bwd.round(2).tolist() == [1.25, 1.25]
+    bd = bound[bound.instance == "block_diagonal(block=16)"].set_index("D")
+    assert bd.visited_bwd.round(2).tolist() == [4.0, 4.0]
+    # the bound scales dense's time by the visited pairs
+    dn = bound[bound.instance == "dense"].set_index("D")
+    assert w.bwd_at_dense[64] < dn.bwd[64] * 0.03
+
+
+def test_the_class_layout_against_fast_tc_dense_rate():
+    t = _script().table(_rows("train-32768-h200.csv", "classes-32768-h200.csv"), impl="fast-tc-classes")
+    assert set(t.instance) == {"dilated(levels=2048:1+2048:2+2048:4)"}
+    assert t.visited_fwd.round(2).tolist() == [1.06, 1.06]
+
+
+def test_one_T_at_a_time():
+    rows = _rows("train-32768-h200.csv")
+    other = rows.assign(T=4096)
+    with pytest.raises(SystemExit, match="one T expected"):
+        _script().table(pd.concat([rows, other]))
