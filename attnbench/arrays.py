@@ -30,15 +30,31 @@ def from_float32(x, dtype: str):
     return x.astype(STORAGE[dtype])
 
 
+# Arrays of more elements than WHOLE are drawn PIECE elements at a time into their storage: drawn whole, a
+# decode cache of 2^33 elements (B=8, H_kv=8, Tk=1048576, D=128, 17 GB in bfloat16) took its float32 draw and two
+# uint32 temporaries, 103 GB, beside the caches already made, and ran out of an H200's memory. Up to WHOLE (every
+# prefill shape of the configurations) the draws are the ones they always were.
+WHOLE = 1 << 30
+PIECE = 1 << 27
+
+
 def random_inputs(shape, dtype: str, seed: int, xp=None, scale: float = 1.0):
     """Fresh random q, k, v (standard normal times ``scale``) in storage dtype, on the device by default."""
     if xp is None:
         import cupy as xp
     rng = xp.random.default_rng(seed) if hasattr(xp.random, "default_rng") else xp.random.RandomState(seed)
+    size = int(np.prod(shape))
     out = []
     for _ in range(3):
-        a = rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)
-        out.append(from_float32(a, dtype))
+        if size <= WHOLE:
+            a = rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)
+            out.append(from_float32(a, dtype))
+            continue
+        flat = xp.empty(size, dtype=STORAGE[dtype])
+        for start in range(0, size, PIECE):
+            n = min(PIECE, size - start)
+            flat[start:start + n] = from_float32(rng.standard_normal(n, dtype=np.float32) * np.float32(scale), dtype)
+        out.append(flat.reshape(shape))
     return tuple(out)
 
 

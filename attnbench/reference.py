@@ -47,24 +47,31 @@ def reference(q, k, v, mask: Mask, dtype: str = "float32", scale: float | None =
         if H_kv != H:  # grouped heads: each query head's key/value head, repeated
             k, v = (xp.repeat(_as64(xp, a, dtype), H // H_kv, axis=1) for a in (k, v))
         return reference_forward(q, k, v, mask, dtype, scale, chunk_bytes, tile)[0]
-    q64, k64, v64 = (_as64(xp, a, dtype) for a in (q, k, v))
+    q64 = _as64(xp, q, dtype)
     out = xp.empty((B, H, Tq, D), dtype=xp.float64)
     lens = [T] * B if cache_lens is None else [int(t) for t in cache_lens]
     seen = expected = 0
     for t in sorted(set(lens)):  # the sequences of one cache length together
         m = mask.at(t)
-        bs = [b for b in range(B) if lens[b] == t]
+        group = [b for b in range(B) if lens[b] == t]
         rows = np.arange(t - Tq, t)
         keys = m.keys(rows)
-        expected += int(m.row_counts(rows).sum()) * len(bs)
-        sel = bs if len(bs) < B else slice(None)
-        kg, vg = _gather(k64[sel], v64[sel], keys, xp)
-        step = max(1, chunk_bytes // max(1, 8 * len(bs) * H * keys.size * 2))
-        for r0 in range(0, Tq, step):
-            r1 = min(Tq, r0 + step)
-            allowed = m.allowed(rows[r0:r1, None], keys[None, :])
-            seen += int(allowed.sum()) * len(bs)
-            out[sel, :, r0:r1] = _attend(q64[sel, :, r0:r1], kg, vg, xp.asarray(allowed), s, xp)
+        expected += int(m.row_counts(rows).sum()) * len(group)
+        # K and V go to float64 at the keys read only, a few sequences at a time: whole, the caches of
+        # B=8, Tk=1048576 (or B=64, Tk=131072) would take 137 GB as float64
+        per_seq = 2 * H_kv * max(1, keys.size) * D * 8
+        nb = max(1, DECODE_KV_CHUNKS * chunk_bytes // per_seq)
+        for c in range(0, len(group), nb):
+            bs = group[c:c + nb]
+            sel = slice(bs[0], bs[-1] + 1) if bs[-1] - bs[0] + 1 == len(bs) else bs
+            kg, vg = (_as64(xp, a, dtype) for a in _gather(k[sel], v[sel], keys, xp))
+            step = max(1, chunk_bytes // max(1, 8 * len(bs) * H * keys.size * 2))
+            for r0 in range(0, Tq, step):
+                r1 = min(Tq, r0 + step)
+                allowed = m.allowed(rows[r0:r1, None], keys[None, :])
+                seen += int(allowed.sum()) * len(bs)
+                out[sel, :, r0:r1] = _attend(q64[sel, :, r0:r1], kg, vg, xp.asarray(allowed), s, xp)
+            del kg, vg
     if seen != expected:
         raise AssertionError(f"reference saw {seen} allowed pairs of {mask.label()} at T={T}, Tq={Tq}, "
                              f"the counts give {expected}")
@@ -131,6 +138,9 @@ def reference_gradients(q, k, v, do, mask: Mask, dtype: str = "float32", scale: 
 
 HOST_CHUNK = 1 << 28     # bytes of float64 scores a block of rows holds at once on the CPU
 DEVICE_CHUNK = (1 << 28, 1 << 31)  # on the GPU: a sixteenth of the free memory, within these bounds
+
+
+DECODE_KV_CHUNKS = 4  # a decode's float64 K and V of one batch of sequences: at most this many chunk_bytes
 
 
 def default_chunk_bytes(xp, free: int | None = None) -> int:

@@ -93,8 +93,10 @@ SERVING_PATTERNS = [("dense", {}), ("window", {"window": 3}), ("streaming", {"si
 @pytest.mark.parametrize("name, params", SERVING_PATTERNS)
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("H, H_kv, Tq, lens", [(4, 2, 16, None), (4, 1, 5, None), (2, 2, 1, None),
-                                               (4, 2, 3, (16, 8, 12)), (6, 3, 1, (4, 16, 8))])
-def test_serving_reference_matches_brute_force(name, params, causal, H, H_kv, Tq, lens):
+                                               (4, 2, 3, (16, 8, 12)), (6, 3, 1, (4, 16, 8)),
+                                               (4, 2, 2, (16, 8, 16, 8))])
+@pytest.mark.parametrize("chunk_bytes", [900, 1 << 20], ids=["a-sequence-at-a-time", "together"])
+def test_serving_reference_matches_brute_force(name, params, causal, H, H_kv, Tq, lens, chunk_bytes):
     rng = np.random.default_rng(1)
     B, T, D = (len(lens) if lens else 2), 16, 5
     q = rng.standard_normal((B, H, Tq, D)).astype(np.float32)
@@ -102,7 +104,7 @@ def test_serving_reference_matches_brute_force(name, params, causal, H, H_kv, Tq
     m = make_mask(name, T, causal, **params)
     if lens and name == "document":  # the table is for T: a ragged batch needs a table per length
         pytest.skip("document's doc_lens sum to one T only")
-    ref = reference(q, k, v, m, chunk_bytes=900, tile=4, cache_lens=lens)
+    ref = reference(q, k, v, m, chunk_bytes=chunk_bytes, tile=4, cache_lens=lens)
     assert np.allclose(ref, brute_serving(q, k, v, m, lens), rtol=1e-12, atol=1e-12)
 
 
