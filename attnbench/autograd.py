@@ -40,6 +40,26 @@ class FastTCAttention(torch.autograd.Function):
         return (*(unbind(g, b[0]) for g in grads), None, None, None)
 
 
+def to_classes(x: torch.Tensor, r: int) -> torch.Tensor:
+    """[..., T, D] into the class-major layout of r classes (position c * T / r + a holds a * r + c)."""
+    *lead, T, D = x.shape
+    return x.reshape(*lead, T // r, r, D).transpose(-2, -3).reshape(*lead, T, D)
+
+
+def from_classes(x: torch.Tensor, r: int) -> torch.Tensor:
+    """``to_classes``' inverse."""
+    *lead, T, D = x.shape
+    return x.reshape(*lead, r, T // r, D).transpose(-2, -3).reshape(*lead, T, D)
+
+
 def attention(q, k, v, mask: Mask, scale: float | None, wgmma: bool = True):
-    """Attention whose backward runs fast-tc's kernels (inputs made contiguous inside the graph)."""
+    """Attention whose backward runs fast-tc's kernels (inputs made contiguous inside the graph). fast-tc
+    (``wgmma``) runs a mask on its class-major layout where ``classes.prefers`` it, as its runner does: the
+    inputs permuted into it and the output out of it by torch, so that the gradients go back the same way."""
+    from .classes import prefers
+
+    if wgmma and prefers(mask):
+        r, banded = mask.class_major()
+        q, k, v = (to_classes(x, r).contiguous() for x in (q, k, v))
+        return from_classes(FastTCAttention.apply(q, k, v, banded, scale, wgmma), r)
     return FastTCAttention.apply(q.contiguous(), k.contiguous(), v.contiguous(), mask, scale, wgmma)

@@ -22,6 +22,11 @@ from .errors import BadInput
 from .impls import Problem, Runner
 
 KERNEL = "classes"
+# fast-tc takes the layout on its own (``prefers``) where the positional 64 x 64 list visits at least this many
+# times the tiles of the class-major one. The three-level dilation: 1.07x at T=4096 (positions: no copies for
+# little gain), 1.43x at 8192, 1.81x at 32768 (H200, docs/PERF.md "fast-tc-classes v1 on an H200, and v2":
+# fwd+bwd 1.84x and 1.68x faster at D 64 and 128, the copies included), 1.88x at 131072 (1.83x and 1.63x).
+MIN_GAIN = 1.25
 ENTRY = "class_major"
 THREADS = 256
 VEC_BYTES = 16
@@ -34,6 +39,17 @@ def layout_of(prob: Problem) -> tuple[int, object]:
         raise BadInput(f"{prob.mask.label()} at T={prob.T} has no class-major layout (its pairs of residue "
                        f"classes are no bands, or T is no multiple of the classes)")
     return r, banded
+
+
+def prefers(mask) -> bool:
+    """Whether fast-tc runs ``mask`` on its class-major layout: it has one, and the positional 64 x 64 list
+    visits at least MIN_GAIN times the tiles of the layout's (host counts of the cached lists)."""
+    from .tiles import tile_list
+
+    r, banded = mask.class_major()
+    if r == 1:
+        return False
+    return tile_list(mask, 64, 64).n_visited >= MIN_GAIN * tile_list(banded, 64, 64).n_visited
 
 
 def copy_launch(src, dst, r: int, inverse: bool):
@@ -111,4 +127,4 @@ def standard_builds() -> list[tuple[str, dict]]:
     return [(KERNEL, {})]
 
 
-__all__ = ["layout_of", "copy_launch", "ClassMajorRunner", "build", "standard_builds"]
+__all__ = ["MIN_GAIN", "prefers", "layout_of", "copy_launch", "ClassMajorRunner", "build", "standard_builds"]

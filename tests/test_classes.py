@@ -4,7 +4,8 @@ on a GPU the runner passes the gate in every pass."""
 import numpy as np
 import pytest
 
-from attnbench.fast_tc import CLASSES_IMPL
+from attnbench.classes import prefers
+from attnbench.fast_tc import CLASSES_IMPL, IMPL, SYNC_IMPL
 from attnbench.impls import Problem
 from attnbench.patterns import BadInput, make_mask
 from attnbench.patterns.class_bands import bands_of
@@ -13,6 +14,7 @@ from attnbench.tiles import build
 LEVELS = {"window": 2048, "dilation": 1, "levels": ((2048, 2), (2048, 4))}  # the llm configuration's
 SMALL = {"window": 8, "dilation": 1, "levels": ((6, 2), (4, 4))}           # dilated's own example
 ODD = {"window": 5, "dilation": 2, "levels": ((3, 4),)}                     # no level of dilation 1
+WIDE = {"window": 256, "dilation": 1, "levels": ((256, 2), (256, 4))}       # fast-tc's layout from T=2048
 
 
 def _perm(T, r):
@@ -98,6 +100,26 @@ def test_the_layout_visits_fewer_and_fuller_tiles():
     assert partial[0] > 0.7 and partial[1] < 0.13
 
 
+@pytest.mark.parametrize("params,T,takes", [
+    (LEVELS, 4096, False),   # 1.07x fewer tiles: not worth the copies
+    (LEVELS, 8192, True),    # 1.43x
+    (LEVELS, 32768, True),   # 1.81x
+    (LEVELS, 9001, False),   # T no multiple of the 4 classes: no layout
+    (SMALL, 4096, False),    # narrow bands: the layout would visit 3.8x the tiles
+    (WIDE, 1024, False),
+    (WIDE, 2048, True),
+], ids=lambda x: str(x) if not isinstance(x, dict) else f"W{x['window']}")
+def test_fast_tc_takes_the_layout_where_its_lists_visit_fewer_tiles(params, T, takes):
+    mask = make_mask("dilated", T, True, **params)
+    assert prefers(mask) is takes
+    assert IMPL.takes_classes(mask) is takes
+    assert SYNC_IMPL.takes_classes(mask) is False  # its mma.sync main loop keeps positions
+    if mask.class_major()[0] > 1:
+        assert CLASSES_IMPL.takes_classes(mask) is True
+    plain = make_mask("window", T, True, window=256)
+    assert not IMPL.takes_classes(plain)
+
+
 def test_the_label_of_a_mask_outside_the_registry():
     _, banded = make_mask("dilated", 16, True, **SMALL).class_major()
     assert banded.label().startswith("class_bands(classes=4,length=4,bands=")
@@ -151,6 +173,44 @@ def test_the_device_predicate_is_the_band(params, T, causal):
 
     _, banded = make_mask("dilated", T, causal, **params).class_major()
     check_bits(banded)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pass_name,D", [("fwd", 64), ("fwd+bwd", 64), ("fwd", 128), ("bwd", 128)])
+def test_fast_tc_on_its_own_layout_passes_the_gate(pass_name, D):
+    from attnbench.arrays import random_inputs
+    from attnbench.check import gate
+
+    prob = Problem(make_mask("dilated", 2048, True, **WIDE), 1, 3, D, "bfloat16", pass_name=pass_name)
+    q, k, v = random_inputs(prob.shape, prob.dtype, seed=4)
+    assert IMPL.prepare(prob, q, k, v).setup["layout"] == "class-major r=4"
+    res = gate(IMPL, prob)
+    assert res.ok, res
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128])
+def test_attention_with_grad_goes_through_the_layout_and_back(D):
+    """attnbench.attention on tensors that need a gradient: the permutation by torch, the gradients
+    against float32 SDPA with the pattern as a boolean mask."""
+    torch = pytest.importorskip("torch")
+    import attnbench
+
+    mask = make_mask("dilated", 2048, True, **WIDE)
+    assert prefers(mask)
+    gen = torch.Generator(device="cuda").manual_seed(D)
+    q, k, v = (torch.randn(1, 2, 2048, D, device="cuda", generator=gen).bfloat16().requires_grad_()
+               for _ in range(3))
+    out = attnbench.attention(q, k, v, pattern="dilated", **WIDE)
+    do = torch.randn(out.shape, device="cuda", generator=gen).bfloat16()
+    out.backward(do)
+    ref_in = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    allowed = torch.from_numpy(mask.dense()).cuda()
+    ref = torch.nn.functional.scaled_dot_product_attention(*ref_in, attn_mask=allowed)
+    ref.backward(do.float())
+    for name, a, b in zip(("out", "dq", "dk", "dv"), (out, q.grad, k.grad, v.grad), (ref, *(t.grad for t in ref_in))):
+        err = float((a.float() - b).norm() / b.norm())
+        assert err < 2e-2, (name, err)
 
 
 @pytest.mark.gpu
