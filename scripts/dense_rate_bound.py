@@ -7,7 +7,8 @@ as a dense causal tile runs. A host count over a training CSV (no GPU).
 
 The CSVs are read as one. For every (instance, D) of ``--impl`` with fwd, bwd and fwd+bwd rows at one T:
 - ``visited_fwd`` / ``visited_bwd``: the pairs the forward's list (its chosen wgmma shape) and the backward's
-  (64-row query tiles, the main loop's key tile) visit, over the live pairs;
+  (64-row query tiles, the main loop's key tile) visit, over the live pairs, on the layout the implementation takes
+  (the class-major one where ``takes_classes``);
 - ``fwd_at_dense`` / ``bwd_at_dense``: fast-tc's dense causal row's time scaled by visited pairs, the instance's against
   dense's at the same D; ``eff_fwd`` / ``eff_bwd``: that over the measured time (1: as fast per visited tile as
   dense);
@@ -43,6 +44,7 @@ def bwd_tile(mask, D: int) -> tuple[int, int]:
 
 def table(rows: pd.DataFrame, impl: str = "fast-tc", rate_impl: str = "fast-tc") -> pd.DataFrame:
     from attnbench.fast_tc import choose_config
+    from attnbench.impls import get_impl
     from attnbench.patterns import make_mask
 
     ok = rows[rows.status == "ok"]
@@ -58,8 +60,8 @@ def table(rows: pd.DataFrame, impl: str = "fast-tc", rate_impl: str = "fast-tc")
         r = g.iloc[0]
         params = json.loads(r.params)
         mask = make_mask(r.pattern, T, bool(r.causal), **params)
-        if impl.startswith("fast-tc-classes"):
-            mask = mask.class_major()[1]  # its lists are the banded mask's
+        if get_impl(impl.split("[")[0]).takes_classes(mask):
+            mask = mask.class_major()[1]  # it runs the class-major layout: its lists are the banded mask's
         cfg = choose_config(mask, int(D), True)
         out.append(dict(label=label, D=int(D), mask=mask, vf=visited(mask, cfg.BM, cfg.BN),
                         vb=visited(mask, *bwd_tile(mask, int(D)))))
