@@ -14,7 +14,10 @@ The CSVs are read as one. For every (instance, D) of ``--impl`` with fwd, bwd an
   dense);
 - ``target``: issue 18's fwd+bwd target, Flex / 3, or 2x the fwd+bwd floor where Flex / 3 would pass the floor;
 - ``need``: measured fwd+bwd over the target; ``bound_over_target``: the dense-rate fwd+bwd over it (above 1: the
-  target asks more than dense's rate per visited tile).
+  target asks more than dense's rate per visited tile);
+- ``fwd_target``, ``fwd_need``, ``fwd_bound_over_target``: the same for the forward bar, 2x Flex, or 80% of the
+  forward's floor where 2x Flex would pass it (SDPA cuDNN on dense). A CSV of forward rows alone (the llm
+  configuration, ``--T`` to take one size) gives these and leaves the backward's columns empty.
 """
 from __future__ import annotations
 
@@ -42,12 +45,14 @@ def bwd_tile(mask, D: int) -> tuple[int, int]:
     return 64, 64 * max(1, cfg.NWARPS // 4)
 
 
-def table(rows: pd.DataFrame, impl: str = "fast-tc", rate_impl: str = "fast-tc") -> pd.DataFrame:
+def table(rows: pd.DataFrame, impl: str = "fast-tc", rate_impl: str = "fast-tc", T: int | None = None) -> pd.DataFrame:
     from attnbench.fast_tc import choose_config
     from attnbench.impls import get_impl
     from attnbench.patterns import make_mask
 
     ok = rows[rows.status == "ok"]
+    if T is not None:
+        ok = ok[ok["T"] == T]
     Ts = sorted(ok[ok.impl == impl]["T"].unique())
     if len(Ts) != 1:
         raise SystemExit(f"one T expected among {impl}'s rows, found {Ts}: narrow the CSV")
@@ -81,11 +86,18 @@ def table(rows: pd.DataFrame, impl: str = "fast-tc", rate_impl: str = "fast-tc")
         flex = get(x.label, "fwd+bwd", "flex")
         target = flex / 3 if flex / 3 >= fl else 2 * fl
         fb = get(x.label, "fwd+bwd")
+        # the forward bar: 2x Flex, or 80% of the forward's floor where 2x Flex would pass it; cuDNN on dense
+        fl_f, flex_f = floor.get((x.label, x.D, "fwd"), float("nan")), get(x.label, "fwd", "flex")
+        if x.label == "dense":
+            fwd_target = get(x.label, "fwd", "sdpa-cudnn")
+        else:
+            fwd_target = flex_f / 2 if flex_f / 2 >= fl_f else fl_f / 0.8
         res.append(dict(instance=x.label, D=x.D, visited_fwd=x.vf / x["mask"].pairs, visited_bwd=x.vb / x["mask"].pairs,
                         fwd=get(x.label, "fwd"), fwd_at_dense=tf, eff_fwd=tf / get(x.label, "fwd"),
                         bwd=get(x.label, "bwd"), bwd_at_dense=tb, eff_bwd=tb / get(x.label, "bwd"),
                         fwd_bwd=fb, flex_fwd_bwd=flex, floor_fwd_bwd=fl, target=target, need=fb / target,
-                        bound_over_target=(tf + tb) / target))
+                        bound_over_target=(tf + tb) / target, fwd_target=fwd_target,
+                        fwd_need=get(x.label, "fwd") / fwd_target, fwd_bound_over_target=tf / fwd_target))
     return pd.DataFrame(res)
 
 
@@ -94,10 +106,11 @@ def main(argv=None) -> int:
     ap.add_argument("csv", nargs="+")
     ap.add_argument("--impl", default="fast-tc")
     ap.add_argument("--rate-impl", default="fast-tc", help="whose dense rows give the rate")
+    ap.add_argument("--T", type=int, help="the rows of one T (a CSV of several)")
     ap.add_argument("--csv-out", dest="out")
     a = ap.parse_args(argv)
     rows = pd.concat([pd.read_csv(f, dtype={"git_commit": str}) for f in a.csv], ignore_index=True)
-    t = table(rows, a.impl, a.rate_impl)
+    t = table(rows, a.impl, a.rate_impl, a.T)
     if a.out:
         t.to_csv(a.out, index=False)
     with pd.option_context("display.width", 250, "display.max_columns", 30):

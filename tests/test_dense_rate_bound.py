@@ -53,3 +53,21 @@ def test_one_T_at_a_time():
     other = rows.assign(T=4096)
     with pytest.raises(SystemExit, match="one T expected"):
         _script().table(pd.concat([rows, other]))
+
+
+def test_the_forward_bar_from_forward_rows_alone():
+    """The llm CSV (forward rows, several T): --T takes one; the forward bar is cuDNN on dense, 2x Flex or 80%
+    of the floor on the rest; the backward's columns stay empty."""
+    rows = _rows("llm-h200.csv")
+    t = _script().table(rows, T=32768)
+    dense = t[t.instance == "dense"].set_index("D")
+    ok = rows[(rows.status == "ok") & (rows["T"] == 32768) & (rows.pattern == "dense") & (rows["pass"] == "fwd")]
+    cudnn = ok[ok.impl == "sdpa-cudnn"].set_index("D").median_ms
+    assert dense.fwd_target.to_dict() == pytest.approx(cudnn.to_dict())
+    w = t[(t.instance == "window(window=256)") & (t.D == 64)].iloc[0]
+    wr = rows[(rows.status == "ok") & (rows["T"] == 32768) & (rows.label == "window(window=256)") & (rows.D == 64)]
+    flex, floor = wr[wr.impl == "flex"].median_ms.min(), wr[wr.impl == "fast-tc"].floor_ms.min()
+    assert w.fwd_target == pytest.approx(flex / 2 if flex / 2 >= floor else floor / 0.8)
+    assert pd.isna(w.bwd) and pd.isna(w.target)
+    sparse = t[t.instance != "dense"]
+    assert (sparse.fwd_need > 0).all() and sparse.fwd_bound_over_target.notna().all()
