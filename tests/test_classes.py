@@ -191,6 +191,18 @@ def test_fast_tc_on_its_own_layout_passes_the_gate(pass_name, D):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("D", [64, 128])
+def test_fast_tc_on_its_own_layout_with_grouped_heads(D):
+    """Prefill with H_kv < H (the llm configuration's --H-kv 4): K and V copied at their own head count."""
+    from attnbench.check import gate
+
+    prob = Problem(make_mask("dilated", 2048, True, **WIDE), 1, 4, D, "bfloat16", H_kv=2)
+    assert IMPL.takes_classes(prob.mask) and IMPL.unsupported(prob) is None
+    res = gate(IMPL, prob)
+    assert res.ok, res
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128])
 def test_attention_with_grad_goes_through_the_layout_and_back(D):
     """attnbench.attention on tensors that need a gradient: the permutation by torch, the gradients
     against float32 SDPA with the pattern as a boolean mask."""
