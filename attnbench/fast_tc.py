@@ -48,6 +48,8 @@ class TileConfig:
     QREG: int = 1  # 1: Q fragments held in registers; 0: read from shared memory per key tile
     WG: int = 0    # 1: Hopper warpgroup MMA (wgmma, sm_90a) instead of mma.sync; MT=1
     TMA: int = 0   # 1 (with WG): Q, K and V tiles by bulk tensor copies (unstrided patterns; else cp.async)
+    OV: int = 0    # 1 (with WG, TMA, STAGES >= 3): S of a tile issued beside P V of the one before, the softmax
+    #                between them overlapping P V (kernels/tc/loop_overlap.cuh); unstrided patterns
 
     @property
     def arch(self) -> str | None:
@@ -68,8 +70,8 @@ class TileConfig:
 
     @property
     def spec(self) -> str:
-        """Every field, in the ``--tile-config`` form: 'NWARPS=4,BN=64,STAGES=2,MT=1,...'."""
-        return ",".join(f"{f}={getattr(self, f)}" for f in TILE_FIELDS)
+        """Every field, in the ``--tile-config`` form: 'NWARPS=4,BN=64,STAGES=2,MT=1,...' (OV only where set)."""
+        return ",".join(f"{f}={getattr(self, f)}" for f in TILE_FIELDS if f != "OV" or self.OV)
 
     def problem(self) -> str | None:
         """Why the kernel cannot be built with this shape (kernels/tc/config.cuh), or None."""
@@ -79,13 +81,15 @@ class TileConfig:
             return "WG=1 needs BN 32, 64 or 128"
         if self.TMA and not self.WG:
             return "TMA=1 needs WG=1"
+        if self.OV and not (self.WG and self.TMA and self.STAGES >= 3):
+            return "OV=1 needs WG=1, TMA=1 and STAGES >= 3 (P V of a tile reads its stage through the next step)"
         return None
 
 
 TILE_FIELDS = tuple(f.name for f in fields(TileConfig))
 # (least, most, step) of each field on the command line; the kernel's own rules in TileConfig.problem
 TILE_LIMITS = {"NWARPS": (1, 32, 1), "BN": (16, 256, 16), "STAGES": (2, 8, 1), "MT": (1, 4, 1),
-               "MINB": (1, 32, 1), "QREG": (0, 1, 1), "WG": (0, 1, 1), "TMA": (0, 1, 1)}
+               "MINB": (1, 32, 1), "QREG": (0, 1, 1), "WG": (0, 1, 1), "TMA": (0, 1, 1), "OV": (0, 1, 1)}
 
 
 @dataclass(frozen=True)
@@ -102,12 +106,14 @@ class TileSpec:
 
 
 def parse_tile_config(text: str, option: str = "--tile-config") -> TileSpec:
-    """'FIELD=N,...' (any of NWARPS, BN, STAGES, MT, MINB, QREG, WG, TMA; the others as fast-tc
-    chooses them) or the positional 'NWARPS,BN,STAGES[,MT[,MINB[,QREG[,WG[,TMA]]]]]' (a whole shape,
+    """'FIELD=N,...' (any of NWARPS, BN, STAGES, MT, MINB, QREG, WG, TMA, OV; the others as fast-tc
+    chooses them) or the positional 'NWARPS,BN,STAGES[,MT[,MINB[,QREG[,WG[,TMA[,OV]]]]]]' (a whole shape,
     the fields left out at TileConfig's defaults). BadInput naming ``option`` and the limit."""
     given = parse_fields(text, option, TileConfig, TILE_LIMITS, min_positional=3)
+    if "=" not in text and not given.get("OV"):
+        given.pop("OV", None)  # a positional shape names the overlapped walk only where it asks for it
     spec = TileSpec(tuple((f, given[f]) for f in TILE_FIELDS if f in given))
-    if len(given) == len(TILE_FIELDS):  # a whole shape: the kernel's rules are known now
+    if set(TILE_FIELDS) - {"OV"} <= set(given):  # a whole shape: the kernel's rules are known now
         why = TileConfig(**given).problem()
         if why:
             raise BadInput(f"{option} {text!r}: {why}")
@@ -252,6 +258,8 @@ def kernel_defines(D: int, dtype: str, mask: Mask, cfg: TileConfig | None = None
         d["WG"] = 1
     if uses_tma(cfg, mask):
         d["TMA"] = 1
+        if cfg.OV:
+            d["OV"] = 1  # (a strided pattern loads by cp.async: its walk stays the serial one)
     d.update(pattern_defines(inner.tile_predicate(cfg.BM, cfg.BN)))
     return d
 
@@ -482,7 +490,7 @@ SYNC_IMPL = register(FastTC(
 ))
 
 __all__ = ["SHAPES", "shape", "CONFIGS", "WIDE_CONFIGS", "PARTIAL_CONFIGS", "HOPPER_CONFIGS", "HOPPER_WIDE_CONFIGS",
-           "HOPPER_PARTIAL_CONFIGS", "choose_config", "TileConfig", "TileSpec", "parse_tile_config", "FastTC", "IMPL", "SYNC_IMPL", "CLASSES_IMPL",
+           "HOPPER_PARTIAL_CONFIGS", "choose_config", "TileConfig", "TileSpec", "parse_tile_config", "overlap_builds", "FastTC", "IMPL", "SYNC_IMPL", "CLASSES_IMPL",
            "kernel_defines", "tile_list", "forward_lse", "backward"]
 
 
@@ -511,9 +519,30 @@ def standard_builds() -> list[tuple[str, dict]]:
                     b = (KERNEL, kernel_defines(D, "bfloat16", mask, choose_config(mask, D, wgmma), group=GQA_BUILD_GROUP))
                     if b not in builds:
                         builds.append(b)
+    builds += [b for b in overlap_builds() if b not in builds]
     from .fast_tc_bwd import standard_builds as backward_builds
 
     return builds + [b for b in backward_builds() if b not in builds]
+
+
+# the overlapped walk (``--tile-config OV=1``, kernels/tc/loop_overlap.cuh; not a default), built for the
+# compile tests on the llm configuration's dense, window 256 (partial tiles) and document (a table) instances
+OVERLAP_BUILD_PATTERNS = (("dense", None), ("window", 256), ("document", 0))
+
+
+def overlap_builds() -> list[tuple[str, dict]]:
+    """fast-tc's forward with the overlapped walk, D = 64 and 128, bfloat16, wgmma at 3 stages."""
+    from .configs import LLM
+
+    builds = []
+    for D in (64, 128):
+        for inst in LLM.instances:
+            if (inst.pattern, inst.param_dict.get("window")) in OVERLAP_BUILD_PATTERNS:
+                mask = inst.mask(LLM.build_T)
+                cfg = replace(choose_config(mask, D, True), OV=1)
+                cfg = replace(cfg, STAGES=max(3, cfg.STAGES))
+                builds.append((KERNEL, kernel_defines(D, "bfloat16", mask, cfg)))
+    return builds
 
 
 # the grouped-query builds among the standard ones: H / H_kv of the llm configuration at --H-kv 4, and

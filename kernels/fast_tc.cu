@@ -13,11 +13,13 @@
 //   scheduler.cuh       the block's work item (TcWork), the walk over its tile list (TcTileList)
 //   mainloop_sync.cuh   products on mma.sync + ldmatrix; loads by cp.async (TcLoadAsync)
 //   mainloop_wgmma.cuh  products on wgmma (WG 1); loads by bulk tensor copies (TcLoadTma, TMA 1)
+//   loop.cuh            the walk over the tile list, each product waited for (TcLoopSerial)
+//   loop_overlap.cuh    the same walk with S of tile it in flight beside P V of tile it - 1 (OV 1)
 //   mask.cuh            partial-tile masking with the pattern predicate
 //   softmax.cuh         the online softmax (lazy max, rescale only past 2^RESCALE_LOG2)
 //   epilogue.cuh        normalise, stage, store (16-byte stores or the TMA store); the rows'
 //                       log-sum-exp for the backward (FWD_LSE 1: the entry fast_tc_fwd_lse)
-// The products (TcMma) and the loads (TcLoad) are chosen once below; every part keeps a fixed
+// The products (TcMma), the loads (TcLoad) and the walk (TcLoop) are chosen once below; every part keeps a fixed
 // interface (written in its header), so the kernel body has no #if of its own.
 #include "tc/config.cuh"
 #include "tc/common.cuh"
@@ -26,6 +28,7 @@
 #include "tc/softmax.cuh"
 #include "tc/epilogue.cuh"
 #include "tc/mainloop_sync.cuh"
+#include "tc/loop.cuh"
 
 #if WG
 #include "tc/mainloop_wgmma.cuh"
@@ -37,6 +40,12 @@ typedef TcMmaSync TcMma;
 typedef TcLoadTma TcLoad;
 #else
 typedef TcLoadAsync<TcMma> TcLoad;
+#endif
+#if OV
+#include "tc/loop_overlap.cuh"
+typedef TcLoopOverlap<TcMma, TcLoad> TcLoop;
+#else
+typedef TcLoopSerial<TcMma, TcLoad> TcLoop;
 #endif
 
 // The forward's body; with LSE, each row's log-sum-exp is stored too (tc_store_lse). The two entry
@@ -75,43 +84,7 @@ __device__ __forceinline__ void fast_tc_body(const u16* __restrict__ Qg, const u
     TcSoftmax sf;
     sf.init();
 
-    u32 phase = 0;              // parity of the stage barriers' current phase (TMA)
-    int st = 0;                 // the stage tile `it` sits in
-    int st_fill = STAGES - 1;   // the stage tile `it + STAGES - 1` goes to
-    for (int it = 0; it < n; ++it) {
-        const int nx = it + STAGES - 1;
-        int ent_nx;
-        const int ent = list.next(tent, it, ent_nx);
-        TcLoad::refill(sm, gm, T, ld.bar, st, st_fill, phase, ent_nx, nx, n);
-        st_fill = st_fill == STAGES - 1 ? 0 : st_fill + 1;
-        const int kt = tc_entry_tile(ent), sc = st;
-        if (st == STAGES - 1) phase ^= 1;
-        st = st == STAGES - 1 ? 0 : st + 1;
-
-        TcS s;
-        TcRows rs;  // this tile's row sums, this thread's share
-        bool idle;  // no row of this warp has an allowed key in the tile: P = 0, no softmax
-        for (int pass = 0;; ++pass) {
-            TcMma::qk(s, op, sc);
-            // a tile reaching past this class's end is partial too (the list is built for the longest)
-            idle = false;
-            if ((ent & 1) || (STRIDE > 1 && kt * BN + BN > T)) {
-                unsigned seen = 0;
-#pragma unroll
-                for (int m = 0; m < MT; ++m) seen |= tc_mask_frag(s[m], pat, qt * BM + warp * RW + m * 16, kt * BN, T, g, t4);
-                idle = tc_mask_idle(seen);
-            }
-            bool big = false;
-            if (idle)
-                TcSoftmax::zero(s, rs);
-            else
-                big = sf.probs(s, rs, acc, scale_log2, pass, it);
-            if (!LAZY || !TcMma::vote(big)) break;
-        }  // pass
-        sf.add(rs);
-        TcMma::pv(acc, s, op, sc, idle);  // O += P V
-    }
-    TcLoad::drain();
+    TcLoop::run(acc, sf, op, list, n, ld.bar, sm, gm, tent, T, qt, warp, g, t4, pat, scale_log2);
 
     if (LSE) {
         tc_store_lse(Lg, sf, scale_log2, T_all, qt, T, warp, g, t4);  // before staging: it reads sf's sums

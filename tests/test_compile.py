@@ -108,3 +108,15 @@ def test_resident_blocks_asks_the_driver_with_the_functions_handle(monkeypatch):
     assert asked == [(7, 128, 4096), (7, 256, 0), (9, 128, 0)]
     with pytest.raises(AttributeError):
         resident_blocks(types.SimpleNamespace(), 128, 0)  # no handle: an error, not a silent 1
+
+
+def test_the_overlapped_walk_keeps_its_products_in_flight():
+    """ptxas serialises a wgmma whose accumulators a plain instruction touches while it is in flight (and says
+    so, C7514 / C7515): the overlapped walk (kernels/tc/loop_overlap.cuh) must compile without it, or its S and
+    P V would run one after the other again. The serial walk's builds say nothing either."""
+    from attnbench.fast_tc import overlap_builds, standard_builds
+
+    serial = [b for b in standard_builds() if b[0] == "fast_tc" and b[1].get("WG") and b[1].get("HEAD_D") == 128][:2]
+    for name, defines in overlap_builds() + serial:
+        _, log = kc._nvrtc(name, kc.source(name, defines), list(kc.options(defines)) + ["-arch=sm_90a", "-Xptxas=-v"])
+        assert "C7514" not in log and "C7515" not in log and "serialized" not in log, (defines, log)

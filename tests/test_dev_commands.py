@@ -28,9 +28,12 @@ from test_trust import one_error, rows  # noqa: E402
     ("NWARPS=4,BN=64,STAGES=2,MINB=4,QREG=0,WG=1,TMA=1",
      (("NWARPS", 4), ("BN", 64), ("STAGES", 2), ("MINB", 4), ("QREG", 0), ("WG", 1), ("TMA", 1))),
     ("4,64,2", (("NWARPS", 4), ("BN", 64), ("STAGES", 2), ("MT", 1), ("MINB", 1), ("QREG", 1), ("WG", 0),
-                ("TMA", 0))),  # positional: a whole shape, TileConfig's defaults after the numbers given
+                ("TMA", 0))),  # positional: a whole shape, TileConfig's defaults after the numbers given (OV at 0 unnamed)
     ("4,32,3,1,2,0,1,1", (("NWARPS", 4), ("BN", 32), ("STAGES", 3), ("MT", 1), ("MINB", 2), ("QREG", 0),
                           ("WG", 1), ("TMA", 1))),
+    ("OV=1,STAGES=3", (("STAGES", 3), ("OV", 1))),
+    ("4,64,3,1,1,0,1,1,1", (("NWARPS", 4), ("BN", 64), ("STAGES", 3), ("MT", 1), ("MINB", 1), ("QREG", 0),
+                            ("WG", 1), ("TMA", 1), ("OV", 1))),
 ])
 def test_tile_config_parses_named_and_positional_forms(text, given):
     spec = parse_tile_config(text)
@@ -44,20 +47,38 @@ def test_tile_config_parses_named_and_positional_forms(text, given):
     ("STAGES=1", "STAGES=1 must be from 2 to 8"),
     ("NWARPS=0", "NWARPS=0 must be from 1 to 32"),
     ("WG=2", "WG=2 must be 0 or 1"),
-    ("BM=64", "unknown field 'BM' (fields: NWARPS, BN, STAGES, MT, MINB, QREG, WG, TMA)"),
+    ("BM=64", "unknown field 'BM' (fields: NWARPS, BN, STAGES, MT, MINB, QREG, WG, TMA, OV)"),
     ("BN=x", "BN='x' is not an integer"),
     ("BN=32,BN=64", "BN given twice"),
-    ("4,64", "the positional form takes 3 to 8 numbers"),
-    ("4,64,2,1,1,1,0,0,9", "the positional form takes 3 to 8 numbers"),
+    ("4,64", "the positional form takes 3 to 9 numbers"),
+    ("4,64,2,1,1,1,0,0,0,9", "the positional form takes 3 to 9 numbers"),
     ("BN=32,3", "give every field as FIELD=N, or all of them by position"),
     ("", "expected FIELD=N"),
     ("4,64,2,2,1,0,1,0", "WG=1 needs MT=1"),  # a whole shape the kernel cannot build
     ("4,64,2,1,1,0,0,1", "TMA=1 needs WG=1"),
+    ("4,64,2,1,1,0,1,1,1", "OV=1 needs WG=1, TMA=1 and STAGES >= 3"),
+    ("4,64,3,1,1,0,0,0,1", "OV=1 needs WG=1, TMA=1 and STAGES >= 3"),
+    ("OV=2", "OV=2 must be 0 or 1"),
 ])
 def test_bad_tile_configs_name_the_option_and_the_limit(text, words):
     with pytest.raises(BadInput) as e:
         parse_tile_config(text)
     assert str(e.value).startswith(f"--tile-config {text!r}: ") and words in str(e.value)
+
+
+def test_the_overlapped_walk_is_named_only_where_it_is_asked():
+    """OV shows in a shape's spec (the setup_s column) only when set, so the rows of every other shape
+    read as before; a strided pattern, which loads by cp.async, compiles the serial walk."""
+    from attnbench.fast_tc import kernel_defines
+
+    assert "OV" not in TileConfig(4, 64, 3, QREG=0, WG=1, TMA=1).spec
+    ov = TileConfig(4, 64, 3, QREG=0, WG=1, TMA=1, OV=1)
+    assert ov.spec.endswith(",TMA=1,OV=1") and ov.problem() is None
+    assert kernel_defines(128, "bfloat16", make_mask("dense", 4096), ov)["OV"] == 1
+    assert "OV" not in kernel_defines(128, "bfloat16", make_mask("dilated", 4096, window=64, dilation=2), ov)
+    v = IMPL.tile_variant(parse_tile_config("OV=1,STAGES=3"))
+    assert v.name == "fast-tc[STAGES=3,OV=1]"
+    assert v.shape_for(make_mask("dense", 4096), 128, wgmma=True).OV == 1
 
 
 def test_a_tile_variant_of_fast_tc_fixes_the_given_fields_of_the_shape_it_chooses():

@@ -296,3 +296,21 @@ def test_gate_builds_cover_every_pattern_on_both_main_loops():
     assert {d.get("WG", 0) for d in builds} == {0, 1} and {d["HEAD_D"] for d in builds} == {64, 128}
     # each once (a source and its defines: the wgmma main loop and dQ's wgmma pass share a shape at D=64)
     assert len(named) == len({(name, tuple(sorted(d.items()))) for name, d in named})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pattern,params,T", [("dense", {}, 1000), ("window", {"window": 256}, 4096),
+                                              ("streaming", {"sink": 4, "window": 64}, 777),
+                                              ("document", {"doc_lens": (300, 1, 700)}, 1001),
+                                              ("block_diagonal", {"block": 16}, 100)])
+@pytest.mark.parametrize("D", DIMS)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_gate_of_the_overlapped_walk(pattern, params, T, D, dtype):
+    """--tile-config OV=1 (kernels/tc/loop_overlap.cuh): S of a tile in flight beside P V of the one
+    before, the rescale waiting for P V, lists of one tile (block-diagonal) and idle warps included."""
+    from attnbench.check import gate
+    from attnbench.fast_tc import parse_tile_config
+
+    variant = IMPL.tile_variant(parse_tile_config("OV=1,STAGES=3"))
+    res = gate(variant, Problem(make_mask(pattern, T, pattern != "block_diagonal", **params), 2, 3, D, dtype))
+    assert res.ok, res

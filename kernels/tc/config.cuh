@@ -1,7 +1,7 @@
 // fast_tc's compile-time constants (-D, with their defaults) and the shapes derived from them.
 //
 // HEAD_D (64 or 128), BN (keys per tile, multiple of 16), STRIDE, QREG, WG, NWARPS, MT, MINB
-// (blocks per SM for __launch_bounds__), STAGES (>= 2), TMA, AB_F16 (1: float16, 0: bfloat16),
+// (blocks per SM for __launch_bounds__), STAGES (>= 2), TMA, OV, AB_F16 (1: float16, 0: bfloat16),
 // KV_GROUP (query heads per key/value head, H / H_kv: grouped-query heads; default 1),
 // LAZY (default WG), FWD_LSE (default 0), and the pattern itself: CAUSAL, AB_PATTERN_T and AB_PATTERN_ARGS
 // (Mask.device_defines() of Mask.tile_predicate(BM, BN); kernels/common.cuh), its parameters as
@@ -45,6 +45,10 @@
 #ifndef TMA
 #define TMA 0
 #endif
+// OV 1: the products of consecutive tiles overlapped (tc/loop_overlap.cuh; WG, TMA, STAGES >= 3)
+#ifndef OV
+#define OV 0
+#endif
 // LAZY 1: the exponentials against the running max first (WG builds; the mma.sync builds spill
 // with it at D=64 and take the tile's max on every tile); tc/softmax.cuh
 #ifndef LAZY
@@ -76,4 +80,7 @@ static_assert(BN == 32 || BN == 64 || BN == 128, "WG: BN 32, 64 or 128");
 #endif
 #if TMA
 static_assert(WG && STRIDE == 1, "TMA: with WG, on unstrided patterns");
+#endif
+#if OV
+static_assert(WG && TMA && STAGES >= 3, "OV: with WG and TMA, 3 stages or more");
 #endif

@@ -47,6 +47,24 @@ struct TcMmaWgmma {
 
     // S = Q K^T for this warpgroup's 64 rows, one batch, K from stage st
     static __device__ __forceinline__ void qk(TcS& s, const Ops& op, int st) {
+        qk_issue(s, op, st);
+        wg_wait<0>();
+    }
+
+    // O += P V for this warpgroup's 64 rows, one batch: P from registers (tc_p_frag), V of stage st
+    // read N-major through descriptors (an idle warp's P is 0: it issues the batch with its group)
+    static __device__ __forceinline__ void pv(TcAcc& acc, const TcS& s, const Ops& op, int st, bool idle) {
+        TcP pa;
+        p_frags(pa, s);
+        pv_issue(acc, pa, op, st);
+        wg_wait<0>();
+    }
+
+    // The halves of qk and pv: each batch issued and committed, its wait the caller's (qk and pv above;
+    // tc/loop_overlap.cuh keeps S of one tile and P V of the one before in flight together). P's
+    // fragments are their own registers, which P V reads until its wait.
+    typedef u32 TcP[BN / 16][4];
+    static __device__ __forceinline__ void qk_issue(TcS& s, const Ops& op, int st) {
         const u32 so = (u32)st * (TILE_BYTES >> 4);  // the stage's offset in descriptor units
         wg_fence();
 #pragma unroll
@@ -54,22 +72,18 @@ struct TcMmaWgmma {
             WG_CAT(wg_ss, BN)(s[0], wg_desc_of(op.q + tc_wg_kstep<BM>(ks)), wg_desc_of(op.k + so + tc_wg_kstep<BN>(ks)),
                               ks);
         wg_commit();
-        wg_wait<0>();
     }
-
-    // O += P V for this warpgroup's 64 rows, one batch: P from registers (tc_p_frag), V of stage st
-    // read N-major through descriptors (an idle warp's P is 0: it issues the batch with its group)
-    static __device__ __forceinline__ void pv(TcAcc& acc, const TcS& s, const Ops& op, int st, bool idle) {
-        const u32 so = (u32)st * (TILE_BYTES >> 4);
-        u32 pa[BN / 16][4];
+    static __device__ __forceinline__ void p_frags(TcP& pa, const TcS& s) {
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) tc_p_frag(pa[kk], s[0], kk);
+    }
+    static __device__ __forceinline__ void pv_issue(TcAcc& acc, const TcP& pa, const Ops& op, int st) {
+        const u32 so = (u32)st * (TILE_BYTES >> 4);
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk)
             WG_CAT(wg_rs, HEAD_D)(acc[0], pa[kk], wg_desc_of(op.v + so + ((kk * 16 * 128) >> 4)), 1);
         wg_commit();
-        wg_wait<0>();
     }
 
     // whether x holds on any thread that issues the products together (the block: its warpgroups

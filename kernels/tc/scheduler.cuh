@@ -127,4 +127,12 @@ struct TcTileList {
         ring[STAGES - 1] = nx + 1 < n ? tent[e0 + nx + 1] : 0;  // read a tile ahead of its use
         return ent;
     }
+
+    // next(), for a walk that loads tile it + STAGES - 2 at step it (tc/loop_overlap.cuh): `ahead` is
+    // that tile's entry
+    __device__ __forceinline__ int next_near(const int* __restrict__ tent, int it, int& ahead) {
+        int far;
+        ahead = ring[STAGES - 2];
+        return next(tent, it, far);
+    }
 };

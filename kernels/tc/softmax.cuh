@@ -21,6 +21,9 @@
 //   probs(s, rs, acc, scale_log2, pass, it) -> big: S -> P in place, rs the tile's row sums (this
 //     thread's share); the running max moved and acc, l rescaled when it grows (not on the first
 //     tile, it == 0); pass 0 is the lazy pass; true when the lazy pass must be redone.
+//   tile_max(s, tmax, scale_log2) -> grow, rescale(acc, tmax, scale_log2, it), exps(s, rs, scale_log2) -> big:
+//     probs' steps (the max path's row max and rescale, then the exponentials), for a caller that must
+//     order the rescale itself (tc/loop_overlap.cuh).
 //   add(rs): l += rs.
 #pragma once
 #include "tc/common.cuh"
@@ -62,41 +65,8 @@ struct TcSoftmax {
         if (!fast) {
             // the tile's row max, a rescale only if some row's max grew by more than 2^RESCALE_LOG2
             float tmax[MT][2];
-            bool grow = false;
-#pragma unroll
-            for (int i = 0; i < MT; ++i) {
-#pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    float mx = AB_NEG_INF;
-#pragma unroll
-                    for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[i][j][2 * r], s[i][j][2 * r + 1]));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                    tmax[i][r] = mx;
-                    grow |= (mx - m[i][r]) * scale_log2 > RESCALE_LOG2;  // a row's first allowed key too (m = -inf)
-                }
-            }
             // (a warp's first tile: acc and l are still 0, only the max moves)
-            if (__any_sync(0xffffffffu, grow)) {
-#pragma unroll
-                for (int i = 0; i < MT; ++i) {
-#pragma unroll
-                    for (int r = 0; r < 2; ++r) {
-                        const float mx = fmaxf(m[i][r], tmax[i][r]);
-                        // no allowed key yet: alpha stays 1 (l and acc are 0 anyway), never NaN
-                        const float alpha = mx == AB_NEG_INF ? 1.f : tc_exp2((m[i][r] - mx) * scale_log2);
-                        m[i][r] = mx;
-                        if (it > 0) {
-                            l[i][r] *= alpha;
-#pragma unroll
-                            for (int d = 0; d < HEAD_D / 8; ++d) {
-                                acc[i][d][2 * r] *= alpha;
-                                acc[i][d][2 * r + 1] *= alpha;
-                            }
-                        }
-                    }
-                }
-            }
+            if (tile_max(s, tmax, scale_log2)) rescale(acc, tmax, scale_log2, it);
             if (LAZY) {
                 bool fin = true;
 #pragma unroll
@@ -104,6 +74,56 @@ struct TcSoftmax {
                 have_max = __all_sync(0xffffffffu, fin);
             }
         }
+        return exps(s, rs, scale_log2) && fast;
+    }
+
+    // The tile's row max (tmax), and whether some row of the warp grew past its running max by more
+    // than 2^RESCALE_LOG2 (a row's first allowed key too, its m being -inf)
+    __device__ __forceinline__ bool tile_max(const TcS& s, float (&tmax)[MT][2], float scale_log2) const {
+        bool grow = false;
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                float mx = AB_NEG_INF;
+#pragma unroll
+                for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[i][j][2 * r], s[i][j][2 * r + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                tmax[i][r] = mx;
+                grow |= (mx - m[i][r]) * scale_log2 > RESCALE_LOG2;
+            }
+        }
+        return __any_sync(0xffffffffu, grow);
+    }
+
+    // The running max moved up to the tile's; acc and l rescaled to it (not on the first tile, it == 0,
+    // where they are still 0)
+    __device__ __forceinline__ void rescale(TcAcc& acc, const float (&tmax)[MT][2], float scale_log2, int it) {
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const float mx = fmaxf(m[i][r], tmax[i][r]);
+                // no allowed key yet: alpha stays 1 (l and acc are 0 anyway), never NaN
+                const float alpha = mx == AB_NEG_INF ? 1.f : tc_exp2((m[i][r] - mx) * scale_log2);
+                m[i][r] = mx;
+                if (it > 0) {
+                    l[i][r] *= alpha;
+#pragma unroll
+                    for (int d = 0; d < HEAD_D / 8; ++d) {
+                        acc[i][d][2 * r] *= alpha;
+                        acc[i][d][2 * r + 1] *= alpha;
+                    }
+                }
+            }
+        }
+    }
+
+    // S -> P in place against the running max as it stands, rs the row sums; true when a sum passed
+    // LAZY_SUM_MAX. probs' last step, and the lazy pass alone where acc must not be touched
+    // (tc/loop_overlap.cuh: P V of the tile before is writing it).
+    __device__ __forceinline__ bool exps(TcS& s, TcRows& rs, float scale_log2) const {
         bool big = false;
 #pragma unroll
         for (int i = 0; i < MT; ++i) {
@@ -124,7 +144,7 @@ struct TcSoftmax {
                 big |= !(sum <= LAZY_SUM_MAX);  // (a NaN or infinite sum too)
             }
         }
-        return big && fast;
+        return big;
     }
 
     // the running row sums (this thread's share) += the tile's
