@@ -18,17 +18,41 @@ def test_kernels_are_sanitizer_clean(impl, tool):
     _check_is_clean(tool, ["--impl", impl, "--T", "7", "--T", "64", "--D", "64", "--B", "1", "--H", "2"], 240)
 
 
-def _check_is_clean(tool: str, options: list, timeout: int) -> None:
-    """``attnbench check`` with ``options`` under compute-sanitizer's ``tool``: no error or hazard, and
-    every case it checked passed, none skipped."""
-    cmd = ["compute-sanitizer", "--tool", tool, "--error-exitcode", "17", sys.executable, "-m", "attnbench.cli",
-           "check", *options]
+def _check_is_clean(tool: str, options: list, timeout: int, program: list | None = None) -> None:
+    """``attnbench check`` with ``options`` (or ``program``, Python's arguments, which prints check's summary
+    line) under compute-sanitizer's ``tool``: no error or hazard, and every case it checked passed, none
+    skipped."""
+    program = program or ["-m", "attnbench.cli", "check", *options]
+    cmd = ["compute-sanitizer", "--tool", tool, "--error-exitcode", "17", sys.executable, *program]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     assert "ERROR SUMMARY: 0 errors" in out or "RACECHECK SUMMARY: 0 hazards" in out, out[-2000:]
     m = re.search(r"checked (\d+), passed (\d+), failed 0, skipped 0", out)
     assert m and m.group(1) == m.group(2) != "0", out[-2000:]
+
+
+# fast-tc's overlapped walk (--tile-config OV=1, which `attnbench check` does not take): the gate in a script
+OVERLAP_GATE = """
+from attnbench.check import gate
+from attnbench.fast_tc import IMPL, parse_tile_config
+from attnbench.impls import Problem
+from attnbench.patterns import make_mask
+v = IMPL.tile_variant(parse_tile_config("OV=1,STAGES=3"))
+cases = [("dense", {}, 100), ("window", {"window": 70}, 300), ("block_diagonal", {"block": 16}, 64)]
+res = [gate(v, Problem(make_mask(p, T, p != "block_diagonal", **kw), 1, 2, D, "bfloat16"))
+       for p, kw, T in cases for D in (64, 128)]
+ok = sum(r.ok for r in res)
+print(f"checked {len(res)}, passed {ok}, failed {len(res) - ok}, skipped 0")
+"""
+
+
+@pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer not on PATH")
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
+def test_the_overlapped_walk_is_sanitizer_clean(tool):
+    """The forward with S of a tile in flight beside P V of the one before (kernels/tc/loop_overlap.cuh):
+    stages refilled one tile later, several tiles a list, one tile a list (block-diagonal 16), D 64 and 128."""
+    _check_is_clean(tool, [], 400, program=["-c", OVERLAP_GATE])
 
 
 @pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer not on PATH")
