@@ -539,8 +539,8 @@ def overlap_builds() -> list[tuple[str, dict]]:
         for inst in LLM.instances:
             if (inst.pattern, inst.param_dict.get("window")) in OVERLAP_BUILD_PATTERNS:
                 mask = inst.mask(LLM.build_T)
-                cfg = replace(choose_config(mask, D, True), OV=1)
-                cfg = replace(cfg, STAGES=max(3, cfg.STAGES))
+                cfg = choose_config(mask, D, True)
+                cfg = replace(cfg, OV=1, STAGES=max(3, cfg.STAGES))
                 builds.append((KERNEL, kernel_defines(D, "bfloat16", mask, cfg)))
     return builds
 

@@ -22,7 +22,6 @@ The CSVs are read as one. For every (instance, D) of ``--impl`` with fwd, bwd an
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import pandas as pd
@@ -49,6 +48,7 @@ def table(rows: pd.DataFrame, impl: str = "fast-tc", rate_impl: str = "fast-tc",
     from attnbench.fast_tc import choose_config
     from attnbench.impls import get_impl
     from attnbench.patterns import make_mask
+    from attnbench.results import params_from_json
 
     ok = rows[rows.status == "ok"]
     if T is not None:
@@ -63,8 +63,7 @@ def table(rows: pd.DataFrame, impl: str = "fast-tc", rate_impl: str = "fast-tc",
     dense_rows = ok[(ok.impl == rate_impl) & (ok.pattern == "dense") & (ok["T"] == T)]
     for (label, D), g in pd.concat([ok[ok.impl == impl], dense_rows]).groupby(["label", "D"]):
         r = g.iloc[0]
-        params = json.loads(r.params)
-        mask = make_mask(r.pattern, T, bool(r.causal), **params)
+        mask = make_mask(r.pattern, T, bool(r.causal), **params_from_json(r.pattern, r.params))
         if get_impl(impl.split("[")[0]).takes_classes(mask):
             mask = mask.class_major()[1]  # it runs the class-major layout: its lists are the banded mask's
         cfg = choose_config(mask, int(D), True)
