@@ -53,9 +53,11 @@ def table(rows: pd.DataFrame, impl: str = "fast-tc", rate_impl: str = "fast-tc",
     ok = rows[rows.status == "ok"]
     if T is not None:
         ok = ok[ok["T"] == T]
-    Ts = sorted(ok[ok.impl == impl]["T"].unique())
+    Ts = sorted(int(t) for t in ok[ok.impl == impl]["T"].unique())
+    if not Ts:
+        raise SystemExit(f"no ok row of {impl} in the CSV{f' at T={T}' if T is not None else ''}")
     if len(Ts) != 1:
-        raise SystemExit(f"one T expected among {impl}'s rows, found {Ts}: narrow the CSV")
+        raise SystemExit(f"one T expected among {impl}'s rows, found {Ts}: take one with --T")
     T = int(Ts[0])
     ms = ok.groupby(["label", "D", "pass", "impl"]).median_ms.min()
     floor = ok[ok.impl == impl].groupby(["label", "D", "pass"]).floor_ms.min()
