@@ -302,7 +302,7 @@ def test_gate_builds_cover_every_pattern_on_both_main_loops():
 @pytest.mark.parametrize("pattern,params,T", [("dense", {}, 1000), ("window", {"window": 256}, 4096),
                                               ("streaming", {"sink": 4, "window": 64}, 777),
                                               ("document", {"doc_lens": (300, 1, 700)}, 1001),
-                                              ("block_diagonal", {"block": 16}, 100)])
+                                              ("block_diagonal", {"block": 16}, 112)])
 @pytest.mark.parametrize("D", DIMS)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_gate_of_the_overlapped_walk(pattern, params, T, D, dtype):
