@@ -116,7 +116,11 @@ def test_the_overlapped_walk_keeps_its_products_in_flight():
     P V would run one after the other again. The serial walk's builds say nothing either."""
     from attnbench.fast_tc import overlap_builds, standard_builds
 
-    serial = [b for b in standard_builds() if b[0] == "fast_tc" and b[1].get("WG") and b[1].get("HEAD_D") == 128][:2]
-    for name, defines in overlap_builds() + serial:
+    wg = [b for b in standard_builds() if b[0] == "fast_tc" and b[1].get("WG")]
+    # every standard build on the overlapped walk (D=128's defaults, the forward with the log-sum-exp too), and
+    # two on the serial one
+    assert any(d.get("OV") and d.get("FWD_LSE") for _, d in wg)
+    serial = [b for b in wg if not b[1].get("OV")][:2]
+    for name, defines in overlap_builds() + [b for b in wg if b[1].get("OV")] + serial:
         _, log = kc._nvrtc(name, kc.source(name, defines), list(kc.options(defines)) + ["-arch=sm_90a", "-Xptxas=-v"])
         assert "C7514" not in log and "C7515" not in log and "serialized" not in log, (defines, log)

@@ -4,7 +4,8 @@ from dataclasses import replace
 import pytest
 
 from attnbench.compile import compile_only
-from attnbench.fast_tc import (CONFIGS, HOPPER_CONFIGS, HOPPER_PARTIAL_CONFIGS, HOPPER_STRIDED_MINB,
+from attnbench.fast_tc import (CONFIGS, HOPPER_CONFIGS, HOPPER_LONG_CONFIGS, HOPPER_PARTIAL_CONFIGS, HOPPER_STRIDED_MINB,
+                                LONG_KEYS_PER_ROW,
                                 HOPPER_WIDE_CONFIGS, IMPL, PARTIAL_CONFIGS, SYNC_IMPL, WIDE_CONFIGS, TileConfig,
                                 choose_config, kernel_defines, tile_list)
 from attnbench.impls import Problem, get_impl
@@ -43,7 +44,15 @@ def test_config_follows_the_tile_list(D, wgmma):
     # these patterns reach the three shapes the compile test above covers
     default, wide, partial = ((HOPPER_CONFIGS, HOPPER_WIDE_CONFIGS, HOPPER_PARTIAL_CONFIGS) if wgmma
                               else (CONFIGS, WIDE_CONFIGS, PARTIAL_CONFIGS))
-    assert choose_config(make_mask("dense", 4096, True), D, wgmma) == wide[D]
+    long = HOPPER_LONG_CONFIGS[D] if wgmma else wide[D]
+    assert choose_config(make_mask("dense", 4096, True), D, wgmma) == (long if D == 128 else wide[D])
+    # rows averaging LONG_KEYS_PER_ROW keys take the long shape on sm_90 (two warpgroups, 128-key tiles), unstrided
+    assert choose_config(make_mask("dense", 2 * LONG_KEYS_PER_ROW[D], True), D, wgmma) == long
+    assert choose_config(make_mask("window", 2 * LONG_KEYS_PER_ROW[D], True, window=LONG_KEYS_PER_ROW[D] - 64), D,
+                         wgmma) == wide[D]
+    strided = choose_config(make_mask("dilated", 8 * LONG_KEYS_PER_ROW[D], True, window=4 * LONG_KEYS_PER_ROW[D],
+                                      dilation=2), D, wgmma)
+    assert strided.NWARPS == wide[D].NWARPS and strided.BN == wide[D].BN
     dilated = choose_config(make_mask("dilated", 4096, True), D, wgmma)
     assert replace(dilated, MINB=partial[D].MINB) == partial[D]
     # strided patterns keep cp.async on sm_90: there the allocator is asked for more blocks per SM
@@ -313,4 +322,26 @@ def test_gate_of_the_overlapped_walk(pattern, params, T, D, dtype):
 
     variant = IMPL.tile_variant(parse_tile_config("OV=1,STAGES=3"))
     res = gate(variant, Problem(make_mask(pattern, T, pattern != "block_diagonal", **params), 2, 3, D, dtype))
+    assert res.ok, res
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pattern,params,T", [("dense", {}, 1000), ("window", {"window": 256}, 4096),
+                                              ("streaming", {"sink": 4, "window": 64}, 777),
+                                              ("document", {"doc_lens": (300, 1, 700)}, 1001),
+                                              ("block_diagonal", {"block": 16}, 112), ("dense", {}, 8193)])
+@pytest.mark.parametrize("D", DIMS)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_gate_of_the_long_shapes(pattern, params, T, D, dtype):
+    """The long lists' shape (HOPPER_LONG_CONFIGS: two warpgroups sharing 128-key tiles; at D=128 on the
+    overlapped walk) on short lists too: a warpgroup whose rows are idle, a list of one tile, odd T; and where
+    fast-tc takes it itself (dense at T=8193)."""
+    from attnbench.check import gate
+    from attnbench.fast_tc import HOPPER_LONG_CONFIGS, parse_tile_config
+
+    mask = make_mask(pattern, T, pattern != "block_diagonal", **params)
+    long = HOPPER_LONG_CONFIGS[D]
+    if T == 8193:
+        assert choose_config(mask, D, True) == long
+    res = gate(IMPL.tile_variant(parse_tile_config(long.spec)), Problem(mask, 1, 3, D, dtype))
     assert res.ok, res

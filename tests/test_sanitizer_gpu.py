@@ -38,10 +38,12 @@ from attnbench.check import gate
 from attnbench.fast_tc import IMPL, parse_tile_config
 from attnbench.impls import Problem
 from attnbench.patterns import make_mask
-v = IMPL.tile_variant(parse_tile_config("OV=1,STAGES=3"))
+from attnbench.fast_tc import HOPPER_LONG_CONFIGS
+variants = [IMPL.tile_variant(parse_tile_config(s)) for s in
+            ["OV=1,STAGES=3"] + [HOPPER_LONG_CONFIGS[D].spec for D in (64, 128)]]
 cases = [("dense", {}, 100), ("window", {"window": 70}, 300), ("block_diagonal", {"block": 16}, 64)]
 res = [gate(v, Problem(make_mask(p, T, p != "block_diagonal", **kw), 1, 2, D, "bfloat16"))
-       for p, kw, T in cases for D in (64, 128)]
+       for v in variants for p, kw, T in cases for D in (64, 128)]
 ok = sum(r.ok for r in res)
 print(f"checked {len(res)}, passed {ok}, failed {len(res) - ok}, skipped 0")
 """
@@ -51,7 +53,8 @@ print(f"checked {len(res)}, passed {ok}, failed {len(res) - ok}, skipped 0")
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
 def test_the_overlapped_walk_is_sanitizer_clean(tool):
     """The forward with S of a tile in flight beside P V of the one before (kernels/tc/loop_overlap.cuh):
-    stages refilled one tile later, several tiles a list, one tile a list (block-diagonal 16), D 64 and 128."""
+    stages refilled one tile later, several tiles a list, one tile a list (block-diagonal 16), D 64 and 128;
+    and the long lists' shapes (two warpgroups sharing 128-key tiles) on the same cases."""
     _check_is_clean(tool, [], 400, program=["-c", OVERLAP_GATE])
 
 
