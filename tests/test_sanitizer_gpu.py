@@ -39,11 +39,12 @@ from attnbench.fast_tc import IMPL, parse_tile_config
 from attnbench.impls import Problem
 from attnbench.patterns import make_mask
 from attnbench.fast_tc import HOPPER_LONG_CONFIGS
-variants = [IMPL.tile_variant(parse_tile_config(s)) for s in
-            ["OV=1,STAGES=3"] + [HOPPER_LONG_CONFIGS[D].spec for D in (64, 128)]]
+long = {D: HOPPER_LONG_CONFIGS[D] for D in (64, 128)}
+shapes = [("OV=1,STAGES=3", D) for D in (64, 128)] + [(f"{c.spec},OV={c.OV}", D) for D, c in long.items()]
 cases = [("dense", {}, 100), ("window", {"window": 70}, 300), ("block_diagonal", {"block": 16}, 64)]
-res = [gate(v, Problem(make_mask(p, T, p != "block_diagonal", **kw), 1, 2, D, "bfloat16"))
-       for v in variants for p, kw, T in cases for D in (64, 128)]
+res = [gate(IMPL.tile_variant(parse_tile_config(s)), Problem(make_mask(p, T, p != "block_diagonal", **kw), 1, 2, D,
+                                                             "bfloat16"))
+       for s, D in shapes for p, kw, T in cases]
 ok = sum(r.ok for r in res)
 print(f"checked {len(res)}, passed {ok}, failed {len(res) - ok}, skipped 0")
 """
