@@ -40,7 +40,7 @@ from attnbench.impls import Problem
 from attnbench.patterns import make_mask
 from attnbench.fast_tc import HOPPER_LONG_CONFIGS
 long = {D: HOPPER_LONG_CONFIGS[D] for D in (64, 128)}
-shapes = [("OV=1,STAGES=3", D) for D in (64, 128)] + [(f"{c.spec},OV={c.OV}", D) for D, c in long.items()]
+shapes = [("OV=1,STAGES=3", D) for D in (64, 128)] + [(c.spec if c.OV else f"{c.spec},OV=0", D) for D, c in long.items()]
 cases = [("dense", {}, 100), ("window", {"window": 70}, 300), ("block_diagonal", {"block": 16}, 64)]
 res = [gate(IMPL.tile_variant(parse_tile_config(s)), Problem(make_mask(p, T, p != "block_diagonal", **kw), 1, 2, D,
                                                              "bfloat16"))
