@@ -148,6 +148,19 @@ def _nvrtc(name: str, src: str, opts: list[str]) -> tuple[bytes, str]:
         nvrtc.destroyProgram(prog)
 
 
+def ptx(name: str, defines: dict, arch: str) -> str:
+    """The PTX NVRTC makes of a kernel source with these -D constants for ``arch`` (sm_XX[a])."""
+    from cupy.cuda import nvrtc
+
+    prog = nvrtc.createProgram(source(name, defines), f"{name}.cu", [], [])
+    try:
+        nvrtc.compileProgram(prog, list(options(defines)) + [f"-arch={arch.replace('sm_', 'compute_')}"])
+        text = nvrtc.getPTX(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+    return text.decode().rstrip("\x00") if isinstance(text, bytes) else text
+
+
 @dataclass
 class KernelReport:
     source: str

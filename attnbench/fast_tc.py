@@ -50,6 +50,8 @@ class TileConfig:
     TMA: int = 0   # 1 (with WG): Q, K and V tiles by bulk tensor copies (unstrided patterns; else cp.async)
     OV: int = 0    # 1 (with WG, TMA, STAGES >= 3): S of a tile issued beside P V of the one before, the softmax
     #                between them overlapping P V (kernels/tc/loop_overlap.cuh); unstrided patterns
+    REL: int = 0   # 1 (with OV): the warps release each stage by barrier arrivals, no block barrier a tile
+    #                (kernels/tc/load_released.cuh)
 
     @property
     def arch(self) -> str | None:
@@ -66,12 +68,15 @@ class TileConfig:
 
     def smem_bytes(self, D: int) -> int:
         # with TMA, an 8-byte mbarrier for Q and one per stage after the tiles
-        return 2 * D * (self.BM + 2 * self.STAGES * self.BN) + (8 * (self.STAGES + 1) if self.TMA else 0)
+        # (REL: one more a stage, the warps' releases)
+        bars = 8 * (self.STAGES + 1) + (8 * self.STAGES if self.REL else 0)
+        return 2 * D * (self.BM + 2 * self.STAGES * self.BN) + (bars if self.TMA else 0)
 
     @property
     def spec(self) -> str:
-        """Every field, in the ``--tile-config`` form: 'NWARPS=4,BN=64,STAGES=2,MT=1,...' (OV only where set)."""
-        return ",".join(f"{f}={getattr(self, f)}" for f in TILE_FIELDS if f != "OV" or self.OV)
+        """Every field, in the ``--tile-config`` form: 'NWARPS=4,BN=64,STAGES=2,MT=1,...' (OV and REL only where
+        set)."""
+        return ",".join(f"{f}={getattr(self, f)}" for f in TILE_FIELDS if f not in OPTIONAL_FIELDS or getattr(self, f))
 
     def problem(self) -> str | None:
         """Why the kernel cannot be built with this shape (kernels/tc/config.cuh), or None."""
@@ -83,13 +88,17 @@ class TileConfig:
             return "TMA=1 needs WG=1"
         if self.OV and not (self.WG and self.TMA and self.STAGES >= 3):
             return "OV=1 needs WG=1, TMA=1 and STAGES >= 3 (P V of a tile reads its stage through the next step)"
+        if self.REL and not self.OV:
+            return "REL=1 needs OV=1 (the overlapped walk releases the stages)"
         return None
 
 
 TILE_FIELDS = tuple(f.name for f in fields(TileConfig))
+OPTIONAL_FIELDS = ("OV", "REL")  # left out of a spec where 0, and of a positional shape unless given
 # (least, most, step) of each field on the command line; the kernel's own rules in TileConfig.problem
 TILE_LIMITS = {"NWARPS": (1, 32, 1), "BN": (16, 256, 16), "STAGES": (2, 8, 1), "MT": (1, 4, 1),
-               "MINB": (1, 32, 1), "QREG": (0, 1, 1), "WG": (0, 1, 1), "TMA": (0, 1, 1), "OV": (0, 1, 1)}
+               "MINB": (1, 32, 1), "QREG": (0, 1, 1), "WG": (0, 1, 1), "TMA": (0, 1, 1), "OV": (0, 1, 1),
+               "REL": (0, 1, 1)}
 
 
 @dataclass(frozen=True)
@@ -97,23 +106,36 @@ class TileSpec:
     """Tile shape fields given on the command line (``--tile-config``); the fields not given come
     from the shape fast-tc chooses for each configuration (``choose_config``)."""
     given: tuple  # (field, value) pairs in TILE_FIELDS order
+    whole: bool = False  # given by position: OV and REL, where not named, are 0 (TileConfig's defaults)
 
     def __str__(self) -> str:
         return ",".join(f"{k}={v}" for k, v in self.given)
 
     def apply(self, cfg: TileConfig) -> TileConfig:
-        return replace(cfg, **dict(self.given))
+        """``cfg`` with the given fields. OV and REL, where not given, are 0 in a whole shape (given by
+        position) and follow ``cfg`` elsewhere if the shape they give can be built (STAGES=2: the serial walk)."""
+        given = dict(self.given)
+        if self.whole:
+            given = {**{f: 0 for f in OPTIONAL_FIELDS}, **given}
+        out = replace(cfg, **given)
+        if out.problem() and not all(f in given for f in OPTIONAL_FIELDS):
+            plain = replace(out, **{f: 0 for f in OPTIONAL_FIELDS if f not in given})
+            if not plain.problem():
+                return plain
+        return out
 
 
 def parse_tile_config(text: str, option: str = "--tile-config") -> TileSpec:
-    """'FIELD=N,...' (any of NWARPS, BN, STAGES, MT, MINB, QREG, WG, TMA, OV; the others as fast-tc
-    chooses them) or the positional 'NWARPS,BN,STAGES[,MT[,MINB[,QREG[,WG[,TMA[,OV]]]]]]' (a whole shape,
+    """'FIELD=N,...' (any of NWARPS, BN, STAGES, MT, MINB, QREG, WG, TMA, OV, REL; the others as fast-tc
+    chooses them) or the positional 'NWARPS,BN,STAGES[,MT[,MINB[,QREG[,WG[,TMA[,OV[,REL]]]]]]]' (a whole shape,
     the fields left out at TileConfig's defaults). BadInput naming ``option`` and the limit."""
     given = parse_fields(text, option, TileConfig, TILE_LIMITS, min_positional=3)
-    if "=" not in text and not given.get("OV"):
-        given.pop("OV", None)  # a positional shape names the overlapped walk only where it asks for it
-    spec = TileSpec(tuple((f, given[f]) for f in TILE_FIELDS if f in given))
-    if set(TILE_FIELDS) - {"OV"} <= set(given):  # a whole shape: the kernel's rules are known now
+    if "=" not in text:
+        for f in OPTIONAL_FIELDS:  # a positional shape names the overlapped walk only where it asks for it
+            if not given.get(f):
+                given.pop(f, None)
+    spec = TileSpec(tuple((f, given[f]) for f in TILE_FIELDS if f in given), whole="=" not in text)
+    if set(TILE_FIELDS) - set(OPTIONAL_FIELDS) <= set(given):  # a whole shape: the kernel's rules are known now
         why = TileConfig(**given).problem()
         if why:
             raise BadInput(f"{option} {text!r}: {why}")
@@ -273,6 +295,8 @@ def kernel_defines(D: int, dtype: str, mask: Mask, cfg: TileConfig | None = None
         d["TMA"] = 1
         if cfg.OV:
             d["OV"] = 1  # (a strided pattern loads by cp.async: its walk stays the serial one)
+            if cfg.REL:
+                d["REL"] = 1
     d.update(pattern_defines(inner.tile_predicate(cfg.BM, cfg.BN)))
     return d
 

@@ -15,6 +15,7 @@
 //   mainloop_wgmma.cuh  products on wgmma (WG 1); loads by bulk tensor copies (TcLoadTma, TMA 1)
 //   loop.cuh            the walk over the tile list, each product waited for (TcLoopSerial)
 //   loop_overlap.cuh    the same walk with S of tile it in flight beside P V of tile it - 1 (OV 1)
+//   load_released.cuh   TMA loads whose stages the warps release by barrier arrivals, no block barrier a tile (REL 1)
 //   mask.cuh            partial-tile masking with the pattern predicate
 //   softmax.cuh         the online softmax (lazy max, rescale only past 2^RESCALE_LOG2)
 //   epilogue.cuh        normalise, stage, store (16-byte stores or the TMA store); the rows'
@@ -36,7 +37,10 @@ typedef TcMmaWgmma TcMma;
 #else
 typedef TcMmaSync TcMma;
 #endif
-#if TMA
+#if REL
+#include "tc/load_released.cuh"
+typedef TcLoadTmaReleased TcLoad;
+#elif TMA
 typedef TcLoadTma TcLoad;
 #else
 typedef TcLoadAsync<TcMma> TcLoad;

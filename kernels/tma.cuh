@@ -24,6 +24,11 @@ __device__ __forceinline__ void tma_bar_fence_init() {
 __device__ __forceinline__ void tma_expect(unsigned bar, unsigned bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(bar), "r"(bytes) : "memory");
 }
+// one arrival on `bar` (release semantics: this thread's earlier reads and writes, and the wgmma reads it
+// waited for, happen before whatever a waiter on the phase does next)
+__device__ __forceinline__ void tma_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
+}
 // wait until the phase of parity `parity` of `bar` has completed
 __device__ __forceinline__ void tma_wait(unsigned bar, unsigned parity) {
     asm volatile("{\n.reg .pred done;\n"

@@ -20,17 +20,9 @@ INSTR = re.compile(r"^\s+(@!?%\w+\s+)?[a-z][\w.:]*[\s;]")
 
 
 def ptx(name: str, defines: dict, arch: str) -> str:
-    from cupy.cuda import nvrtc
-
     from attnbench import compile as kc
 
-    prog = nvrtc.createProgram(kc.source(name, defines), f"{name}.cu", [], [])
-    try:
-        nvrtc.compileProgram(prog, list(kc.options(defines)) + [f"-arch={arch.replace('sm_', 'compute_')}"])
-        text = nvrtc.getPTX(prog)
-    finally:
-        nvrtc.destroyProgram(prog)
-    return text.decode().rstrip("\x00") if isinstance(text, bytes) else text
+    return kc.ptx(name, defines, arch)
 
 
 def count(text: str) -> int:

@@ -121,6 +121,19 @@ def test_the_overlapped_walk_keeps_its_products_in_flight():
     # two on the serial one
     assert any(d.get("OV") and d.get("FWD_LSE") for _, d in wg)
     serial = [b for b in wg if not b[1].get("OV")][:2]
-    for name, defines in overlap_builds() + [b for b in wg if b[1].get("OV")] + serial:
+    released = [(n, {**d, "REL": 1}) for n, d in overlap_builds()[:1] + [b for b in wg if b[1].get("OV")][:2]]
+    for name, defines in overlap_builds() + [b for b in wg if b[1].get("OV")] + serial + released:
         _, log = kc._nvrtc(name, kc.source(name, defines), list(kc.options(defines)) + ["-arch=sm_90a", "-Xptxas=-v"])
         assert "C7514" not in log and "C7515" not in log and "serialized" not in log, (defines, log)
+
+
+def test_released_stages_take_the_block_barrier_out_of_the_walk():
+    """REL=1 (kernels/tc/load_released.cuh): the warps release each stage by an mbarrier arrival, and the
+    refill's block barrier is gone, so the build has fewer bar.sync than the same shape without it and
+    arrives on the stage barriers."""
+    from attnbench.fast_tc import overlap_builds
+
+    name, defines = overlap_builds()[0]
+    ptx = {rel: kc.ptx(name, {**defines, "REL": rel}, "sm_90a") for rel in (0, 1)}
+    assert ptx[1].count("bar.sync") < ptx[0].count("bar.sync")
+    assert "mbarrier.arrive.shared::cta.b64" in ptx[1] and "mbarrier.arrive.shared::cta.b64" not in ptx[0]

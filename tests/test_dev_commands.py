@@ -34,6 +34,9 @@ from test_trust import one_error, rows  # noqa: E402
     ("OV=1,STAGES=3", (("STAGES", 3), ("OV", 1))),
     ("4,64,3,1,1,0,1,1,1", (("NWARPS", 4), ("BN", 64), ("STAGES", 3), ("MT", 1), ("MINB", 1), ("QREG", 0),
                             ("WG", 1), ("TMA", 1), ("OV", 1))),
+    ("4,64,3,1,1,0,1,1,1,1", (("NWARPS", 4), ("BN", 64), ("STAGES", 3), ("MT", 1), ("MINB", 1), ("QREG", 0),
+                              ("WG", 1), ("TMA", 1), ("OV", 1), ("REL", 1))),
+    ("REL=1,OV=1", (("OV", 1), ("REL", 1))),
 ])
 def test_tile_config_parses_named_and_positional_forms(text, given):
     spec = parse_tile_config(text)
@@ -47,11 +50,11 @@ def test_tile_config_parses_named_and_positional_forms(text, given):
     ("STAGES=1", "STAGES=1 must be from 2 to 8"),
     ("NWARPS=0", "NWARPS=0 must be from 1 to 32"),
     ("WG=2", "WG=2 must be 0 or 1"),
-    ("BM=64", "unknown field 'BM' (fields: NWARPS, BN, STAGES, MT, MINB, QREG, WG, TMA, OV)"),
+    ("BM=64", "unknown field 'BM' (fields: NWARPS, BN, STAGES, MT, MINB, QREG, WG, TMA, OV, REL)"),
     ("BN=x", "BN='x' is not an integer"),
     ("BN=32,BN=64", "BN given twice"),
-    ("4,64", "the positional form takes 3 to 9 numbers"),
-    ("4,64,2,1,1,1,0,0,0,9", "the positional form takes 3 to 9 numbers"),
+    ("4,64", "the positional form takes 3 to 10 numbers"),
+    ("4,64,2,1,1,1,0,0,0,0,9", "the positional form takes 3 to 10 numbers"),
     ("BN=32,3", "give every field as FIELD=N, or all of them by position"),
     ("", "expected FIELD=N"),
     ("4,64,2,2,1,0,1,0", "WG=1 needs MT=1"),  # a whole shape the kernel cannot build
@@ -59,6 +62,8 @@ def test_tile_config_parses_named_and_positional_forms(text, given):
     ("4,64,2,1,1,0,1,1,1", "OV=1 needs WG=1, TMA=1 and STAGES >= 3"),
     ("4,64,3,1,1,0,0,0,1", "OV=1 needs WG=1, TMA=1 and STAGES >= 3"),
     ("OV=2", "OV=2 must be 0 or 1"),
+    ("4,64,3,1,1,0,1,1,0,1", "REL=1 needs OV=1"),
+    ("REL=2", "REL=2 must be 0 or 1"),
 ])
 def test_bad_tile_configs_name_the_option_and_the_limit(text, words):
     with pytest.raises(BadInput) as e:
@@ -79,6 +84,25 @@ def test_the_overlapped_walk_is_named_only_where_it_is_asked():
     v = IMPL.tile_variant(parse_tile_config("OV=1,STAGES=3"))
     assert v.name == "fast-tc[STAGES=3,OV=1]"
     assert v.shape_for(make_mask("dense", 4096), 128, wgmma=True).OV == 1
+    rel = TileConfig(4, 64, 3, QREG=0, WG=1, TMA=1, OV=1, REL=1)
+    assert rel.spec.endswith(",OV=1,REL=1") and rel.smem_bytes(128) == ov.smem_bytes(128) + 8 * 3
+    assert kernel_defines(128, "bfloat16", make_mask("dense", 4096), rel)["REL"] == 1
+
+
+def test_a_shape_without_the_overlapped_walk_takes_the_serial_one_where_the_walk_cannot_be_built():
+    """At D=128 fast-tc chooses OV=1 on sm_90; a shape given with 2 stages where OV is not named takes the
+    serial walk instead of a shape that cannot be built, and a whole shape by position takes it unless it names
+    OV; where OV is named it stays."""
+    window = make_mask("window", 4096, True, window=256)
+    assert choose_config(window, 128, True).OV == 1
+    assert IMPL.tile_variant(parse_tile_config("STAGES=2")).shape_for(window, 128, True).OV == 0
+    assert IMPL.tile_variant(parse_tile_config("STAGES=4")).shape_for(window, 128, True).OV == 1
+    for stages in (2, 3):  # a whole shape by position: OV and REL at TileConfig's defaults unless named
+        whole = IMPL.tile_variant(parse_tile_config(f"4,64,{stages},1,1,0,1,1"))
+        assert whole.shape_for(window, 128, True) == TileConfig(4, 64, stages, QREG=0, WG=1, TMA=1)
+    assert IMPL.tile_variant(parse_tile_config("4,64,3,1,1,0,1,1,1")).shape_for(window, 128, True).OV == 1
+    named = IMPL.tile_variant(parse_tile_config("STAGES=2,OV=1"))
+    assert named.shape_for(window, 128, True).problem()  # refused before a launch (checked_shape)
 
 
 def test_a_tile_variant_of_fast_tc_fixes_the_given_fields_of_the_shape_it_chooses():

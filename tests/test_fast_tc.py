@@ -314,13 +314,15 @@ def test_gate_builds_cover_every_pattern_on_both_main_loops():
                                               ("block_diagonal", {"block": 16}, 112)])
 @pytest.mark.parametrize("D", DIMS)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_gate_of_the_overlapped_walk(pattern, params, T, D, dtype):
+@pytest.mark.parametrize("spec", ["OV=1,STAGES=3", "OV=1,STAGES=3,REL=1", "NWARPS=8,BN=128,STAGES=3,MINB=1,OV=1,REL=1"])
+def test_gate_of_the_overlapped_walk(pattern, params, T, D, dtype, spec):
     """--tile-config OV=1 (kernels/tc/loop_overlap.cuh): S of a tile in flight beside P V of the one
-    before, the rescale waiting for P V, lists of one tile (block-diagonal) and idle warps included."""
+    before, the rescale waiting for P V, lists of one tile (block-diagonal) and idle warps included; with
+    REL=1 the stages released by the warps' arrivals (kernels/tc/load_released.cuh), one warpgroup and two."""
     from attnbench.check import gate
     from attnbench.fast_tc import parse_tile_config
 
-    variant = IMPL.tile_variant(parse_tile_config("OV=1,STAGES=3"))
+    variant = IMPL.tile_variant(parse_tile_config(spec))
     res = gate(variant, Problem(make_mask(pattern, T, pattern != "block_diagonal", **params), 2, 3, D, dtype))
     assert res.ok, res
 

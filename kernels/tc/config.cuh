@@ -1,7 +1,7 @@
 // fast_tc's compile-time constants (-D, with their defaults) and the shapes derived from them.
 //
 // HEAD_D (64 or 128), BN (keys per tile, multiple of 16), STRIDE, QREG, WG, NWARPS, MT, MINB
-// (blocks per SM for __launch_bounds__), STAGES (>= 2), TMA, OV, AB_F16 (1: float16, 0: bfloat16),
+// (blocks per SM for __launch_bounds__), STAGES (>= 2), TMA, OV, REL, AB_F16 (1: float16, 0: bfloat16),
 // KV_GROUP (query heads per key/value head, H / H_kv: grouped-query heads; default 1),
 // LAZY (default WG), FWD_LSE (default 0), and the pattern itself: CAUSAL, AB_PATTERN_T and AB_PATTERN_ARGS
 // (Mask.device_defines() of Mask.tile_predicate(BM, BN); kernels/common.cuh), its parameters as
@@ -49,6 +49,11 @@
 #ifndef OV
 #define OV 0
 #endif
+// REL 1: with OV, the stages released by the warps' arrivals on a barrier each, no block barrier a tile
+// (tc/load_released.cuh)
+#ifndef REL
+#define REL 0
+#endif
 // LAZY 1: the exponentials against the running max first (WG builds; the mma.sync builds spill
 // with it at D=64 and take the tile's max on every tile); tc/softmax.cuh
 #ifndef LAZY
@@ -83,4 +88,7 @@ static_assert(WG && STRIDE == 1, "TMA: with WG, on unstrided patterns");
 #endif
 #if OV
 static_assert(WG && TMA && STAGES >= 3, "OV: with WG and TMA, 3 stages or more");
+#endif
+#if REL
+static_assert(OV, "REL: with the overlapped walk (OV)");
 #endif

@@ -9,6 +9,8 @@
 //   only after it. Every tile takes its row max (no lazy pass, whose redo would take S again with P V
 //   in flight; ptxas serialises the wgmma then), and a tile whose max moved by more than 2^RESCALE_LOG2
 //   waits for P V before it rescales; the others overlap it whole.
+// - Each step ends by releasing tile it - 1's stage (Load::release: nothing for TcLoadTma, whose next refill
+//   waits on a block barrier; an arrival per warp for TcLoadTmaReleased, REL 1, tc/load_released.cuh).
 // Interface: TcLoopSerial's (tc/loop.cuh).
 #pragma once
 #include "tc/loop.cuh"
@@ -72,6 +74,7 @@ struct TcLoopOverlap {
         }
         sf.add(rs);
         wg_wait<0>();  // P V of tile it - 1 is done: its P registers and its stage are free
+        if (!FIRST) Load::release(bar, w.st_prev);
         Mma::p_frags(w.pa, s);
         w.st_prev = sc;
     }
@@ -88,6 +91,7 @@ struct TcLoopOverlap {
         if (n > 0) {
             Mma::pv_issue(acc, w.pa, op, w.st_prev);
             wg_wait<0>();
+            Load::release(bar, w.st_prev);
         }
         Load::drain();
     }

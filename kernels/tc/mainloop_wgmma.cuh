@@ -18,7 +18,8 @@
 //   tma_load_kv(dK, dV, mapK, mapV, row0, bar): rows row0.. of K and V, completing on bar.
 //   TcLoadTma: begin() initialises the barriers (after the V stages: Q's, then one per stage);
 //     first_tiles(list): Q, then the list's first tiles; waits for Q; refill: waits until every
-//     warp is done with stage st_fill, refills it, waits for stage st.
+//     warp is done with stage st_fill (a block barrier), refills it, waits for stage st; release(bar, st):
+//     nothing (tc/load_released.cuh's TcLoadTmaReleased waits on the warps' arrivals instead, REL 1).
 #pragma once
 #include "tc/scheduler.cuh"
 
@@ -153,6 +154,9 @@ struct TcLoadTma {
                         bar + 8 * (st_fill + 1));
         tma_wait(bar + 8 * (st + 1), phase);  // tile `it` has landed
     }
+
+    // tc/load_released.cuh's: a warp done with stage st says so; here the next refill's barrier does
+    static __device__ __forceinline__ void release(u32 bar, int st) {}
 
     static __device__ __forceinline__ void drain() {}
 };
