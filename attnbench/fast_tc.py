@@ -227,6 +227,9 @@ WIDE_KEYS_PER_ROW: dict[int, int] = {64: 2048, 128: 512}
 # about 3900 keys a row, gained 8% and document and streaming 4+1024, about 1000, lost 1-4%; at D=64 window
 # 4096 was even and dense, 16384, gained 9%)
 LONG_KEYS_PER_ROW: dict[int, int] = {64: 4096, 128: 2048}
+# whether a pattern whose predicate is the user's own (custom) takes the long shape: at D=64 its 2 blocks an SM
+# hold 128 registers, where a heavy expression spilled (180 bytes; at D=128 the same took 232 registers, no spill)
+LONG_USER_PREDICATES: dict[int, bool] = {64: False, 128: True}
 
 
 def shape(products: str, role: str, D: int) -> TileConfig:
@@ -253,13 +256,15 @@ HOPPER_STRIDED_MINB: dict[int, int] = _role_table("wgmma", "strided")  # type: i
 
 def choose_config(mask: Mask, D: int, wgmma: bool = False) -> TileConfig:
     """The tile shape for a pattern (its inner pattern when strided), from SHAPES for mma.sync or
-    with ``wgmma`` for sm_90: long (sm_90, unstrided) when rows average >= LONG_KEYS_PER_ROW[D] allowed keys,
+    with ``wgmma`` for sm_90: long (sm_90, unstrided, a user's predicate where LONG_USER_PREDICATES[D]) when rows
+    average >= LONG_KEYS_PER_ROW[D] allowed keys,
     wide when they average >= WIDE_KEYS_PER_ROW[D], partial
     when every tile of the default list is partial, else the default; strided patterns on sm_90
     with at least the "strided" blocks per SM."""
     products = "wgmma" if wgmma else "sync"
     stride, mask = mask.strided()
-    if stride == 1 and (products, "long", D) in SHAPES and mask.pairs >= LONG_KEYS_PER_ROW[D] * mask.T:
+    if (stride == 1 and (products, "long", D) in SHAPES and mask.pairs >= LONG_KEYS_PER_ROW[D] * mask.T
+            and (LONG_USER_PREDICATES[D] or not mask.pattern.user_predicate)):
         cfg = shape(products, "long", D)
     elif mask.pairs >= WIDE_KEYS_PER_ROW[D] * mask.T:
         cfg = shape(products, "wide", D)

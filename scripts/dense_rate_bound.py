@@ -6,7 +6,8 @@ as a dense causal tile runs. A host count over a training CSV (no GPU).
         --impl fast-tc-classes    # the class-major layout's lists, against fast-tc's dense rows
 
 The CSVs are read as one. For every (instance, D) of ``--impl`` with fwd, bwd and fwd+bwd rows at one T:
-- ``visited_fwd`` / ``visited_bwd``: the pairs the forward's list (its chosen wgmma shape) and the backward's
+- ``visited_fwd`` / ``visited_bwd``: the pairs the forward's list (the shape its rows ran, ``tile_config`` in
+  ``setup_s``; else the wgmma shape fast-tc chooses now) and the backward's
   (64-row query tiles, the main loop's key tile) visit, over the live pairs, on the layout the implementation takes
   (the class-major one where ``takes_classes``);
 - ``fwd_at_dense`` / ``bwd_at_dense``: fast-tc's dense causal row's time scaled by visited pairs, the instance's against
@@ -33,6 +34,18 @@ def visited(mask, BM: int, BN: int) -> int:
 
     stride, inner = mask.strided()
     return tile_list(inner, BM, BN).n_visited * BM * BN * stride
+
+
+def ran_tile(rows: pd.DataFrame) -> tuple[int, int] | None:
+    """(BM, BN) of the forward shape these rows ran, from the first ``tile_config`` in their ``setup_s``."""
+    import json
+
+    for text in rows.get("setup_s", pd.Series(dtype=object)).dropna():
+        spec = json.loads(text).get("tile_config") if str(text).startswith("{") else None
+        if spec:
+            f = dict(kv.split("=") for kv in spec.split(","))
+            return 16 * int(f.get("MT", 1)) * int(f["NWARPS"]), int(f["BN"])
+    return None
 
 
 def bwd_tile(mask, D: int) -> tuple[int, int]:
@@ -69,7 +82,8 @@ def table(rows: pd.DataFrame, impl: str = "fast-tc", rate_impl: str = "fast-tc",
         if get_impl(impl.split("[")[0]).takes_classes(mask):
             mask = mask.class_major()[1]  # it runs the class-major layout: its lists are the banded mask's
         cfg = choose_config(mask, int(D), True)
-        out.append(dict(label=label, D=int(D), mask=mask, vf=visited(mask, cfg.BM, cfg.BN),
+        BM, BN = ran_tile(g) or (cfg.BM, cfg.BN)
+        out.append(dict(label=label, D=int(D), mask=mask, vf=visited(mask, BM, BN),
                         vb=visited(mask, *bwd_tile(mask, int(D)))))
     t = pd.DataFrame(out)
     res = []

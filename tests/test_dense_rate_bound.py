@@ -43,9 +43,20 @@ def test_the_lists_visit_what_their_tiles_cover(bound):
 
 
 def test_the_class_layout_against_fast_tc_dense_rate():
+    """fast-tc-classes' rows ran 64 x 64 lists at both D (their setup_s says so), so its lists visit 1.06x the
+    live pairs at both, though fast-tc now takes 128 x 128 tiles for them at D=128."""
     t = _script().table(_rows("train-32768-h200.csv", "classes-32768-h200.csv"), impl="fast-tc-classes")
     assert set(t.instance) == {"dilated(levels=2048:1+2048:2+2048:4)"}
     assert t.visited_fwd.round(2).tolist() == [1.06, 1.06]
+
+
+def test_the_lists_are_counted_in_the_shape_the_rows_ran():
+    """A row's tile_config (setup_s) sets the forward list's tiles; without one, the shape fast-tc chooses now."""
+    s = _script()
+    rows = _rows("train-32768-h200.csv")
+    dense = rows[(rows.impl == "fast-tc") & (rows.pattern == "dense") & (rows.D == 128)]
+    assert s.ran_tile(dense) == (128, 128)  # the long shape, two warpgroups of 64 rows
+    assert s.ran_tile(dense.assign(setup_s=None)) is None
 
 
 def test_one_T_at_a_time():

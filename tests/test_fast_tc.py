@@ -50,6 +50,9 @@ def test_config_follows_the_tile_list(D, wgmma):
     assert choose_config(make_mask("dense", 2 * LONG_KEYS_PER_ROW[D], True), D, wgmma) == long
     assert choose_config(make_mask("window", 2 * LONG_KEYS_PER_ROW[D], True, window=LONG_KEYS_PER_ROW[D] - 64), D,
                          wgmma) == wide[D]
+    # a custom expression (the user's predicate) where the long shape's registers allow it
+    every = choose_config(make_mask("custom", 2 * LONG_KEYS_PER_ROW[D], True, expr="j >= 0"), D, wgmma)
+    assert every == (long if (D == 128 or not wgmma) else wide[D])
     strided = choose_config(make_mask("dilated", 8 * LONG_KEYS_PER_ROW[D], True, window=4 * LONG_KEYS_PER_ROW[D],
                                       dilation=2), D, wgmma)
     assert strided.NWARPS == wide[D].NWARPS and strided.BN == wide[D].BN

@@ -136,7 +136,7 @@ def test_every_llm_instance_transposes_byte_for_byte_as_the_plain_sort(T):
     included, for every llm instance (document and custom ones too) at the llm sizes and odd ones."""
     seen = set()
     for label, fwd, nk in _llm_lists(T):
-        seen.add(label.split("(")[0])
+        seen.add(label.split("(")[0].split(" ")[0])
         want = reference_transpose(fwd, nk)
         for how in (transpose, tl._transpose_band, tl._transpose_entries, tl._transpose_runs):
             tt = how(fwd, nk)
@@ -144,7 +144,7 @@ def test_every_llm_instance_transposes_byte_for_byte_as_the_plain_sort(T):
                 continue
             for got, ref in zip((tt.ptr, tt.run_off, tt.run_val), want):
                 assert got.dtype == ref.dtype and np.array_equal(got, ref), (label, how)
-    assert {"dense 64x64", "window", "document", "custom"} <= seen
+    assert {"dense", "window", "document", "custom"} <= seen
 
 
 def test_the_long_llm_lists_are_bands():

@@ -162,6 +162,7 @@ class Pattern:
     default_causal: bool = True  # what a sweep takes when the causal flag is not forced
     uses_table: bool = False     # the device struct's last field is the table (make_table)
     builds_on_device: bool = False  # device_tiles builds the forward list (and table) on the device
+    user_predicate: bool = False    # its device predicate is the user's own code, of any cost in registers
 
     # -- per-pattern definition -------------------------------------------------
     def validate(self, T: int, p: dict) -> None:

@@ -29,6 +29,7 @@ class Custom(Pattern):
                                               "value applies to every --expr)", kind="named", column=False))
     summary = "one boolean expression over i, j, T and named integers: --expr '(i - j < W) | (j < S)' --param W=64"
     short_key = "expression"
+    user_predicate = True
 
     @staticmethod
     def names(p: dict) -> tuple[str, ...]:
