@@ -186,8 +186,9 @@ def parse_fields(text: str, option: str, cls, limits: dict, min_positional: int)
 # fast-tc-sync) or "wgmma" (sm_90: wgmma with bulk tensor copies, TMA); roles "long" (wgmma only, unstrided
 # patterns whose rows average >= LONG_KEYS_PER_ROW[D] allowed keys), "wide" (rows averaging >=
 # WIDE_KEYS_PER_ROW[D] allowed keys), "partial" (every tile of the default list is partial) and "strided"
-# (not a shape: the blocks per SM asked for strided patterns, which load by cp.async on sm_90). Chosen from interleaved timings on an H200; the history of each choice
-# is in docs/PERF.md ("Shape table (moved from fast_tc.py)").
+# (not a shape: the blocks per SM asked for strided patterns, which load by cp.async on sm_90). Chosen from
+# interleaved timings on an H200; the history of each choice is in docs/PERF.md ("Shape table (moved from
+# fast_tc.py)", and for "long" "forward: two warpgroups sharing 128-key tiles for long lists").
 SHAPES: dict[tuple[str, str, int], tuple[TileConfig | int, str]] = {
     ("sync", "default", 64): (TileConfig(NWARPS=4, BN=64, STAGES=2, MINB=4, QREG=0),
                               "64-key tiles in 2 stages, Q read from shared memory: 4 blocks per SM"),
@@ -256,11 +257,10 @@ HOPPER_STRIDED_MINB: dict[int, int] = _role_table("wgmma", "strided")  # type: i
 
 def choose_config(mask: Mask, D: int, wgmma: bool = False) -> TileConfig:
     """The tile shape for a pattern (its inner pattern when strided), from SHAPES for mma.sync or
-    with ``wgmma`` for sm_90: long (sm_90, unstrided, a user's predicate where LONG_USER_PREDICATES[D]) when rows
-    average >= LONG_KEYS_PER_ROW[D] allowed keys,
-    wide when they average >= WIDE_KEYS_PER_ROW[D], partial
-    when every tile of the default list is partial, else the default; strided patterns on sm_90
-    with at least the "strided" blocks per SM."""
+    with ``wgmma`` for sm_90: long (sm_90, unstrided, a user's predicate where LONG_USER_PREDICATES[D]) when
+    rows average >= LONG_KEYS_PER_ROW[D] allowed keys, wide when they average >= WIDE_KEYS_PER_ROW[D], partial
+    when every tile of the default list is partial, else the default; strided patterns on sm_90 with at least
+    the "strided" blocks per SM."""
     products = "wgmma" if wgmma else "sync"
     stride, mask = mask.strided()
     if (stride == 1 and (products, "long", D) in SHAPES and mask.pairs >= LONG_KEYS_PER_ROW[D] * mask.T
@@ -568,7 +568,8 @@ def standard_builds() -> list[tuple[str, dict]]:
 
 
 # the overlapped walk (``--tile-config OV=1``, kernels/tc/loop_overlap.cuh; on sm_90 the D=128 shapes' default,
-# at D=64 not one), built for the compile tests on the llm configuration's dense, window 256 (partial tiles) and document (a table) instances
+# at D=64 not one), built for the compile tests on the llm configuration's dense, window 256 (partial tiles) and
+# document (a table) instances
 OVERLAP_BUILD_PATTERNS = (("dense", None), ("window", 256), ("document", 0))
 
 
