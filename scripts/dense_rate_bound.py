@@ -40,11 +40,13 @@ def ran_tile(rows: pd.DataFrame) -> tuple[int, int] | None:
     """(BM, BN) of the forward shape these rows ran, from the first ``tile_config`` in their ``setup_s``."""
     import json
 
+    from attnbench.fast_tc import TileConfig, parse_tile_config
+
     for text in rows.get("setup_s", pd.Series(dtype=object)).dropna():
         spec = json.loads(text).get("tile_config") if str(text).startswith("{") else None
         if spec:
-            f = dict(kv.split("=") for kv in spec.split(","))
-            return 16 * int(f.get("MT", 1)) * int(f["NWARPS"]), int(f["BN"])
+            cfg = TileConfig(**dict(parse_tile_config(spec).given))  # a whole shape, every field named
+            return cfg.BM, cfg.BN
     return None
 
 

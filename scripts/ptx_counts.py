@@ -19,12 +19,6 @@ import sys
 INSTR = re.compile(r"^\s+(@!?%\w+\s+)?[a-z][\w.:]*[\s;]")
 
 
-def ptx(name: str, defines: dict, arch: str) -> str:
-    from attnbench import compile as kc
-
-    return kc.ptx(name, defines, arch)
-
-
 def count(text: str) -> int:
     """Instructions: indented lines ending in ';' that are not directives or labels."""
     n = 0
@@ -47,7 +41,7 @@ def listing(gate: bool, groups: list[int]) -> list[dict]:
     out = []
     for name, d in builds:
         for arch in ("sm_90a",) if d.get("WG") else ("sm_80", "sm_90a"):
-            text = ptx(name, d, arch)
+            text = kc.ptx(name, d, arch)
             (r,) = [r for r in kc.compile_only(name, d, arch) if r.kernel.startswith("fast_tc_fwd")]
             out.append(dict(defines=d, arch=arch, ptx_instr=count(text),
                             ptx_sha=hashlib.sha256(text.encode()).hexdigest()[:16], cubin=r.cubin_sha256[:16],
