@@ -55,7 +55,7 @@
 #          GPUS=N, N processes (`--shard i/N`, one GPU each) write OUT_DIR/train.shard-i.csv, merged into
 #          train.csv at the end; TRAIN_FROM names a folder of an earlier run's CSVs to resume
 #   overlap: fast-tc's overlapped walk (kernels/tc/loop_overlap.cuh, the default at D=128 on sm_90) and its stages
-#          released by the warps (REL=1, kernels/tc/load_released.cuh): their GPU gate and compute-sanitizer tests, then
+#          released by the warps (REL=1, kernels/tc/load_released.cuh, the default of the long D=128 shape): their GPU gate and compute-sanitizer tests, then
 #          fast-tc's default against the serial walk (--tile-config OV=0), OV=1,REL=1 and SDPA cuDNN, interleaved, 20 samples,
 #          on the llm configuration's dense, window, document and streaming instances at T=32768, D=128 (OVERLAP_ARGS
 #          replaces those options), rows in OUT_DIR/overlap.csv as they come
