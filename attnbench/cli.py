@@ -136,9 +136,9 @@ class ImplName(click.ParamType):
 IMPL = ImplName()
 
 
-TILE_CONFIG_HELP = ("a fast-tc tile shape: FIELD=N,... of NWARPS, BN, STAGES, MT, MINB, QREG, WG, TMA, OV, REL (the fields "
+TILE_CONFIG_HELP = ("a fast-tc tile shape: FIELD=N,... of NWARPS, BN, STAGES, MT, MINB, QREG, WG, TMA, OV, REL, PP (the fields "
                     "left out as fast-tc chooses them for each configuration), or all by position "
-                    "NWARPS,BN,STAGES[,MT,MINB,QREG,WG,TMA,OV,REL]")
+                    "NWARPS,BN,STAGES[,MT,MINB,QREG,WG,TMA,OV,REL,PP]")
 
 
 def tile_specs(texts, module: str = "fast_tc", parse: str = "parse_tile_config") -> list:

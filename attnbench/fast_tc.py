@@ -52,6 +52,8 @@ class TileConfig:
     #                between them overlapping P V (kernels/tc/loop_overlap.cuh); unstrided patterns
     REL: int = 0   # 1 (with OV): the warps release each stage by barrier arrivals, no block barrier a tile
     #                (kernels/tc/load_released.cuh)
+    PP: int = 0    # 1 (with REL, two warpgroups or more): the warpgroups issue their products in turn
+    #                (FlashAttention-3's ping-pong, kernels/tc/turns.cuh)
 
     @property
     def arch(self) -> str | None:
@@ -74,7 +76,7 @@ class TileConfig:
 
     @property
     def spec(self) -> str:
-        """Every field, in the ``--tile-config`` form: 'NWARPS=4,BN=64,STAGES=2,MT=1,...' (OV and REL only where
+        """Every field, in the ``--tile-config`` form: 'NWARPS=4,BN=64,STAGES=2,MT=1,...' (OV, REL and PP only where
         set)."""
         return ",".join(f"{f}={getattr(self, f)}" for f in TILE_FIELDS if f not in OPTIONAL_FIELDS or getattr(self, f))
 
@@ -90,15 +92,17 @@ class TileConfig:
             return "OV=1 needs WG=1, TMA=1 and STAGES >= 3 (P V of a tile reads its stage through the next step)"
         if self.REL and not self.OV:
             return "REL=1 needs OV=1 (the overlapped walk releases the stages)"
+        if self.PP and not (self.REL and 8 <= self.NWARPS <= 16):
+            return "PP=1 needs REL=1 and NWARPS 8 to 16 (two to four warpgroups taking turns)"
         return None
 
 
 TILE_FIELDS = tuple(f.name for f in fields(TileConfig))
-OPTIONAL_FIELDS = ("OV", "REL")  # left out of a spec where 0, and of a positional shape unless given
+OPTIONAL_FIELDS = ("OV", "REL", "PP")  # left out of a spec where 0, and of a positional shape unless given
 # (least, most, step) of each field on the command line; the kernel's own rules in TileConfig.problem
 TILE_LIMITS = {"NWARPS": (1, 32, 1), "BN": (16, 256, 16), "STAGES": (2, 8, 1), "MT": (1, 4, 1),
                "MINB": (1, 32, 1), "QREG": (0, 1, 1), "WG": (0, 1, 1), "TMA": (0, 1, 1), "OV": (0, 1, 1),
-               "REL": (0, 1, 1)}
+               "REL": (0, 1, 1), "PP": (0, 1, 1)}
 
 
 @dataclass(frozen=True)
@@ -106,13 +110,13 @@ class TileSpec:
     """Tile shape fields given on the command line (``--tile-config``); the fields not given come
     from the shape fast-tc chooses for each configuration (``choose_config``)."""
     given: tuple  # (field, value) pairs in TILE_FIELDS order
-    whole: bool = False  # given by position: OV and REL, where not named, are 0 (TileConfig's defaults)
+    whole: bool = False  # given by position: OV, REL and PP, where not named, are 0 (TileConfig's defaults)
 
     def __str__(self) -> str:
         return ",".join(f"{k}={v}" for k, v in self.given)
 
     def apply(self, cfg: TileConfig) -> TileConfig:
-        """``cfg`` with the given fields. OV and REL, where not given, are 0 in a whole shape (given by
+        """``cfg`` with the given fields. OV, REL and PP, where not given, are 0 in a whole shape (given by
         position) and follow ``cfg`` elsewhere if the shape they give can be built (STAGES=2: the serial walk)."""
         given = dict(self.given)
         if self.whole:
@@ -126,8 +130,8 @@ class TileSpec:
 
 
 def parse_tile_config(text: str, option: str = "--tile-config") -> TileSpec:
-    """'FIELD=N,...' (any of NWARPS, BN, STAGES, MT, MINB, QREG, WG, TMA, OV, REL; the others as fast-tc
-    chooses them) or the positional 'NWARPS,BN,STAGES[,MT[,MINB[,QREG[,WG[,TMA[,OV[,REL]]]]]]]' (a whole shape,
+    """'FIELD=N,...' (any of NWARPS, BN, STAGES, MT, MINB, QREG, WG, TMA, OV, REL, PP; the others as fast-tc
+    chooses them) or the positional 'NWARPS,BN,STAGES[,MT[,MINB[,QREG[,WG[,TMA[,OV[,REL[,PP]]]]]]]]' (a whole shape,
     the fields left out at TileConfig's defaults). BadInput naming ``option`` and the limit."""
     given = parse_fields(text, option, TileConfig, TILE_LIMITS, min_positional=3)
     if "=" not in text:
@@ -303,6 +307,8 @@ def kernel_defines(D: int, dtype: str, mask: Mask, cfg: TileConfig | None = None
             d["OV"] = 1  # (a strided pattern loads by cp.async: its walk stays the serial one)
             if cfg.REL:
                 d["REL"] = 1
+                if cfg.PP:
+                    d["PP"] = 1
     d.update(pattern_defines(inner.tile_predicate(cfg.BM, cfg.BN)))
     return d
 

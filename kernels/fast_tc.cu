@@ -16,6 +16,7 @@
 //   loop.cuh            the walk over the tile list, each product waited for (TcLoopSerial)
 //   loop_overlap.cuh    the same walk with S of tile it in flight beside P V of tile it - 1 (OV 1)
 //   load_released.cuh   TMA loads whose stages the warps release by barrier arrivals, no block barrier a tile (REL 1)
+//   turns.cuh           the warpgroups' products issued as they come, or in turn (PP 1, FlashAttention-3's ping-pong)
 //   mask.cuh            partial-tile masking with the pattern predicate
 //   softmax.cuh         the online softmax (lazy max, rescale only past 2^RESCALE_LOG2)
 //   epilogue.cuh        normalise, stage, store (16-byte stores or the TMA store); the rows'
@@ -47,7 +48,12 @@ typedef TcLoadAsync<TcMma> TcLoad;
 #endif
 #if OV
 #include "tc/loop_overlap.cuh"
-typedef TcLoopOverlap<TcMma, TcLoad> TcLoop;
+#if PP
+typedef TcTurnsPingpong TcTurns;
+#else
+typedef TcTurnsAny TcTurns;
+#endif
+typedef TcLoopOverlap<TcMma, TcLoad, TcTurns> TcLoop;
 #else
 typedef TcLoopSerial<TcMma, TcLoad> TcLoop;
 #endif

@@ -122,7 +122,9 @@ def test_the_overlapped_walk_keeps_its_products_in_flight():
     assert any(d.get("OV") and d.get("FWD_LSE") for _, d in wg)
     serial = [b for b in wg if not b[1].get("OV")][:2]
     released = [(n, {**d, "REL": 1}) for n, d in overlap_builds()[:1] + [b for b in wg if b[1].get("OV")][:2]]
-    for name, defines in overlap_builds() + [b for b in wg if b[1].get("OV")] + serial + released:
+    in_turn = [(n, {**d, "PP": 1}) for n, d in wg if d.get("REL")][:1]  # the long D=128 shape's warpgroups in turn
+    assert in_turn
+    for name, defines in overlap_builds() + [b for b in wg if b[1].get("OV")] + serial + released + in_turn:
         _, log = kc._nvrtc(name, kc.source(name, defines), list(kc.options(defines)) + ["-arch=sm_90a", "-Xptxas=-v"])
         assert "C7514" not in log and "C7515" not in log and "serialized" not in log, (defines, log)
 
@@ -137,3 +139,19 @@ def test_released_stages_take_the_block_barrier_out_of_the_walk():
     ptx = {rel: kc.ptx(name, {**defines, "REL": rel}, "sm_90a") for rel in (0, 1)}
     assert ptx[1].count("bar.sync") < ptx[0].count("bar.sync")
     assert "mbarrier.arrive.shared::cta.b64" in ptx[1] and "mbarrier.arrive.shared::cta.b64" not in ptx[0]
+
+
+def test_warpgroups_in_turn_wait_and_arrive_on_named_barriers():
+    """PP=1 (kernels/tc/turns.cuh): each warpgroup waits for its turn on a named barrier of 256 threads (its own
+    128 and the 128 arriving before it) and hands the turn on by arriving on the next one's; the build without
+    it has neither."""
+    from attnbench.fast_tc import HOPPER_LONG_CONFIGS, kernel_defines
+    from attnbench.patterns import make_mask
+
+    cfg = HOPPER_LONG_CONFIGS[128]
+    assert cfg.REL == 1 and cfg.NWARPS == 8
+    defines = kernel_defines(128, "bfloat16", make_mask("dense", 4096), cfg)
+    ptx = {pp: kc.ptx("fast_tc", {**defines, "PP": 1} if pp else defines, "sm_90a") for pp in (0, 1)}
+    assert "bar.arrive" not in ptx[0] and "bar.arrive" in ptx[1]
+    assert ptx[1].count("bar.sync") > ptx[0].count("bar.sync")
+

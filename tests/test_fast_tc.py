@@ -317,11 +317,14 @@ def test_gate_builds_cover_every_pattern_on_both_main_loops():
                                               ("block_diagonal", {"block": 16}, 112)])
 @pytest.mark.parametrize("D", DIMS)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("spec", ["OV=1,STAGES=3", "OV=1,STAGES=3,REL=1", "NWARPS=8,BN=128,STAGES=3,MINB=1,OV=1,REL=1"])
+@pytest.mark.parametrize("spec", ["OV=1,STAGES=3", "OV=1,STAGES=3,REL=1", "NWARPS=8,BN=128,STAGES=3,MINB=1,OV=1,REL=1",
+                                  "NWARPS=8,BN=128,STAGES=3,MINB=1,OV=1,REL=1,PP=1",
+                                  "NWARPS=12,BN=64,STAGES=3,MINB=1,OV=1,REL=1,PP=1"])
 def test_gate_of_the_overlapped_walk(pattern, params, T, D, dtype, spec):
     """--tile-config OV=1 (kernels/tc/loop_overlap.cuh): S of a tile in flight beside P V of the one
     before, the rescale waiting for P V, lists of one tile (block-diagonal) and idle warps included; with
-    REL=1 the stages released by the warps' arrivals (kernels/tc/load_released.cuh), one warpgroup and two."""
+    REL=1 the stages released by the warps' arrivals (kernels/tc/load_released.cuh), one warpgroup and two; with
+    PP=1 two and three warpgroups issuing their products in turn (kernels/tc/turns.cuh), one-tile lists included."""
     from attnbench.check import gate
     from attnbench.fast_tc import parse_tile_config
 

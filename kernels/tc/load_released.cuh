@@ -6,15 +6,19 @@
 //   at bar + 8 (STAGES + 1 + s), expecting NWARPS arrivals a phase, one a warp.
 // - release(bar, st): a warp whose products have read stage st for the last time (the walk calls it after
 //   P V's wait) arrives on the stage's empty barrier, from lane 0 after the warp's lanes meet.
-// - refill: thread 0 refills stage st_fill with tile nx once every warp has released the tile before it
-//   there, tile nx - STAGES (the phase (nx / STAGES - 1) of the empty barrier); every thread then waits for
-//   tile it as TcLoadTma does. A warp cannot release tile nx before every warp has released tile nx - STAGES
+// - refill: one thread (REFILLER) refills stage st_fill with tile nx once every warp has released the tile
+//   before it there, tile nx - STAGES (the phase (nx / STAGES - 1) of the empty barrier); every thread then
+//   waits for tile it as TcLoadTma does. REFILLER is thread 0, or with PP (the warpgroups in turn,
+//   tc/turns.cuh) the last warpgroup's first thread: its turn comes last, so the releases it waits for are
+//   its own warps' and those of warpgroups ahead of it, and the wait holds back no one else's turn. A warp cannot release tile nx before every warp has released tile nx - STAGES
 //   (tile nx is copied only after that), so no arrival counts toward another tile's phase.
 // Interface: TcLoadTma's (init, begin, first_tiles, refill, release, drain); bar: the barriers (init's).
 #pragma once
 #include "tc/mainloop_wgmma.cuh"
 
 struct TcLoadTmaReleased : TcLoadTma {
+    static constexpr int REFILLER = PP ? THREADS - 128 : 0;
+
     static __device__ __forceinline__ u32 empty(u32 bar, int st) { return bar + 8 * (STAGES + 1 + st); }
 
     __device__ __forceinline__ void begin() {
@@ -30,7 +34,7 @@ struct TcLoadTmaReleased : TcLoadTma {
 
     static __device__ __forceinline__ void refill(const TcSmem& sm, const TcGlobal& gm, int T, u32 bar, int st,
                                                   int st_fill, u32 phase, int ent_nx, int nx, int n) {
-        if (threadIdx.x == 0 && nx < n) {
+        if (threadIdx.x == REFILLER && nx < n) {
             if (nx >= STAGES) tma_wait(empty(bar, st_fill), (u32)(nx / STAGES - 1) & 1);  // tile nx - STAGES released
             tma_load_kv(sm.k + st_fill * TILE_BYTES, sm.v + st_fill * TILE_BYTES, gm.mk, gm.mv, tc_entry_tile(ent_nx) * BN,
                         bar + 8 * (st_fill + 1));

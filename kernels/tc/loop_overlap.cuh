@@ -11,11 +11,13 @@
 //   waits for P V before it rescales; the others overlap it whole.
 // - Each step ends by releasing tile it - 1's stage (Load::release: nothing for TcLoadTma, whose next refill
 //   waits on a block barrier; an arrival per warp for TcLoadTmaReleased, REL 1, tc/load_released.cuh).
+// - Turns (tc/turns.cuh) orders the warpgroups' issues: as they come (TcTurnsAny), or in turn (PP 1).
 // Interface: TcLoopSerial's (tc/loop.cuh).
 #pragma once
 #include "tc/loop.cuh"
+#include "tc/turns.cuh"
 
-template <class Mma, class Load>
+template <class Mma, class Load, class Turns = TcTurnsAny>
 struct TcLoopOverlap {
     static_assert(WG && TMA && STAGES >= 3 && MT == 1, "OV: the wgmma products, TMA loads and 3 stages or more");
 
@@ -53,11 +55,14 @@ struct TcLoopOverlap {
 
         TcS s;
         TcRows rs;  // this tile's row sums, this thread's share
+        Turns::before();
         Mma::qk_issue(s, op, sc);
         if (FIRST) {
+            Turns::after(it, n);
             wg_wait<0>();
         } else {
             Mma::pv_issue(acc, w.pa, op, w.st_prev);  // tile it - 1's
+            Turns::after(it, n);
             wg_wait<1>();                              // S is done (the groups complete in order)
         }
         if (mask(s, ent, kt, pat, row0, T, g, t4)) {
@@ -85,6 +90,7 @@ struct TcLoopOverlap {
                                                const AB_PATTERN_T& pat, float scale_log2) {
         const int row0 = qt * BM + warp * RW;
         State w;
+        Turns::start(n);
         if (n > 0) step<true>(w, 0, acc, sf, op, list, n, bar, sm, gm, tent, T, row0, g, t4, pat, scale_log2);
         for (int it = 1; it < n; ++it)
             step<false>(w, it, acc, sf, op, list, n, bar, sm, gm, tent, T, row0, g, t4, pat, scale_log2);
