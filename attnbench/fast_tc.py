@@ -50,9 +50,9 @@ class TileConfig:
     TMA: int = 0   # 1 (with WG): Q, K and V tiles by bulk tensor copies (unstrided patterns; else cp.async)
     OV: int = 0    # 1 (with WG, TMA, STAGES >= 3): S of a tile issued beside P V of the one before, the softmax
     #                between them overlapping P V (kernels/tc/loop_overlap.cuh); unstrided patterns
-    REL: int = 0   # 1 (with OV): the warps release each stage by barrier arrivals, no block barrier a tile
-    #                (kernels/tc/load_released.cuh)
-    PP: int = 0    # 1 (with REL, two warpgroups or more): the warpgroups issue their products in turn
+    REL: int = 0   # 1 (with WG, TMA): the warps release each stage by barrier arrivals, no block barrier a tile
+    #                (kernels/tc/load_released.cuh; either walk)
+    PP: int = 0    # 1 (with OV, REL, two warpgroups or more): the warpgroups issue their products in turn
     #                (FlashAttention-3's ping-pong, kernels/tc/turns.cuh)
 
     @property
@@ -90,10 +90,10 @@ class TileConfig:
             return "TMA=1 needs WG=1"
         if self.OV and not (self.WG and self.TMA and self.STAGES >= 3):
             return "OV=1 needs WG=1, TMA=1 and STAGES >= 3 (P V of a tile reads its stage through the next step)"
-        if self.REL and not self.OV:
-            return "REL=1 needs OV=1 (the overlapped walk releases the stages)"
-        if self.PP and not (self.REL and 8 <= self.NWARPS <= 16):
-            return "PP=1 needs REL=1 and NWARPS 8 to 16 (two to four warpgroups taking turns)"
+        if self.REL and not (self.WG and self.TMA):
+            return "REL=1 needs WG=1 and TMA=1 (the warps release the stages of bulk tensor copies)"
+        if self.PP and not (self.OV and self.REL and 8 <= self.NWARPS <= 16):
+            return "PP=1 needs OV=1, REL=1 and NWARPS 8 to 16 (two to four warpgroups taking turns)"
         return None
 
 
@@ -303,12 +303,12 @@ def kernel_defines(D: int, dtype: str, mask: Mask, cfg: TileConfig | None = None
         d["WG"] = 1
     if uses_tma(cfg, mask):
         d["TMA"] = 1
-        if cfg.OV:
-            d["OV"] = 1  # (a strided pattern loads by cp.async: its walk stays the serial one)
-            if cfg.REL:
-                d["REL"] = 1
-                if cfg.PP:
-                    d["PP"] = 1
+        if cfg.OV:  # (a strided pattern loads by cp.async: its walk stays the serial one, without REL)
+            d["OV"] = 1
+        if cfg.REL:
+            d["REL"] = 1
+            if cfg.PP:
+                d["PP"] = 1
     d.update(pattern_defines(inner.tile_predicate(cfg.BM, cfg.BN)))
     return d
 

@@ -141,6 +141,23 @@ def test_released_stages_take_the_block_barrier_out_of_the_walk():
     assert "mbarrier.arrive.shared::cta.b64" in ptx[1] and "mbarrier.arrive.shared::cta.b64" not in ptx[0]
 
 
+def test_released_stages_on_the_serial_walk_leave_no_block_barrier_a_tile():
+    """REL=1 on the serial walk (kernels/tc/loop.cuh) of the long D=64 shape, two warpgroups: the refill's block
+    barrier goes, and the lazy pass's vote, a block-wide reduction without REL, runs on each warpgroup's own named
+    barrier (bar.red over 128 threads)."""
+    from attnbench.fast_tc import HOPPER_LONG_CONFIGS, kernel_defines
+    from attnbench.patterns import make_mask
+
+    cfg = HOPPER_LONG_CONFIGS[64]
+    assert cfg.OV == 0 and cfg.NWARPS == 8
+    defines = kernel_defines(64, "bfloat16", make_mask("dense", 4096), cfg)
+    ptx = {rel: kc.ptx("fast_tc", {**defines, "REL": rel}, "sm_90a") for rel in (0, 1)}
+    assert ptx[1].count("bar.sync") < ptx[0].count("bar.sync")
+    assert "mbarrier.arrive.shared::cta.b64" in ptx[1]
+    assert ", 128, " in "".join(line for line in ptx[1].splitlines() if "bar.red.or.pred" in line)
+    assert ", 128, " not in "".join(line for line in ptx[0].splitlines() if "bar.red.or.pred" in line)
+
+
 def test_warpgroups_in_turn_wait_and_arrive_on_named_barriers():
     """PP=1 (kernels/tc/turns.cuh): each warpgroup waits for its turn on a named barrier of 256 threads (its own
     128 and the 128 arriving before it) and hands the turn on by arriving on the next one's; the build without

@@ -65,10 +65,11 @@ def test_tile_config_parses_named_and_positional_forms(text, given):
     ("4,64,2,1,1,0,1,1,1", "OV=1 needs WG=1, TMA=1 and STAGES >= 3"),
     ("4,64,3,1,1,0,0,0,1", "OV=1 needs WG=1, TMA=1 and STAGES >= 3"),
     ("OV=2", "OV=2 must be 0 or 1"),
-    ("4,64,3,1,1,0,1,1,0,1", "REL=1 needs OV=1"),
+    ("4,64,3,1,1,0,1,0,0,1", "REL=1 needs WG=1 and TMA=1"),
     ("REL=2", "REL=2 must be 0 or 1"),
-    ("4,64,3,1,1,0,1,1,1,1,1", "PP=1 needs REL=1 and NWARPS 8 to 16"),  # one warpgroup has no one to take turns with
-    ("8,128,3,1,1,0,1,1,1,0,1", "PP=1 needs REL=1"),
+    ("4,64,3,1,1,0,1,1,1,1,1", "PP=1 needs OV=1, REL=1 and NWARPS 8 to 16"),  # one warpgroup has no one to take turns with
+    ("8,128,3,1,1,0,1,1,1,0,1", "PP=1 needs OV=1, REL=1"),
+    ("8,128,2,1,1,0,1,1,0,1,1", "PP=1 needs OV=1"),  # the turns are the overlapped walk's
     ("PP=3", "PP=3 must be 0 or 1"),
 ])
 def test_bad_tile_configs_name_the_option_and_the_limit(text, words):

@@ -298,6 +298,56 @@ def test_scores_that_outgrow_the_running_max(impl, rising, pattern, params):
             assert res.ok, (D, dtype, res)
 
 
+SERIAL_RELEASED = ["OV=0,REL=1", "NWARPS=8,BN=128,STAGES=2,MINB=1,OV=0,REL=1"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pattern,params,T", [("dense", {}, 1000), ("window", {"window": 256}, 4096),
+                                              ("streaming", {"sink": 4, "window": 64}, 777),
+                                              ("document", {"doc_lens": (300, 1, 700)}, 1001),
+                                              ("block_diagonal", {"block": 16}, 112)])
+@pytest.mark.parametrize("D", DIMS)
+@pytest.mark.parametrize("spec", SERIAL_RELEASED)
+def test_gate_of_released_stages_on_the_serial_walk(pattern, params, T, D, spec):
+    """REL=1 on the serial walk (kernels/tc/loop.cuh): each warp releases a tile's stage after its P V, the refill
+    waits for the releases, and the lazy pass's vote is the warpgroup's; one warpgroup and two, lists of one tile
+    and idle warps included."""
+    from attnbench.check import gate
+    from attnbench.fast_tc import parse_tile_config
+
+    variant = IMPL.tile_variant(parse_tile_config(spec))
+    res = gate(variant, Problem(make_mask(pattern, T, pattern != "block_diagonal", **params), 2, 3, D, "bfloat16"))
+    assert res.ok, res
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", SERIAL_RELEASED + ["NWARPS=8,BN=128,STAGES=3,MINB=1,OV=1,REL=1"])
+def test_warpgroups_that_redo_different_tiles(spec):
+    """Scores that outgrow the running max in every other 64-row block only (the rows of one warpgroup of a
+    two-warpgroup block): with REL each warpgroup votes alone on redoing a tile against its own max, so one redoes
+    where the other does not, and both must still come out right."""
+    import cupy
+    import numpy as np
+
+    from attnbench.arrays import from_float32
+    from attnbench.check import judge
+    from attnbench.fast_tc import parse_tile_config
+
+    variant = IMPL.tile_variant(parse_tile_config(spec))
+    T = 1000
+    rng = np.random.default_rng(11)
+    growing = ((np.arange(T) // 64) % 2 == 0).astype(np.float32)
+    for D in DIMS:
+        for dtype in DTYPES:
+            prob = Problem(make_mask("dense", T, True), 1, 2, D, dtype)
+            q, k, v = (rng.standard_normal(prob.shape).astype(np.float32) * 0.5 for _ in range(3))
+            q[..., 0] = 8.0 * growing
+            k[..., 0] = np.arange(T, dtype=np.float32) / 2
+            q, k, v = (from_float32(cupy.asarray(a), dtype) for a in (q, k, v))
+            res = judge(variant, prob, variant.prepare(prob, q, k, v), q, k, v)
+            assert res.ok, (D, dtype, res)
+
+
 def test_gate_builds_cover_every_pattern_on_both_main_loops():
     from attnbench.fast_tc import gate_builds
 

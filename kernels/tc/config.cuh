@@ -49,12 +49,12 @@
 #ifndef OV
 #define OV 0
 #endif
-// REL 1: with OV, the stages released by the warps' arrivals on a barrier each, no block barrier a tile
-// (tc/load_released.cuh)
+// REL 1: with WG and TMA, the stages released by the warps' arrivals on a barrier each, no block barrier a tile
+// (tc/load_released.cuh; either walk, the lazy pass's vote then over the warpgroup)
 #ifndef REL
 #define REL 0
 #endif
-// PP 1: with REL and two warpgroups or more, the warpgroups issue their products in turn (tc/turns.cuh)
+// PP 1: with OV, REL and two warpgroups or more, the warpgroups issue their products in turn (tc/turns.cuh)
 #ifndef PP
 #define PP 0
 #endif
@@ -94,8 +94,8 @@ static_assert(WG && STRIDE == 1, "TMA: with WG, on unstrided patterns");
 static_assert(WG && TMA && STAGES >= 3, "OV: with WG and TMA, 3 stages or more");
 #endif
 #if REL
-static_assert(OV, "REL: with the overlapped walk (OV)");
+static_assert(WG && TMA, "REL: the wgmma products with bulk tensor copies");
 #endif
 #if PP
-static_assert(REL && NWARPS >= 8 && NWARPS <= 16, "PP: with REL, two to four warpgroups");
+static_assert(OV && REL && NWARPS >= 8 && NWARPS <= 16, "PP: the overlapped walk with REL, two to four warpgroups");
 #endif

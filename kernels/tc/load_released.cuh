@@ -1,4 +1,4 @@
-// Bulk tensor copies whose stages the warps release (REL 1, with the overlapped walk, tc/loop_overlap.cuh):
+// Bulk tensor copies whose stages the warps release (REL 1; either walk, tc/loop.cuh or tc/loop_overlap.cuh):
 // TcLoadTma (tc/mainloop_wgmma.cuh) with the block barrier of each refill replaced by a barrier per stage
 // that counts the warps done with it. The warpgroups of a block then wait for each other only through the
 // stage a refill needs, not at every tile.
@@ -10,8 +10,12 @@
 //   before it there, tile nx - STAGES (the phase (nx / STAGES - 1) of the empty barrier); every thread then
 //   waits for tile it as TcLoadTma does. REFILLER is thread 0, or with PP (the warpgroups in turn,
 //   tc/turns.cuh) the last warpgroup's first thread: its turn comes last, so the releases it waits for are
-//   its own warps' and those of warpgroups ahead of it, and the wait holds back no one else's turn. A warp cannot release tile nx before every warp has released tile nx - STAGES
-//   (tile nx is copied only after that), so no arrival counts toward another tile's phase.
+//   its own warps' and those of warpgroups ahead of it, and the wait holds back no one else's turn.
+// - A warp cannot release tile nx before every warp has released tile nx - STAGES (tile nx is copied only
+//   after that), so no arrival counts toward another tile's phase.
+// - The serial walk (tc/loop.cuh) refills tile it - 1's stage at step it (nx = it + STAGES - 1), the overlapped
+//   one tile it - 2's (nx = it + STAGES - 2); the phase above holds for both. In the serial walk the lazy pass's
+//   vote is the warpgroup's under REL (TcMmaWgmma::vote), so no block barrier is left there either.
 // Interface: TcLoadTma's (init, begin, first_tiles, refill, release, drain); bar: the barriers (init's).
 #pragma once
 #include "tc/mainloop_wgmma.cuh"

@@ -1,7 +1,8 @@
 // The forward's walk over a query tile's key tiles (TcLoopSerial): for each, its stage refilled (tile
 // it + STAGES - 1 into the stage tile it - 1 left) and waited for, S = Q K^T, the pattern's mask on
 // partial tiles, the online softmax (the lazy pass redone through the max path when a vote says
-// so), then O += P V. Each product is waited for before the step after it. tc/loop_overlap.cuh
+// so), then O += P V, and the warp releases the stage (Load::release: REL 1's arrival, else nothing).
+// Each product is waited for before the step after it. tc/loop_overlap.cuh
 // keeps the same interface with the products overlapped (OV 1).
 // Interface:
 //   run(acc, sf, op, list, n, bar, sm, gm, tent, T, qt, warp, g, t4, pat, scale_log2): the query tile's
@@ -52,6 +53,7 @@ struct TcLoopSerial {
             }  // pass
             sf.add(rs);
             Mma::pv(acc, s, op, sc, idle);  // O += P V
+            Load::release(bar, sc);         // the warp is done with the tile's stage (REL 1; else nothing)
         }
         Load::drain();
     }

@@ -20,6 +20,7 @@
 //     issue_first(list) and wait_first());
 //   refill(sm, gm, T, bar, st, st_fill, phase, ent_nx, nx, n) (static): waits for tile `it`
 //     (stage st), loads tile nx (entry ent_nx) into stage st_fill when nx < n;
+//   release(bar, st) (static): a warp done with stage st (nothing here; TcLoadTmaReleased's arrival, REL 1).
 //   drain(): waits for what is left.
 //   tc_load_tile<Layout, ROWS[, RS]>(dst, src, row0, T): rows [row0, row0 + ROWS) of a [T][HEAD_D]
 //     matrix whose rows lie RS (default STRIDE) rows apart into a swizzled tile (any rows: Q, K or V).
@@ -198,6 +199,9 @@ struct TcLoadAsync {
         }
         tc_commit();
     }
+
+    // a warp done with stage st: nothing to say (the next refill's block barrier waits for every warp)
+    static __device__ __forceinline__ void release(u32 bar, int st) {}
 
     static __device__ __forceinline__ void drain() { tc_wait<0>(); }
 };

@@ -8,7 +8,7 @@
 // and K read from shared memory through descriptors (Ops: their low words), O += P V is
 // m64nHEAD_Dk16 with P from registers and V read N-major; each warpgroup owns 64 rows, and each
 // product is issued, committed and waited for in one batch (the softmax between them is
-// unchanged). vote(x) is over the block (its warpgroups issue S together); fence_loads() makes
+// unchanged). vote(x) is over the block (with REL over the warpgroup); fence_loads() makes
 // cp.async writes (generic proxy) visible to wgmma (async proxy).
 // Loads: Q and the K/V tiles come by bulk tensor copies (kernels/tma.cuh) that one thread issues,
 // each stage completing on its own mbarrier, instead of a cp.async per 16-byte chunk per thread;
@@ -87,9 +87,20 @@ struct TcMmaWgmma {
         wg_commit();
     }
 
-    // whether x holds on any thread that issues the products together (the block: its warpgroups
-    // issue S together)
-    static __device__ __forceinline__ bool vote(bool x) { return __syncthreads_or(x); }
+    // whether x holds on any thread of the warpgroup (the lazy pass's redo of S is the warpgroup's): over the block
+    // (__syncthreads_or), or with REL, whose walk has no block barrier, over the warpgroup alone (named barrier
+    // 1 + its number, 128 threads)
+    static __device__ __forceinline__ bool vote(bool x) {
+#if REL && NWARPS > 4
+        unsigned r;
+        asm volatile("{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred q, %2, 128, p;\n"
+                     " selp.u32 %0, 1, 0, q;\n}\n"
+                     : "=r"(r) : "r"((unsigned)x), "r"(1 + (int)(threadIdx.x / 128)) : "memory");
+        return r != 0;
+#else
+        return __syncthreads_or(x);
+#endif
+    }
     // completed cp.async writes (generic proxy) made visible to wgmma's reads (async proxy)
     static __device__ __forceinline__ void fence_loads() { wg_fence_smem(); }
 };
