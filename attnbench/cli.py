@@ -136,9 +136,9 @@ class ImplName(click.ParamType):
 IMPL = ImplName()
 
 
-TILE_CONFIG_HELP = ("a fast-tc tile shape: FIELD=N,... of NWARPS, BN, STAGES, MT, MINB, QREG, WG, TMA, OV, REL, PP (the fields "
+TILE_CONFIG_HELP = ("a fast-tc tile shape: FIELD=N,... of NWARPS, BN, STAGES, MT, MINB, QREG, WG, TMA, OV, REL, PP, KVS (the fields "
                     "left out as fast-tc chooses them for each configuration), or all by position "
-                    "NWARPS,BN,STAGES[,MT,MINB,QREG,WG,TMA,OV,REL,PP]")
+                    "NWARPS,BN,STAGES[,MT,MINB,QREG,WG,TMA,OV,REL,PP,KVS]")
 
 
 def tile_specs(texts, module: str = "fast_tc", parse: str = "parse_tile_config") -> list:

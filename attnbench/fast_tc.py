@@ -54,6 +54,8 @@ class TileConfig:
     #                (kernels/tc/load_released.cuh; either walk)
     PP: int = 0    # 1 (with OV, REL, two warpgroups or more): the warpgroups issue their products in turn
     #                (FlashAttention-3's ping-pong, kernels/tc/turns.cuh)
+    KVS: int = 0   # 1 (with OV, REL): K and V on stages of their own, K loaded a tile further ahead
+    #                (kernels/tc/load_split.cuh)
 
     @property
     def arch(self) -> str | None:
@@ -70,13 +72,13 @@ class TileConfig:
 
     def smem_bytes(self, D: int) -> int:
         # with TMA, an 8-byte mbarrier for Q and one per stage after the tiles
-        # (REL: one more a stage, the warps' releases)
-        bars = 8 * (self.STAGES + 1) + (8 * self.STAGES if self.REL else 0)
+        # (REL: one more a stage, the warps' releases; KVS: K's and V's apart, four a stage)
+        bars = 8 * (self.STAGES + 1) + (8 * self.STAGES if self.REL else 0) + (16 * self.STAGES if self.KVS else 0)
         return 2 * D * (self.BM + 2 * self.STAGES * self.BN) + (bars if self.TMA else 0)
 
     @property
     def spec(self) -> str:
-        """Every field, in the ``--tile-config`` form: 'NWARPS=4,BN=64,STAGES=2,MT=1,...' (OV, REL and PP only where
+        """Every field, in the ``--tile-config`` form: 'NWARPS=4,BN=64,STAGES=2,MT=1,...' (OV, REL, PP and KVS only where
         set)."""
         return ",".join(f"{f}={getattr(self, f)}" for f in TILE_FIELDS if f not in OPTIONAL_FIELDS or getattr(self, f))
 
@@ -92,17 +94,19 @@ class TileConfig:
             return "OV=1 needs WG=1, TMA=1 and STAGES >= 3 (P V of a tile reads its stage through the next step)"
         if self.REL and not (self.WG and self.TMA):
             return "REL=1 needs WG=1 and TMA=1 (the warps release the stages of bulk tensor copies)"
+        if self.KVS and not (self.OV and self.REL):
+            return "KVS=1 needs OV=1 and REL=1 (the overlapped walk releases K's and V's stages apart)"
         if self.PP and not (self.OV and self.REL and 8 <= self.NWARPS <= 16):
             return "PP=1 needs OV=1, REL=1 and NWARPS 8 to 16 (two to four warpgroups taking turns)"
         return None
 
 
 TILE_FIELDS = tuple(f.name for f in fields(TileConfig))
-OPTIONAL_FIELDS = ("OV", "REL", "PP")  # left out of a spec where 0, and of a positional shape unless given
+OPTIONAL_FIELDS = ("OV", "REL", "PP", "KVS")  # left out of a spec where 0, and of a positional shape unless given
 # (least, most, step) of each field on the command line; the kernel's own rules in TileConfig.problem
 TILE_LIMITS = {"NWARPS": (1, 32, 1), "BN": (16, 256, 16), "STAGES": (2, 8, 1), "MT": (1, 4, 1),
                "MINB": (1, 32, 1), "QREG": (0, 1, 1), "WG": (0, 1, 1), "TMA": (0, 1, 1), "OV": (0, 1, 1),
-               "REL": (0, 1, 1), "PP": (0, 1, 1)}
+               "REL": (0, 1, 1), "PP": (0, 1, 1), "KVS": (0, 1, 1)}
 
 
 @dataclass(frozen=True)
@@ -110,13 +114,13 @@ class TileSpec:
     """Tile shape fields given on the command line (``--tile-config``); the fields not given come
     from the shape fast-tc chooses for each configuration (``choose_config``)."""
     given: tuple  # (field, value) pairs in TILE_FIELDS order
-    whole: bool = False  # given by position: OV, REL and PP, where not named, are 0 (TileConfig's defaults)
+    whole: bool = False  # given by position: OV, REL, PP and KVS, where not named, are 0 (TileConfig's defaults)
 
     def __str__(self) -> str:
         return ",".join(f"{k}={v}" for k, v in self.given)
 
     def apply(self, cfg: TileConfig) -> TileConfig:
-        """``cfg`` with the given fields. OV, REL and PP, where not given, are 0 in a whole shape (given by
+        """``cfg`` with the given fields. OV, REL, PP and KVS, where not given, are 0 in a whole shape (given by
         position) and follow ``cfg`` elsewhere if the shape they give can be built (STAGES=2: the serial walk)."""
         given = dict(self.given)
         if self.whole:
@@ -130,8 +134,8 @@ class TileSpec:
 
 
 def parse_tile_config(text: str, option: str = "--tile-config") -> TileSpec:
-    """'FIELD=N,...' (any of NWARPS, BN, STAGES, MT, MINB, QREG, WG, TMA, OV, REL, PP; the others as fast-tc
-    chooses them) or the positional 'NWARPS,BN,STAGES[,MT[,MINB[,QREG[,WG[,TMA[,OV[,REL[,PP]]]]]]]]' (a whole shape,
+    """'FIELD=N,...' (any of NWARPS, BN, STAGES, MT, MINB, QREG, WG, TMA, OV, REL, PP, KVS; the others as fast-tc
+    chooses them) or the positional 'NWARPS,BN,STAGES[,MT[,MINB[,QREG[,WG[,TMA[,OV[,REL[,PP[,KVS]]]]]]]]]' (a whole shape,
     the fields left out at TileConfig's defaults). BadInput naming ``option`` and the limit."""
     given = parse_fields(text, option, TileConfig, TILE_LIMITS, min_positional=3)
     if "=" not in text:
@@ -309,6 +313,8 @@ def kernel_defines(D: int, dtype: str, mask: Mask, cfg: TileConfig | None = None
             d["REL"] = 1
             if cfg.PP:
                 d["PP"] = 1
+            if cfg.KVS:
+                d["KVS"] = 1
     d.update(pattern_defines(inner.tile_predicate(cfg.BM, cfg.BN)))
     return d
 

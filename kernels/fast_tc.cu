@@ -16,6 +16,7 @@
 //   loop.cuh            the walk over the tile list, each product waited for (TcLoopSerial)
 //   loop_overlap.cuh    the same walk with S of tile it in flight beside P V of tile it - 1 (OV 1)
 //   load_released.cuh   TMA loads whose stages the warps release by barrier arrivals, no block barrier a tile (REL 1)
+//   load_split.cuh      the same with K and V on stages of their own, K a tile further ahead (KVS 1)
 //   turns.cuh           the warpgroups' products issued as they come, or in turn (PP 1, FlashAttention-3's ping-pong)
 //   mask.cuh            partial-tile masking with the pattern predicate
 //   softmax.cuh         the online softmax (lazy max, rescale only past 2^RESCALE_LOG2)
@@ -34,12 +35,15 @@
 
 #if WG
 #include "tc/mainloop_wgmma.cuh"
+#include "tc/load_released.cuh"
+#include "tc/load_split.cuh"
 typedef TcMmaWgmma TcMma;
 #else
 typedef TcMmaSync TcMma;
 #endif
-#if REL
-#include "tc/load_released.cuh"
+#if KVS
+typedef TcLoadTmaSplit TcLoad;
+#elif REL
 typedef TcLoadTmaReleased TcLoad;
 #elif TMA
 typedef TcLoadTma TcLoad;

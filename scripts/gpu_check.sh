@@ -54,11 +54,12 @@
 #          e.g. "fast-tc flex"), rows in OUT_DIR/train.csv (TRAIN_CSV names another) as they come; with
 #          GPUS=N, N processes (`--shard i/N`, one GPU each) write OUT_DIR/train.shard-i.csv, merged into
 #          train.csv at the end; TRAIN_FROM names a folder of an earlier run's CSVs to resume
-#   overlap: fast-tc's overlapped walk (kernels/tc/loop_overlap.cuh, the default at D=128 on sm_90) and its stages
-#          released by the warps (REL=1, kernels/tc/load_released.cuh, the default of the long D=128 shape): their GPU gate and compute-sanitizer tests, then
-#          fast-tc's default against the serial walk (--tile-config OV=0), OV=1,REL=1 and SDPA cuDNN, interleaved, 20 samples,
-#          on the llm configuration's dense, window, document and streaming instances at T=32768, D=128 (OVERLAP_ARGS
-#          replaces those options), rows in OUT_DIR/overlap.csv as they come
+#   overlap: fast-tc's overlapped walk (kernels/tc/loop_overlap.cuh, the default at D=128 on sm_90), its stages
+#          released by the warps (REL=1, kernels/tc/load_released.cuh, the default of the long D=128 shape) and K and V
+#          on stages of their own (KVS=1, kernels/tc/load_split.cuh): their GPU gate and compute-sanitizer tests, then
+#          fast-tc's default against the serial walk (--tile-config OV=0), OV=1,REL=1, OV=1,REL=1,KVS=1 and SDPA cuDNN,
+#          interleaved, 20 samples, on the llm configuration's dense, window, document and streaming instances at
+#          T=32768, D=128 (OVERLAP_ARGS replaces those options), rows in OUT_DIR/overlap.csv as they come
 #   classes: fast-tc-classes (the class-major layout): its GPU tests (tests/test_classes.py), then the training
 #          configuration's dilated instances with fast-tc, fast-tc-classes and Flex in one process, every pass,
 #          10 samples (CLASSES_ARGS replaces the default --T 32768), rows in OUT_DIR/classes.csv as they come
@@ -223,7 +224,7 @@ PY
                ${TRAIN_ARGS:---T 32768} ;;
     overlap) step overlap_tests python3 -m pytest -q -m gpu -rs tests/test_fast_tc.py tests/test_sanitizer_gpu.py \
                -k overlapped
-           step overlap attnbench sweep --config llm --impl fast-tc --tile-config OV=0 --tile-config OV=1,REL=1 --impl sdpa-cudnn \
+           step overlap attnbench sweep --config llm --impl fast-tc --tile-config OV=0 --tile-config OV=1,REL=1 --tile-config OV=1,REL=1,KVS=1 --impl sdpa-cudnn \
                --samples 20 ${OVERLAP_ARGS:---T 32768 --D 128 --pattern dense --pattern window --pattern document --pattern streaming} \
                --resume --out "$out/overlap.csv" ;;
     classes) step classes_tests python3 -m pytest -q -m gpu -rs tests/test_classes.py

@@ -123,8 +123,10 @@ def test_the_overlapped_walk_keeps_its_products_in_flight():
     serial = [b for b in wg if not b[1].get("OV")][:2]
     released = [(n, {**d, "REL": 1}) for n, d in overlap_builds()[:1] + [b for b in wg if b[1].get("OV")][:2]]
     in_turn = [(n, {**d, "PP": 1}) for n, d in wg if d.get("REL")][:1]  # the long D=128 shape's warpgroups in turn
-    assert in_turn
-    for name, defines in overlap_builds() + [b for b in wg if b[1].get("OV")] + serial + released + in_turn:
+    apart = [(n, {**d, "KVS": 1}) for n, d in wg if d.get("REL")][:1] + [(n, {**d, "REL": 1, "KVS": 1})
+                                                                         for n, d in overlap_builds()[:1]]
+    assert in_turn and len(apart) == 2
+    for name, defines in overlap_builds() + [b for b in wg if b[1].get("OV")] + serial + released + in_turn + apart:
         _, log = kc._nvrtc(name, kc.source(name, defines), list(kc.options(defines)) + ["-arch=sm_90a", "-Xptxas=-v"])
         assert "C7514" not in log and "C7515" not in log and "serialized" not in log, (defines, log)
 
@@ -171,4 +173,18 @@ def test_warpgroups_in_turn_wait_and_arrive_on_named_barriers():
     ptx = {pp: kc.ptx("fast_tc", {**defines, "PP": 1} if pp else defines, "sm_90a") for pp in (0, 1)}
     assert "bar.arrive" not in ptx[0] and "bar.arrive" in ptx[1]
     assert ptx[1].count("bar.sync") > ptx[0].count("bar.sync")
+
+
+def test_k_and_v_apart_wait_and_release_on_barriers_of_their_own():
+    """KVS=1 (kernels/tc/load_split.cuh): K and V of a tile load on barriers of their own (a bulk copy each, where
+    REL's build issues the pair on one), and each warp releases K's stage and V's apart: more copies and arrivals
+    than REL's build of the long D=128 shape."""
+    from attnbench.fast_tc import HOPPER_LONG_CONFIGS, kernel_defines
+    from attnbench.patterns import make_mask
+
+    defines = kernel_defines(128, "bfloat16", make_mask("dense", 4096), HOPPER_LONG_CONFIGS[128])
+    assert defines.get("REL") == 1
+    ptx = {kvs: kc.ptx("fast_tc", {**defines, "KVS": 1} if kvs else defines, "sm_90a") for kvs in (0, 1)}
+    for op in ("mbarrier.arrive.shared::cta.b64", "mbarrier.arrive.expect_tx"):
+        assert ptx[1].count(op) > ptx[0].count(op), op
 

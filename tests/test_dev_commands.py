@@ -40,6 +40,9 @@ from test_trust import one_error, rows  # noqa: E402
     ("REL=1,OV=1", (("OV", 1), ("REL", 1))),
     ("8,128,3,1,1,0,1,1,1,1,1", (("NWARPS", 8), ("BN", 128), ("STAGES", 3), ("MT", 1), ("MINB", 1), ("QREG", 0),
                                  ("WG", 1), ("TMA", 1), ("OV", 1), ("REL", 1), ("PP", 1))),
+    ("8,128,3,1,1,0,1,1,1,1,0,1", (("NWARPS", 8), ("BN", 128), ("STAGES", 3), ("MT", 1), ("MINB", 1), ("QREG", 0),
+                                   ("WG", 1), ("TMA", 1), ("OV", 1), ("REL", 1), ("KVS", 1))),
+    ("KVS=1", (("KVS", 1),)),
 ])
 def test_tile_config_parses_named_and_positional_forms(text, given):
     spec = parse_tile_config(text)
@@ -53,11 +56,11 @@ def test_tile_config_parses_named_and_positional_forms(text, given):
     ("STAGES=1", "STAGES=1 must be from 2 to 8"),
     ("NWARPS=0", "NWARPS=0 must be from 1 to 32"),
     ("WG=2", "WG=2 must be 0 or 1"),
-    ("BM=64", "unknown field 'BM' (fields: NWARPS, BN, STAGES, MT, MINB, QREG, WG, TMA, OV, REL, PP)"),
+    ("BM=64", "unknown field 'BM' (fields: NWARPS, BN, STAGES, MT, MINB, QREG, WG, TMA, OV, REL, PP, KVS)"),
     ("BN=x", "BN='x' is not an integer"),
     ("BN=32,BN=64", "BN given twice"),
-    ("4,64", "the positional form takes 3 to 11 numbers"),
-    ("4,64,2,1,1,1,0,0,0,0,0,9", "the positional form takes 3 to 11 numbers"),
+    ("4,64", "the positional form takes 3 to 12 numbers"),
+    ("4,64,2,1,1,1,0,0,0,0,0,0,9", "the positional form takes 3 to 12 numbers"),
     ("BN=32,3", "give every field as FIELD=N, or all of them by position"),
     ("", "expected FIELD=N"),
     ("4,64,2,2,1,0,1,0", "WG=1 needs MT=1"),  # a whole shape the kernel cannot build
@@ -71,6 +74,8 @@ def test_tile_config_parses_named_and_positional_forms(text, given):
     ("8,128,3,1,1,0,1,1,1,0,1", "PP=1 needs OV=1, REL=1"),
     ("8,128,2,1,1,0,1,1,0,1,1", "PP=1 needs OV=1"),  # the turns are the overlapped walk's
     ("PP=3", "PP=3 must be 0 or 1"),
+    ("4,64,3,1,1,0,1,1,1,0,0,1", "KVS=1 needs OV=1 and REL=1"),
+    ("KVS=2", "KVS=2 must be 0 or 1"),
 ])
 def test_bad_tile_configs_name_the_option_and_the_limit(text, words):
     with pytest.raises(BadInput) as e:
@@ -99,6 +104,10 @@ def test_the_overlapped_walk_is_named_only_where_it_is_asked():
     assert pp.spec.endswith(",OV=1,REL=1,PP=1") and pp.problem() is None
     assert pp.smem_bytes(128) == replace(pp, PP=0).smem_bytes(128)  # the turns are named barriers, no memory
     assert kernel_defines(128, "bfloat16", make_mask("dense", 4096), pp)["PP"] == 1
+    kvs = replace(pp, PP=0, KVS=1)  # K and V apart: two more barriers a stage
+    assert kvs.spec.endswith(",OV=1,REL=1,KVS=1") and kvs.problem() is None
+    assert kvs.smem_bytes(128) == pp.smem_bytes(128) + 16 * 3 and kvs.smem_bytes(128) <= 227 * 1024
+    assert kernel_defines(128, "bfloat16", make_mask("dense", 4096), kvs)["KVS"] == 1
 
 
 def test_a_shape_without_the_overlapped_walk_takes_the_serial_one_where_the_walk_cannot_be_built():

@@ -299,6 +299,7 @@ def test_scores_that_outgrow_the_running_max(impl, rising, pattern, params):
 
 
 SERIAL_RELEASED = ["OV=0,REL=1", "NWARPS=8,BN=128,STAGES=2,MINB=1,OV=0,REL=1"]  # REL on the serial walk
+KV_APART = ["OV=1,STAGES=3,REL=1,KVS=1", "NWARPS=8,BN=128,STAGES=3,MINB=1,OV=1,REL=1,KVS=1"]  # K and V on stages apart
 
 
 @pytest.mark.gpu
@@ -350,13 +351,14 @@ def test_gate_builds_cover_every_pattern_on_both_main_loops():
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("spec", ["OV=1,STAGES=3", "OV=1,STAGES=3,REL=1", "NWARPS=8,BN=128,STAGES=3,MINB=1,OV=1,REL=1",
                                   "NWARPS=8,BN=128,STAGES=3,MINB=1,OV=1,REL=1,PP=1",
-                                  "NWARPS=12,BN=64,STAGES=3,MINB=1,OV=1,REL=1,PP=1"] + SERIAL_RELEASED)
+                                  "NWARPS=12,BN=64,STAGES=3,MINB=1,OV=1,REL=1,PP=1"] + SERIAL_RELEASED + KV_APART)
 def test_gate_of_the_overlapped_walk(pattern, params, T, D, dtype, spec):
     """--tile-config OV=1 (kernels/tc/loop_overlap.cuh): S of a tile in flight beside P V of the one
     before, the rescale waiting for P V, lists of one tile (block-diagonal) and idle warps included; with
     REL=1 the stages released by the warps' arrivals (kernels/tc/load_released.cuh), one warpgroup and two; with
     PP=1 two and three warpgroups issuing their products in turn (kernels/tc/turns.cuh), one-tile lists included;
-    and REL on the serial walk (kernels/tc/loop.cuh), one warpgroup and two, the lazy pass's vote the warpgroup's."""
+    and REL on the serial walk (kernels/tc/loop.cuh), one warpgroup and two, the lazy pass's vote the warpgroup's;
+    and KVS=1, K and V on stages of their own (kernels/tc/load_split.cuh), one warpgroup and two."""
     from attnbench.check import gate
     from attnbench.fast_tc import parse_tile_config
 

@@ -45,6 +45,8 @@ shapes += [("OV=1,STAGES=3,REL=1", D) for D in (64, 128)] + [("NWARPS=8,BN=128,S
                                                               for D in (64, 128)]
 shapes += [("NWARPS=12,BN=64,STAGES=3,MINB=1,OV=1,REL=1,PP=1", 128)]
 shapes += [(s, D) for s in ("OV=0,REL=1", "NWARPS=8,BN=128,STAGES=2,MINB=1,OV=0,REL=1") for D in (64, 128)]
+shapes += [(s, D) for s in ("OV=1,STAGES=3,REL=1,KVS=1", "NWARPS=8,BN=128,STAGES=3,MINB=1,OV=1,REL=1,KVS=1")
+           for D in (64, 128)]
 cases = [("dense", {}, 100), ("window", {"window": 70}, 300), ("block_diagonal", {"block": 16}, 64)]
 res = [gate(IMPL.tile_variant(parse_tile_config(s)), Problem(make_mask(p, T, p != "block_diagonal", **kw), 1, 2, D,
                                                              "bfloat16"))
@@ -61,7 +63,8 @@ def test_the_overlapped_walk_is_sanitizer_clean(tool):
     stages refilled one tile later, several tiles a list, one tile a list (block-diagonal 16), D 64 and 128;
     and the long lists' shapes (two warpgroups sharing 128-key tiles) on the same cases; and the stages released
     by the warps' arrivals (REL=1, kernels/tc/load_released.cuh), one warpgroup and two, and two and three
-    warpgroups in turn (PP=1, kernels/tc/turns.cuh), and REL on the serial walk, one warpgroup and two."""
+    warpgroups in turn (PP=1, kernels/tc/turns.cuh), REL on the serial walk, one warpgroup and two, and K and V on
+    stages of their own (KVS=1, kernels/tc/load_split.cuh)."""
     _check_is_clean(tool, [], 400, program=["-c", OVERLAP_GATE])
 
 

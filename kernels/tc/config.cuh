@@ -1,7 +1,7 @@
 // fast_tc's compile-time constants (-D, with their defaults) and the shapes derived from them.
 //
 // HEAD_D (64 or 128), BN (keys per tile, multiple of 16), STRIDE, QREG, WG, NWARPS, MT, MINB
-// (blocks per SM for __launch_bounds__), STAGES (>= 2), TMA, OV, REL, PP, AB_F16 (1: float16, 0: bfloat16),
+// (blocks per SM for __launch_bounds__), STAGES (>= 2), TMA, OV, REL, KVS, PP, AB_F16 (1: float16, 0: bfloat16),
 // KV_GROUP (query heads per key/value head, H / H_kv: grouped-query heads; default 1),
 // LAZY (default WG), FWD_LSE (default 0), and the pattern itself: CAUSAL, AB_PATTERN_T and AB_PATTERN_ARGS
 // (Mask.device_defines() of Mask.tile_predicate(BM, BN); kernels/common.cuh), its parameters as
@@ -54,6 +54,10 @@
 #ifndef REL
 #define REL 0
 #endif
+// KVS 1: with OV and REL, K and V on stages of their own, K loaded a tile further ahead (tc/load_split.cuh)
+#ifndef KVS
+#define KVS 0
+#endif
 // PP 1: with OV, REL and two warpgroups or more, the warpgroups issue their products in turn (tc/turns.cuh)
 #ifndef PP
 #define PP 0
@@ -95,6 +99,9 @@ static_assert(WG && TMA && STAGES >= 3, "OV: with WG and TMA, 3 stages or more")
 #endif
 #if REL
 static_assert(WG && TMA, "REL: the wgmma products with bulk tensor copies");
+#endif
+#if KVS
+static_assert(OV && REL, "KVS: the overlapped walk with REL");
 #endif
 #if PP
 static_assert(OV && REL && NWARPS >= 8 && NWARPS <= 16, "PP: the overlapped walk with REL, two to four warpgroups");

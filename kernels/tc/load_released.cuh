@@ -21,7 +21,7 @@
 #include "tc/mainloop_wgmma.cuh"
 
 struct TcLoadTmaReleased : TcLoadTma {
-    static constexpr int REFILLER = PP ? THREADS - 128 : 0;
+    enum { REFILLER = PP ? THREADS - 128 : 0 };  // (an enum: no symbol in the module)
 
     static __device__ __forceinline__ u32 empty(u32 bar, int st) { return bar + 8 * (STAGES + 1 + st); }
 

@@ -10,7 +10,9 @@
 //   in flight; ptxas serialises the wgmma then), and a tile whose max moved by more than 2^RESCALE_LOG2
 //   waits for P V before it rescales; the others overlap it whole.
 // - Each step ends by releasing tile it - 1's stage (Load::release: nothing for TcLoadTma, whose next refill
-//   waits on a block barrier; an arrival per warp for TcLoadTmaReleased, REL 1, tc/load_released.cuh).
+//   waits on a block barrier; an arrival per warp for TcLoadTmaReleased, REL 1, tc/load_released.cuh). With K
+//   and V on stages of their own (KVS 1, tc/load_split.cuh) K of tile it + STAGES - 1 is loaded at step it
+//   (refill_k), K of tile it released once S has read it (release_k), and P V waits for V (wait_v).
 // - Turns (tc/turns.cuh) orders the warpgroups' issues: as they come (TcTurnsAny), or in turn (PP 1).
 // Interface: TcLoopSerial's (tc/loop.cuh).
 #pragma once
@@ -45,8 +47,9 @@ struct TcLoopOverlap {
                                                 TcTileList& list, int n, u32 bar, const TcSmem& sm, const TcGlobal& gm,
                                                 const int* __restrict__ tent, int T, int row0, int g, int t4,
                                                 const AB_PATTERN_T& pat, float scale_log2) {
-        int ent_nx;
-        const int ent = list.next_near(tent, it, ent_nx);
+        int ent_nx, ent_far;
+        const int ent = list.next_near(tent, it, ent_nx, ent_far);
+        Load::refill_k(sm, gm, bar, ent_far, it + STAGES - 1, n);  // (KVS 1: K a tile ahead of V; else nothing)
         Load::refill(sm, gm, T, bar, w.st, w.st_fill, w.phase, ent_nx, it + STAGES - 2, FIRST ? 0 : n);
         w.st_fill = w.st_fill == STAGES - 1 ? 0 : w.st_fill + 1;
         const int kt = tc_entry_tile(ent), sc = w.st;
@@ -61,10 +64,12 @@ struct TcLoopOverlap {
             Turns::after(it, n);
             wg_wait<0>();
         } else {
+            Load::wait_v(bar, it - 1);                 // (KVS 1: V has its own barrier; else it came with K)
             Mma::pv_issue(acc, w.pa, op, w.st_prev);  // tile it - 1's
             Turns::after(it, n);
             wg_wait<1>();                              // S is done (the groups complete in order)
         }
+        Load::release_k(bar, sc);  // S has read K of tile it (KVS 1; else K goes with V's release)
         if (mask(s, ent, kt, pat, row0, T, g, t4)) {
             TcSoftmax::zero(s, rs);  // no allowed key in the warp's rows: P = 0
         } else {
@@ -95,6 +100,7 @@ struct TcLoopOverlap {
         for (int it = 1; it < n; ++it)
             step<false>(w, it, acc, sf, op, list, n, bar, sm, gm, tent, T, row0, g, t4, pat, scale_log2);
         if (n > 0) {
+            Load::wait_v(bar, n - 1);
             Mma::pv_issue(acc, w.pa, op, w.st_prev);
             wg_wait<0>();
             Load::release(bar, w.st_prev);

@@ -19,7 +19,8 @@
 //   TcLoadTma: begin() initialises the barriers (after the V stages: Q's, then one per stage);
 //     first_tiles(list): Q, then the list's first tiles; waits for Q; refill: waits until every
 //     warp is done with stage st_fill (a block barrier), refills it, waits for stage st; release(bar, st):
-//     nothing (tc/load_released.cuh's TcLoadTmaReleased waits on the warps' arrivals instead, REL 1).
+//     nothing (tc/load_released.cuh's TcLoadTmaReleased waits on the warps' arrivals instead, REL 1);
+//     refill_k, wait_v, release_k: nothing (the overlapped walk's hooks for tc/load_split.cuh, KVS 1).
 #pragma once
 #include "tc/scheduler.cuh"
 
@@ -116,6 +117,14 @@ __device__ __forceinline__ void tma_load_kv(u32 dK, u32 dV, const void* mapK, co
     }
 }
 
+// ... and rows [row0, row0 + BN) of one of them (K or V, by its map) alone, completing on `bar` (KVS 1,
+// tc/load_split.cuh)
+__device__ __forceinline__ void tma_load_rows(u32 dst, const void* map, int row0, u32 bar) {
+    tma_expect(bar, TILE_BYTES);
+#pragma unroll
+    for (int pn = 0; pn < HEAD_D / 64; ++pn) tma_load3(dst + pn * BN * 128, map, pn * 64, row0, tc_kv_bh(), bar);
+}
+
 struct TcLoadTma {
     TcSmem sm;
     TcGlobal gm;
@@ -138,7 +147,11 @@ struct TcLoadTma {
         __syncthreads();  // the barriers are initialised before anyone (the copy engine too) uses them
     }
 
-    __device__ __forceinline__ void first_tiles(const TcTileList& list) {
+    __device__ __forceinline__ void first_tiles(const TcTileList& list) { first_tiles_by<TcLoadTma>(list); }
+
+    // first_tiles with Load's load_stage (a loader built on this one names itself)
+    template <class Load>
+    __device__ __forceinline__ void first_tiles_by(const TcTileList& list) {
         if (threadIdx.x == 0) {
             // Q's copy first, then the list's first tiles (their test of n waits for the head's load)
             tma_expect(bar, BM * HEAD_D * 2);
@@ -147,11 +160,14 @@ struct TcLoadTma {
                 tma_load3(sm.q + pn * BM * 128, gm.mq, pn * 64, qt * BM, blockIdx.y, bar);
 #pragma unroll
             for (int s = 0; s < STAGES - 1; ++s)
-                if (s < list.n)
-                    tma_load_kv(sm.k + s * TILE_BYTES, sm.v + s * TILE_BYTES, gm.mk, gm.mv,
-                                tc_entry_tile(list.ring[s]) * BN, bar + 8 * (s + 1));
+                if (s < list.n) Load::load_stage(sm, gm, bar, s, tc_entry_tile(list.ring[s]) * BN);
         }
         tma_wait(bar, 0);
+    }
+
+    // K and V rows row0.. into stage s, both completing on its barrier
+    static __device__ __forceinline__ void load_stage(const TcSmem& sm, const TcGlobal& gm, u32 bar, int s, int row0) {
+        tma_load_kv(sm.k + s * TILE_BYTES, sm.v + s * TILE_BYTES, gm.mk, gm.mv, row0, bar + 8 * (s + 1));
     }
 
     // waits until every warp is done with stage st_fill (tile it - 1's), then thread 0 refills it
@@ -168,6 +184,14 @@ struct TcLoadTma {
 
     // tc/load_released.cuh's: a warp done with stage st says so; here the next refill's barrier does
     static __device__ __forceinline__ void release(u32 bar, int st) {}
+
+    // the overlapped walk's hooks for K and V on stages of their own (tc/load_split.cuh, KVS 1); here K and V of
+    // a tile share a stage, a barrier and a release, so they do nothing: the load of K of tile nx (entry ent) a
+    // tile earlier than V's, the wait for V of tile t before its P V, and the release of K of tile t's stage
+    static __device__ __forceinline__ void refill_k(const TcSmem& sm, const TcGlobal& gm, u32 bar, int ent, int nx,
+                                                    int n) {}
+    static __device__ __forceinline__ void wait_v(u32 bar, int t) {}
+    static __device__ __forceinline__ void release_k(u32 bar, int st) {}
 
     static __device__ __forceinline__ void drain() {}
 };

@@ -128,11 +128,10 @@ struct TcTileList {
         return ent;
     }
 
-    // next(), for a walk that loads tile it + STAGES - 2 at step it (tc/loop_overlap.cuh): `ahead` is
-    // that tile's entry
-    __device__ __forceinline__ int next_near(const int* __restrict__ tent, int it, int& ahead) {
-        int far;
-        ahead = ring[STAGES - 2];
+    // next(), for a walk that loads tile it + STAGES - 2 at step it (tc/loop_overlap.cuh): `near` is
+    // that tile's entry, `far` tile it + STAGES - 1's (K's, a tile earlier than V's, tc/load_split.cuh)
+    __device__ __forceinline__ int next_near(const int* __restrict__ tent, int it, int& near, int& far) {
+        near = ring[STAGES - 2];
         return next(tent, it, far);
     }
 };
