@@ -1,18 +1,11 @@
 """scripts/dense_rate_bound.py on the committed H200 training rows (a host count, no GPU)."""
-import importlib.util
-from pathlib import Path
-
 import pandas as pd
 import pytest
-
-ROOT = Path(__file__).parents[1]
+from scriptmod import ROOT, script
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("dense_rate_bound", ROOT / "scripts" / "dense_rate_bound.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return script("dense_rate_bound")
 
 
 def _rows(*names):

@@ -1,0 +1,113 @@
+"""The serving targets (the decode configuration's) counted over a decode CSV: a host count, no GPU.
+
+    python scripts/decode_targets.py results/decode-h200.csv [--impl fast-decode] [--csv-out out.csv]
+
+The CSVs are read as one. A case is a row's pattern, B, Tq, T (the cache), cache lengths, heads, D and dtype. For each
+case, "ours" is the fastest row of the ``--impl`` implementations (give it more than once: a prefill kernel may serve
+a small Tq), and the peers are that case's rows in the same CSV:
+- dense at T >= 32768: ``vs_sdpa``, the best SDPA backend's time over ours (target: at least 1), and ``share``, the
+  bytes floor at the bandwidth the run measured (``floor_ms``) over our time (target: at least 0.9);
+- every other pattern: ``vs_flex``, Flex's time over ours (target: at least 5), and ``over_floor``, our time over
+  max(floor, 10 us) (target: at most 1.5); ``flex_target_below_floor``: Flex's time / 5 is below max(floor, 10 us),
+  a target that no kernel can reach;
+- streaming at T = 1048576: ``flat``, its time over the same case's at T = 4096 (target: at most 1.1).
+Then one line per target and Tq: how many cases meet it, of how many that have the rows it needs.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+import pandas as pd
+
+FLOOR_MIN_MS = 0.010  # the 10 us below which a decode's floor does not go
+CASE = ["pattern", "label", "B", "Tq", "T", "cache_lens", "H", "H_kv", "D", "dtype"]
+SDPA = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math")
+FLAT_FROM, FLAT_AT = 4096, 1048576
+
+
+def table(rows: pd.DataFrame, impls=("fast-decode",)) -> pd.DataFrame:
+    """One row per case that ``impls`` ran (status ok), with the targets' columns (NaN where a peer's row is
+    missing or the target does not apply)."""
+    ok = rows[rows.status == "ok"].copy()
+    ok["cache_lens"] = ok["cache_lens"].map(lambda v: "" if pd.isna(v) else str(v))  # ragged batches' lengths
+    ours = ok[ok.impl.isin(impls)]
+    if ours.empty:
+        raise ValueError(f"no rows with status ok of {', '.join(impls)}")
+    best = ours.loc[ours.groupby(CASE, dropna=False).median_ms.idxmin()].set_index(CASE)
+    t = best[["impl", "median_ms", "floor_ms"]].copy()
+
+    def peer(names) -> pd.Series:
+        rows_ = ok[ok.impl.isin(names)]
+        return rows_.groupby(CASE, dropna=False).median_ms.min().reindex(t.index)
+
+    dense = t.index.get_level_values("pattern") == "dense"
+    T = t.index.get_level_values("T")
+    t["vs_sdpa"] = np.where(dense & (T >= 32768), peer(SDPA) / t.median_ms, np.nan)
+    t["share"] = np.where(dense & (T >= 32768), t.floor_ms / t.median_ms, np.nan)
+    limit = np.maximum(t.floor_ms, FLOOR_MIN_MS)
+    flex = peer(("flex",))
+    t["vs_flex"] = np.where(~dense, flex / t.median_ms, np.nan)
+    t["over_floor"] = np.where(~dense, t.median_ms / limit, np.nan)
+    t["flex_target_below_floor"] = np.where(~dense & flex.notna(), flex / 5 < limit, np.nan)
+    t = t.reset_index()
+    base = t[t["T"] == FLAT_FROM].set_index([c for c in CASE if c != "T"]).median_ms
+    at = t["T"] == FLAT_AT
+    key = pd.MultiIndex.from_frame(t[[c for c in CASE if c != "T"]])
+    t["flat"] = np.where(at & (t.pattern == "streaming"), t.median_ms / base.reindex(key).to_numpy(), np.nan)
+    return t
+
+
+# (name, column, test): the targets the summary counts
+TARGETS = [
+    ("dense: at least SDPA's best backend (T >= 32768)", "vs_sdpa", lambda x: x >= 1),
+    ("dense: at least 90% of the measured bandwidth (T >= 32768)", "share", lambda x: x >= 0.9),
+    ("sparse: at least 5x Flex", "vs_flex", lambda x: x >= 5),
+    ("sparse: within 1.5x of max(floor, 10 us)", "over_floor", lambda x: x <= 1.5),
+    ("streaming at T=1048576 within 10% of T=4096", "flat", lambda x: x <= 1.1),
+]
+
+
+def summary(t: pd.DataFrame) -> pd.DataFrame:
+    """Per target and Tq: cases that meet it, cases with the rows it needs, and (5x Flex) the misses whose Flex / 5
+    lies below max(floor, 10 us)."""
+    out = []
+    for name, col, test in TARGETS:
+        for tq, g in t.groupby("Tq"):
+            x = g[g[col].notna()]
+            if x.empty:
+                continue
+            met = test(x[col])
+            row = dict(target=name, Tq=int(tq), met=int(met.sum()), of=len(x))
+            if col == "vs_flex":
+                row["misses_below_floor"] = int((~met & (x.flex_target_below_floor == 1)).sum())
+            out.append(row)
+    return pd.DataFrame(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("csv", nargs="+")
+    ap.add_argument("--impl", action="append", help="ours (default fast-decode); more than once: the fastest")
+    ap.add_argument("--csv-out", dest="out")
+    a = ap.parse_args(argv)
+    rows = pd.concat([pd.read_csv(f, dtype={"git_commit": str}) for f in a.csv], ignore_index=True)
+    try:
+        t = table(rows, tuple(a.impl or ("fast-decode",)))
+    except ValueError as e:
+        print(f"decode_targets: {e} in {', '.join(a.csv)}", file=sys.stderr)
+        return 1
+    if a.out:
+        t.to_csv(a.out, index=False)
+    with pd.option_context("display.width", 250, "display.max_columns", 30, "display.max_rows", 500):
+        shown = t.drop(columns=["pattern", "H", "D", "dtype"]).assign(label=t.label.str.slice(0, 30),
+                                                                   cache_lens=t.cache_lens.str.slice(0, 12))
+        print(shown.round(4).to_string(index=False))
+        print()
+        print(summary(t).to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

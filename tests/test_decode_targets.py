@@ -1,0 +1,88 @@
+"""scripts/decode_targets.py: the serving targets counted over decode rows (a host count, no GPU)."""
+import numpy as np
+import pandas as pd
+import pytest
+from scriptmod import ROOT, script
+
+dt = script("decode_targets")
+
+
+def _row(impl, pattern, T, ms, floor, Tq=1, B=1, status="ok", cache_lens=np.nan, label=None):
+    return dict(impl=impl, pattern=pattern, label=label or pattern, B=B, Tq=Tq, T=T, cache_lens=cache_lens, H=32,
+                H_kv=8, D=128, dtype="bfloat16", status=status, median_ms=ms, floor_ms=floor)
+
+
+def _rows():
+    return pd.DataFrame([
+        # dense at T=32768: ours 1.0 against SDPA 1.1 (cuDNN) and 1.2 (flash), the floor 0.95 of it
+        _row("fast-decode", "dense", 32768, 1.0, 0.95), _row("sdpa-cudnn", "dense", 32768, 1.1, 0.95),
+        _row("sdpa-flash", "dense", 32768, 1.2, 0.95),
+        # dense below T=32768: no dense target applies
+        _row("fast-decode", "dense", 4096, 0.2, 0.1), _row("sdpa-cudnn", "dense", 4096, 0.1, 0.1),
+        # streaming: 15 us against Flex's 100, floor 1 us (so 10 us counts), and the same at T=1048576, 5% slower
+        _row("fast-decode", "streaming", 4096, 0.015, 0.001), _row("flex", "streaming", 4096, 0.1, 0.001),
+        _row("fast-decode", "streaming", 1048576, 0.01575, 0.001),
+        _row("flex", "streaming", 1048576, 0.2, 0.001, status="failed"),  # a failed peer is no peer
+        # window at Tq=16: fast-tc serves it faster than fast-decode; Flex at 40 us asks 8 us, below the 10 us floor
+        _row("fast-decode", "window", 4096, 0.03, 0.004, Tq=16), _row("fast-tc", "window", 4096, 0.02, 0.004, Tq=16),
+        _row("flex", "window", 4096, 0.04, 0.004, Tq=16),
+    ])
+
+
+def _case(t, pattern, T, Tq=1):
+    x = t[(t.pattern == pattern) & (t["T"] == T) & (t.Tq == Tq)]
+    assert len(x) == 1
+    return x.iloc[0]
+
+
+def test_dense_against_sdpa_and_the_bandwidth_from_32768_keys():
+    t = dt.table(_rows())
+    d = _case(t, "dense", 32768)
+    assert d.vs_sdpa == pytest.approx(1.1) and d.share == pytest.approx(0.95)
+    assert np.isnan(_case(t, "dense", 4096).vs_sdpa) and np.isnan(_case(t, "dense", 4096).share)
+
+
+def test_sparse_against_flex_and_the_floor_of_10_us():
+    t = dt.table(_rows())
+    s = _case(t, "streaming", 4096)
+    assert s.vs_flex == pytest.approx(0.1 / 0.015) and s.over_floor == pytest.approx(1.5)
+    assert s.flex_target_below_floor == 0
+    assert np.isnan(_case(t, "streaming", 1048576).vs_flex)  # Flex failed there
+    assert _case(t, "streaming", 1048576).flat == pytest.approx(1.05)
+
+
+def test_the_fastest_of_the_given_implementations_is_ours():
+    t = dt.table(_rows(), ("fast-decode", "fast-tc"))
+    w = _case(t, "window", 4096, Tq=16)
+    assert w.impl == "fast-tc" and w.vs_flex == pytest.approx(2.0) and w.flex_target_below_floor == 1
+    assert _case(dt.table(_rows()), "window", 4096, Tq=16).impl == "fast-decode"
+
+
+def test_the_summary_counts_what_meets_each_target():
+    s = dt.summary(dt.table(_rows(), ("fast-decode", "fast-tc"))).set_index(["target", "Tq"])
+    assert tuple(s.loc[("dense: at least SDPA's best backend (T >= 32768)", 1), ["met", "of"]]) == (1, 1)
+    assert tuple(s.loc[("sparse: at least 5x Flex", 1), ["met", "of"]]) == (1, 1)
+    flex16 = s.loc[("sparse: at least 5x Flex", 16)]
+    assert (flex16.met, flex16.of, flex16.misses_below_floor) == (0, 1, 1)
+    # streaming: 15 us is 1.5x the 10 us floor (met); 15.75 us at T=1048576 is 1.575x (missed)
+    assert tuple(s.loc[("sparse: within 1.5x of max(floor, 10 us)", 1), ["met", "of"]]) == (1, 2)
+    assert tuple(s.loc[("streaming at T=1048576 within 10% of T=4096", 1), ["met", "of"]]) == (1, 1)
+
+
+def test_the_committed_decode_rows_count_consistently():
+    rows = pd.read_csv(ROOT / "results" / "decode-h200.csv", dtype={"git_commit": str})
+    t = dt.table(rows)
+    sparse = t[t.pattern != "dense"]
+    assert (sparse.over_floor == sparse.median_ms / np.maximum(sparse.floor_ms, 0.010)).all()
+    assert t[t.pattern == "dense"].vs_flex.isna().all() and t[t["T"] < 32768].vs_sdpa.isna().all()
+    s = dt.summary(t)
+    for (name, col, _), tq in [(x, q) for x in dt.TARGETS for q in (1, 16)]:
+        got = s[(s.target == name) & (s.Tq == tq)]
+        assert got.of.sum() == t[(t.Tq == tq) & t[col].notna()].shape[0]
+
+
+def test_no_rows_of_the_implementation_is_an_error(tmp_path, capsys):
+    p = tmp_path / "x.csv"
+    pd.DataFrame([_row("flex", "streaming", 4096, 0.1, 0.001)]).to_csv(p, index=False)
+    assert dt.main([str(p)]) == 1
+    assert "no rows with status ok of fast-decode" in capsys.readouterr().err
