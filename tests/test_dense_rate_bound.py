@@ -75,3 +75,25 @@ def test_the_forward_bar_from_forward_rows_alone():
     assert pd.isna(w.bwd) and pd.isna(w.target)
     sparse = t[t.instance != "dense"]
     assert (sparse.fwd_need > 0).all() and sparse.fwd_bound_over_target.notna().all()
+
+
+def test_dense_causal_takes_its_own_training_target(bound):
+    """Dense causal's fwd+bwd target is 1.3x SDPA's flash backend, not Flex's 3x."""
+    rows = _rows("train-32768-h200.csv")
+    ok = rows[(rows.status == "ok") & (rows.pattern == "dense") & (rows["pass"] == "fwd+bwd")]
+    flash = ok[ok.impl == "sdpa-flash"].groupby("D").median_ms.min()
+    dense = bound[bound.instance == "dense"].set_index("D")
+    assert dense.target.to_dict() == pytest.approx((flash / 1.3).to_dict())
+
+
+def test_the_summary_counts_the_table(bound):
+    s = _script()
+    rows = _rows("train-32768-h200.csv")
+    lines = s.summary(bound, rows)
+    sparse = bound[bound.instance != "dense"]
+    assert f"sparse fwd+bwd at 3x Flex (or 50% of its floor): {int((sparse.need <= 1).sum())} of {len(sparse)} met" in lines
+    dense = [line for line in lines if line.startswith("dense causal D=128")]
+    fb = rows[(rows.status == "ok") & (rows.pattern == "dense") & (rows.D == 128)].groupby(["pass", "impl"]).median_ms.min()
+    assert len(dense) == 1 and f"bwd / fwd {fb['bwd', 'fast-tc'] / fb['fwd', 'fast-tc']:.2f}" in dense[0]
+    fwd_only = s.summary(s.table(_rows("llm-h200.csv"), T=32768), _rows("llm-h200.csv").query("T == 32768"))
+    assert not any("fwd+bwd" in line for line in fwd_only) and any("fwd vs cuDNN" in line for line in fwd_only)
