@@ -29,6 +29,11 @@ __device__ __forceinline__ void tma_expect(unsigned bar, unsigned bytes) {
 __device__ __forceinline__ void tma_arrive(unsigned bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
 }
+// ... one arrival for the calling warp: its lanes meet, then lane 0 arrives (a warp done with what `bar` guards)
+__device__ __forceinline__ void tma_warp_arrive(unsigned bar) {
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) tma_arrive(bar);
+}
 // wait until the phase of parity `parity` of `bar` has completed
 __device__ __forceinline__ void tma_wait(unsigned bar, unsigned parity) {
     asm volatile("{\n.reg .pred done;\n"

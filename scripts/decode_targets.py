@@ -92,9 +92,15 @@ def main(argv=None) -> int:
     ap.add_argument("--impl", action="append", help="ours (default fast-decode); more than once: the fastest")
     ap.add_argument("--csv-out", dest="out")
     a = ap.parse_args(argv)
-    rows = pd.concat([pd.read_csv(f, dtype={"git_commit": str}) for f in a.csv], ignore_index=True)
+    from attnbench.patterns import BadInput
+    from attnbench.results import read_results
+
     try:
+        rows = pd.concat([read_results(f) for f in a.csv], ignore_index=True)
         t = table(rows, tuple(a.impl or ("fast-decode",)))
+    except BadInput as e:  # (it names the file)
+        print(f"decode_targets: {e}", file=sys.stderr)
+        return 1
     except ValueError as e:
         print(f"decode_targets: {e} in {', '.join(a.csv)}", file=sys.stderr)
         return 1

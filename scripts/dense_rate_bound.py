@@ -153,7 +153,14 @@ def main(argv=None) -> int:
     ap.add_argument("--T", type=int, help="the rows of one T (a CSV of several)")
     ap.add_argument("--csv-out", dest="out")
     a = ap.parse_args(argv)
-    rows = pd.concat([pd.read_csv(f, dtype={"git_commit": str}) for f in a.csv], ignore_index=True)
+    from attnbench.patterns import BadInput
+    from attnbench.results import read_results
+
+    try:
+        rows = pd.concat([read_results(f) for f in a.csv], ignore_index=True)
+    except BadInput as e:
+        print(f"dense_rate_bound: {e}", file=sys.stderr)
+        return 1
     t = table(rows, a.impl, a.rate_impl, a.T)
     if a.out:
         t.to_csv(a.out, index=False)

@@ -83,6 +83,6 @@ def test_the_committed_decode_rows_count_consistently():
 
 def test_no_rows_of_the_implementation_is_an_error(tmp_path, capsys):
     p = tmp_path / "x.csv"
-    pd.DataFrame([_row("flex", "streaming", 4096, 0.1, 0.001)]).to_csv(p, index=False)
+    pd.DataFrame([{**_row("flex", "streaming", 4096, 0.1, 0.001), "family": "peer", "causal": True}]).to_csv(p, index=False)
     assert dt.main([str(p)]) == 1
     assert "no rows with status ok of fast-decode" in capsys.readouterr().err

@@ -46,8 +46,5 @@ struct TcLoadTmaReleased : TcLoadTma {
         tma_wait(bar + 8 * (st + 1), phase);  // tile `it` has landed
     }
 
-    static __device__ __forceinline__ void release(u32 bar, int st) {
-        __syncwarp();
-        if ((threadIdx.x & 31) == 0) tma_arrive(empty(bar, st));
-    }
+    static __device__ __forceinline__ void release(u32 bar, int st) { tma_warp_arrive(empty(bar, st)); }
 };

@@ -72,13 +72,6 @@ struct TcLoadTmaSplit : TcLoadTmaReleased {
         tma_wait(full_v(bar, t % STAGES), (u32)(t / STAGES) & 1);
     }
 
-    static __device__ __forceinline__ void release_k(u32 bar, int st) {
-        __syncwarp();
-        if ((threadIdx.x & 31) == 0) tma_arrive(empty_k(bar, st));
-    }
-
-    static __device__ __forceinline__ void release(u32 bar, int st) {
-        __syncwarp();
-        if ((threadIdx.x & 31) == 0) tma_arrive(empty_v(bar, st));
-    }
+    static __device__ __forceinline__ void release_k(u32 bar, int st) { tma_warp_arrive(empty_k(bar, st)); }
+    static __device__ __forceinline__ void release(u32 bar, int st) { tma_warp_arrive(empty_v(bar, st)); }
 };
