@@ -11,11 +11,13 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer not on PATH")
-@pytest.mark.parametrize("impl", ["naive", "fast-f32", "fast-tc", "fast-tc-sync"])
+@pytest.mark.parametrize("impl,D", [("naive", 64), ("fast-f32", 64), ("fast-tc", 64), ("fast-tc", 128),
+                                    ("fast-tc-sync", 64), ("fast-tc-sync", 128)])
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
-def test_kernels_are_sanitizer_clean(impl, tool):
-    """Every pattern through the gate at an odd and a tile-sized T, under compute-sanitizer."""
-    _check_is_clean(tool, ["--impl", impl, "--T", "7", "--T", "64", "--D", "64", "--B", "1", "--H", "2"], 240)
+def test_kernels_are_sanitizer_clean(impl, D, tool):
+    """Every pattern through the gate at an odd and a tile-sized T, under compute-sanitizer (the tensor-core
+    families at both head dimensions: their shapes differ by D)."""
+    _check_is_clean(tool, ["--impl", impl, "--T", "7", "--T", "64", "--D", str(D), "--B", "1", "--H", "2"], 240)
 
 
 def _check_is_clean(tool: str, options: list, timeout: int, program: list | None = None) -> None:
