@@ -12,6 +12,13 @@ a small Tq), and the peers are that case's rows in the same CSV:
   a target that no kernel can reach;
 - streaming at T = 1048576: ``flat``, its time over the same case's at T = 4096 (target: at most 1.1).
 Then one line per target and Tq: how many cases meet it, of how many that have the rows it needs.
+
+With ``--read FLOOR.csv`` (``attnbench floor``'s rows from the same GPU), ``read_ms`` is what the timing protocol
+measures for one launch that reads the case's bytes (``bytes_floor``) and does nothing else: interpolated in bytes
+between an empty launch and the 4 and 32 MiB reads, and past 32 MiB the 32 MiB read plus the rest at the bandwidth the
+row's own floor takes (the fastest a longer read could go, so no case is counted below a read it could beat). For the sparse
+targets, ``floor_target_below_read`` and ``flex_target_below_read`` say where the time a target asks is below that
+read, and the summary counts such misses (``misses_below_read``).
 """
 from __future__ import annotations
 
@@ -27,16 +34,35 @@ SDPA = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math")
 FLAT_FROM, FLAT_AT = 4096, 1048576
 
 
-def table(rows: pd.DataFrame, impls=("fast-decode",)) -> pd.DataFrame:
+READ_POINTS = ("one empty launch", "read 4 MiB", "read 32 MiB")  # attnbench floor's one-launch rows used
+
+
+def read_time(floor_rows: pd.DataFrame):
+    """A function of bytes and milliseconds a byte past the last point (arrays) to the milliseconds one launch that
+    reads them takes under the protocol, from ``attnbench floor``'s rows: linear between its one-launch points, past
+    the last one its time plus the rest at the given rate. ValueError when a point is missing."""
+    pts = floor_rows[floor_rows["what"].isin(READ_POINTS)].sort_values("bytes")
+    if len(pts) != len(READ_POINTS):
+        raise ValueError(f"the floor rows lack one of {', '.join(READ_POINTS)}")
+    b, ms = pts["bytes"].to_numpy(float), pts["median_ms"].to_numpy(float)
+
+    def at(nbytes, ms_per_byte):
+        x = np.asarray(nbytes, float)
+        return np.where(x <= b[-1], np.interp(x, b, ms), ms[-1] + (x - b[-1]) * np.asarray(ms_per_byte, float))
+    return at
+
+
+def table(rows: pd.DataFrame, impls=("fast-decode",), read=None) -> pd.DataFrame:
     """One row per case that ``impls`` ran (status ok), with the targets' columns (NaN where a peer's row is
-    missing or the target does not apply)."""
+    missing or the target does not apply); with ``read`` (``read_time``'s function) the one-launch read of each
+    case's bytes and, for the sparse targets, whether the time each asks lies below it."""
     ok = rows[rows.status == "ok"].copy()
     ok["cache_lens"] = ok["cache_lens"].map(lambda v: "" if pd.isna(v) else str(v))  # ragged batches' lengths
     ours = ok[ok.impl.isin(impls)]
     if ours.empty:
         raise ValueError(f"no rows with status ok of {', '.join(impls)}")
     best = ours.loc[ours.groupby(CASE, dropna=False).median_ms.idxmin()].set_index(CASE)
-    t = best[["impl", "median_ms", "floor_ms"]].copy()
+    t = best[["impl", "median_ms", "floor_ms"] + (["bytes_floor"] if read is not None else [])].copy()
 
     def peer(names) -> pd.Series:
         rows_ = ok[ok.impl.isin(names)]
@@ -51,6 +77,10 @@ def table(rows: pd.DataFrame, impls=("fast-decode",)) -> pd.DataFrame:
     t["vs_flex"] = np.where(~dense, flex / t.median_ms, np.nan)
     t["over_floor"] = np.where(~dense, t.median_ms / limit, np.nan)
     t["flex_target_below_floor"] = np.where(~dense & flex.notna(), flex / 5 < limit, np.nan)
+    if read is not None:
+        t["read_ms"] = read(t.bytes_floor, t.floor_ms / t.bytes_floor)
+        t["floor_target_below_read"] = np.where(~dense, 1.5 * limit < t.read_ms, np.nan)
+        t["flex_target_below_read"] = np.where(~dense & flex.notna(), flex / 5 < t.read_ms, np.nan)
     t = t.reset_index()
     base = t[t["T"] == FLAT_FROM].set_index([c for c in CASE if c != "T"]).median_ms
     at = t["T"] == FLAT_AT
@@ -70,8 +100,9 @@ TARGETS = [
 
 
 def summary(t: pd.DataFrame) -> pd.DataFrame:
-    """Per target and Tq: cases that meet it, cases with the rows it needs, and (5x Flex) the misses whose Flex / 5
-    lies below max(floor, 10 us)."""
+    """Per target and Tq: cases that meet it, cases with the rows it needs, (5x Flex) the misses whose Flex / 5
+    lies below max(floor, 10 us), and (the sparse targets, where the table has ``read_ms``) the misses whose
+    target lies below one launch's read of the case's bytes."""
     out = []
     for name, col, test in TARGETS:
         for tq, g in t.groupby("Tq"):
@@ -82,6 +113,9 @@ def summary(t: pd.DataFrame) -> pd.DataFrame:
             row = dict(target=name, Tq=int(tq), met=int(met.sum()), of=len(x))
             if col == "vs_flex":
                 row["misses_below_floor"] = int((~met & (x.flex_target_below_floor == 1)).sum())
+            below = {"vs_flex": "flex_target_below_read", "over_floor": "floor_target_below_read"}.get(col)
+            if below in x:
+                row["misses_below_read"] = int((~met & (x[below] == 1)).sum())
             out.append(row)
     return pd.DataFrame(out)
 
@@ -91,13 +125,21 @@ def main(argv=None) -> int:
     ap.add_argument("csv", nargs="+")
     ap.add_argument("--impl", action="append", help="ours (default fast-decode); more than once: the fastest")
     ap.add_argument("--csv-out", dest="out")
+    ap.add_argument("--read", metavar="FLOOR_CSV", help="attnbench floor's CSV from the same GPU: the one-launch reads")
     a = ap.parse_args(argv)
     from attnbench.patterns import BadInput
     from attnbench.results import read_results
 
     try:
         rows = pd.concat([read_results(f) for f in a.csv], ignore_index=True)
-        t = table(rows, tuple(a.impl or ("fast-decode",)))
+        read = None
+        if a.read:
+            try:
+                read = read_time(pd.read_csv(a.read))
+            except (OSError, ValueError, KeyError, pd.errors.ParserError) as e:
+                print(f"decode_targets: --read {a.read}: {e}", file=sys.stderr)
+                return 1
+        t = table(rows, tuple(a.impl or ("fast-decode",)), read)
     except BadInput as e:  # (it names the file)
         print(f"decode_targets: {e}", file=sys.stderr)
         return 1

@@ -86,3 +86,50 @@ def test_no_rows_of_the_implementation_is_an_error(tmp_path, capsys):
     pd.DataFrame([{**_row("flex", "streaming", 4096, 0.1, 0.001), "family": "peer", "causal": True}]).to_csv(p, index=False)
     assert dt.main([str(p)]) == 1
     assert "no rows with status ok of fast-decode" in capsys.readouterr().err
+
+
+def _floor(empty=0.003, r4=0.006, r32=0.015):
+    """attnbench floor's one-launch rows (and a two-launch one, which the read leaves out)."""
+    mib = 1 << 20
+    return pd.DataFrame([dict(what="one empty launch", launches=1, bytes=0, median_ms=empty),
+                         dict(what="two empty launches", launches=2, bytes=0, median_ms=1.0),
+                         dict(what="read 4 MiB", launches=1, bytes=4 * mib, median_ms=r4),
+                         dict(what="read 32 MiB", launches=1, bytes=32 * mib, median_ms=r32)])
+
+
+def test_the_one_launch_read_interpolates_and_goes_on_at_the_rows_own_bandwidth():
+    read = dt.read_time(_floor())
+    mib = 1 << 20
+    got = read([0, 2 * mib, 18 * mib, 32 * mib, 64 * mib], [1e-9] * 5)
+    # halfway to 4 MiB, halfway from 4 to 32 MiB, then 32 MiB more at 1e-9 ms a byte
+    assert got == pytest.approx([0.003, 0.0045, 0.0105, 0.015, 0.015 + 32 * mib * 1e-9])
+    with pytest.raises(ValueError, match="read 32 MiB"):
+        dt.read_time(_floor().iloc[:3])
+
+
+def test_the_sparse_misses_whose_target_asks_less_than_a_read_are_counted():
+    mib = 1 << 20
+    rows = _rows()
+    rows["bytes_floor"] = 32 * mib  # a 32 MiB read takes 15 us
+    t = dt.table(rows, ("fast-decode", "fast-tc"), dt.read_time(_floor()))
+    s = _case(t, "streaming", 1048576)
+    # 1.5 x 10 us asks 15 us: not below the 15 us read; Flex failed there, so no 5x target
+    assert s.read_ms == pytest.approx(0.015) and s.floor_target_below_read == 0
+    assert np.isnan(s.flex_target_below_read)
+    w = _case(t, "window", 4096, Tq=16)  # Flex / 5 = 8 us, below the read
+    assert w.flex_target_below_read == 1
+    assert np.isnan(_case(t, "dense", 32768).floor_target_below_read)
+    summ = dt.summary(t).set_index(["target", "Tq"])
+    assert summ.loc[("sparse: at least 5x Flex", 16), "misses_below_read"] == 1
+    assert summ.loc[("sparse: within 1.5x of max(floor, 10 us)", 1), "misses_below_read"] == 0
+    # with the 32 MiB read at 16 us, the streaming miss asks less than the read
+    t2 = dt.table(rows, ("fast-decode", "fast-tc"), dt.read_time(_floor(r32=0.016)))
+    assert dt.summary(t2).set_index(["target", "Tq"]).loc[
+        ("sparse: within 1.5x of max(floor, 10 us)", 1), "misses_below_read"] == 1
+
+
+def test_a_floor_file_without_its_reads_is_an_error(tmp_path, capsys):
+    p = tmp_path / "floor.csv"
+    _floor().iloc[:2].to_csv(p, index=False)
+    assert dt.main([str(ROOT / "results" / "decode-h200.csv"), "--read", str(p)]) == 1
+    assert "--read" in capsys.readouterr().err
