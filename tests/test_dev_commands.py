@@ -111,10 +111,10 @@ def test_the_overlapped_walk_is_named_only_where_it_is_asked():
 
 
 def test_a_shape_without_the_overlapped_walk_takes_the_serial_one_where_the_walk_cannot_be_built():
-    """At D=128 fast-tc chooses OV=1 on sm_90; a shape given with 2 stages where OV is not named takes the
-    serial walk instead of a shape that cannot be built, and a whole shape by position takes it unless it names
-    OV; where OV is named it stays."""
-    window = make_mask("window", 4096, True, window=256)
+    """At D=128 fast-tc chooses OV=1 on sm_90 for rows of 512 keys or more (the wide role); a shape given with 2
+    stages where OV is not named takes the serial walk instead of a shape that cannot be built, and a whole shape
+    by position takes it unless it names OV; where OV is named it stays."""
+    window = make_mask("window", 4096, True, window=1024)
     assert choose_config(window, 128, True).OV == 1
     assert IMPL.tile_variant(parse_tile_config("STAGES=2")).shape_for(window, 128, True).OV == 0
     assert IMPL.tile_variant(parse_tile_config("STAGES=4")).shape_for(window, 128, True).OV == 1
