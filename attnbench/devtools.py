@@ -183,6 +183,12 @@ __all__ = ["profile_launch", "nvtx_module", "tile_build_times", "tile_options", 
 # -- the least a timed sample measures ----------------------------------------------------------------
 
 FLOOR_READ_BYTES = (4 << 20, 32 << 20)  # a streaming decode's K and V at B=1 and B=8 (4+1024, D=128)
+FLOOR_EMPTY = "one empty launch"  # the `what` of event_floor_rows' one-launch cases (scripts/decode_targets.py reads them)
+
+
+def floor_read_name(nbytes: int) -> str:
+    """The `what` of event_floor_rows' read of ``nbytes`` alone."""
+    return f"read {nbytes >> 20} MiB"
 
 
 def event_floor_rows(samples: int = 51) -> list[dict]:
@@ -198,14 +204,13 @@ def event_floor_rows(samples: int = 51) -> list[dict]:
 
     timer = EventTimer()
     launch = empty_launch()
-    cases = [("one empty launch", 1, 0, launch), ("two empty launches", 2, 0, lambda: (launch(), launch()))]
+    cases = [(FLOOR_EMPTY, 1, 0, launch), ("two empty launches", 2, 0, lambda: (launch(), launch()))]
     bufs = []
     for n in FLOOR_READ_BYTES:
         bufs.append(cupy.ones(n // 4, dtype=cupy.float32))
         read = read_kernel(bufs[-1])
-        mib = n >> 20
-        cases.append((f"read {mib} MiB", 1, n, read))
-        cases.append((f"read {mib} MiB, then an empty launch", 2, n, lambda read=read: (read(), launch())))
+        cases.append((floor_read_name(n), 1, n, read))
+        cases.append((f"{floor_read_name(n)}, then an empty launch", 2, n, lambda read=read: (read(), launch())))
     prov = provenance()
     rows = []
     for what, launches, nbytes, fn in cases:

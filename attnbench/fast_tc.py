@@ -581,9 +581,9 @@ def standard_builds() -> list[tuple[str, dict]]:
     return builds + [b for b in backward_builds() if b not in builds]
 
 
-# the overlapped walk (``--tile-config OV=1``, kernels/tc/loop_overlap.cuh; on sm_90 the default of the D=128 wide and
-# long shapes, rows of 512 keys or more; at D=64 not one), built for the compile tests on the llm configuration's dense, window 256 (partial tiles) and
-# document (a table) instances
+# the overlapped walk (``--tile-config OV=1``, kernels/tc/loop_overlap.cuh; on sm_90 the default of the D=128 wide
+# and long shapes, rows of 512 keys or more; at D=64 not one), built for the compile tests on the llm configuration's
+# dense, window 256 (partial tiles) and document (a table) instances
 OVERLAP_BUILD_PATTERNS = (("dense", None), ("window", 256), ("document", 0))
 
 

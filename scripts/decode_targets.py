@@ -28,19 +28,25 @@ import sys
 import numpy as np
 import pandas as pd
 
+from attnbench.devtools import FLOOR_EMPTY, FLOOR_READ_BYTES, floor_read_name
+
 FLOOR_MIN_MS = 0.010  # the 10 us below which a decode's floor does not go
 CASE = ["pattern", "label", "B", "Tq", "T", "cache_lens", "H", "H_kv", "D", "dtype"]
 SDPA = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math")
 FLAT_FROM, FLAT_AT = 4096, 1048576
 
 
-READ_POINTS = ("one empty launch", "read 4 MiB", "read 32 MiB")  # attnbench floor's one-launch rows used
+# attnbench floor's one-launch rows used: the empty launch and each read alone
+READ_POINTS = (FLOOR_EMPTY,) + tuple(floor_read_name(n) for n in FLOOR_READ_BYTES)
 
 
 def read_time(floor_rows: pd.DataFrame):
     """A function of bytes and milliseconds a byte past the last point (arrays) to the milliseconds one launch that
     reads them takes under the protocol, from ``attnbench floor``'s rows: linear between its one-launch points, past
     the last one its time plus the rest at the given rate. ValueError when a point is missing."""
+    lacks = [c for c in ("what", "bytes", "median_ms") if c not in floor_rows]
+    if lacks:
+        raise ValueError(f"not attnbench floor's rows: no column {', '.join(lacks)}")
     pts = floor_rows[floor_rows["what"].isin(READ_POINTS)].sort_values("bytes")
     if len(pts) != len(READ_POINTS):
         raise ValueError(f"the floor rows lack one of {', '.join(READ_POINTS)}")
@@ -136,7 +142,7 @@ def main(argv=None) -> int:
         if a.read:
             try:
                 read = read_time(pd.read_csv(a.read))
-            except (OSError, ValueError, KeyError, pd.errors.ParserError) as e:
+            except (OSError, ValueError, pd.errors.ParserError) as e:
                 print(f"decode_targets: --read {a.read}: {e}", file=sys.stderr)
                 return 1
         t = table(rows, tuple(a.impl or ("fast-decode",)), read)

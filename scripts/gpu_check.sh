@@ -54,12 +54,13 @@
 #          e.g. "fast-tc flex"), rows in OUT_DIR/train.csv (TRAIN_CSV names another) as they come; with
 #          GPUS=N, N processes (`--shard i/N`, one GPU each) write OUT_DIR/train.shard-i.csv, merged into
 #          train.csv at the end; TRAIN_FROM names a folder of an earlier run's CSVs to resume
-#   overlap: fast-tc's overlapped walk (kernels/tc/loop_overlap.cuh, the default at D=128 on sm_90), its stages
-#          released by the warps (REL=1, kernels/tc/load_released.cuh, the default of the long D=128 shape) and K and V
-#          on stages of their own (KVS=1, kernels/tc/load_split.cuh): their GPU gate and compute-sanitizer tests, then
-#          fast-tc's default against the serial walk (--tile-config OV=0), OV=1,REL=1, OV=1,REL=1,KVS=1 and SDPA cuDNN,
-#          interleaved, 20 samples, on the llm configuration's dense, window, document and streaming instances at
-#          T=32768, D=128 (OVERLAP_ARGS replaces those options), rows in OUT_DIR/overlap.csv as they come
+#   overlap: fast-tc's overlapped walk (kernels/tc/loop_overlap.cuh, on sm_90 the default of D=128 rows of 512 keys or
+#          more), its stages released by the warps (REL=1, kernels/tc/load_released.cuh, the default of the long D=128
+#          shape) and K and V on stages of their own (KVS=1, kernels/tc/load_split.cuh): their GPU gate and
+#          compute-sanitizer tests, then fast-tc's default against the serial walk (--tile-config OV=0), OV=1,REL=1,
+#          OV=1,REL=1,KVS=1 and SDPA cuDNN, interleaved, 20 samples, on the llm configuration's dense, window, document
+#          and streaming instances at T=32768, D=128 (OVERLAP_ARGS replaces those options), rows in OUT_DIR/overlap.csv
+#          as they come
 #   classes: fast-tc-classes (the class-major layout): its GPU tests (tests/test_classes.py), then the training
 #          configuration's dilated instances with fast-tc, fast-tc-classes and Flex in one process, every pass,
 #          10 samples (CLASSES_ARGS replaces the default --T 32768), rows in OUT_DIR/classes.csv as they come
