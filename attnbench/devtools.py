@@ -182,7 +182,9 @@ __all__ = ["profile_launch", "nvtx_module", "tile_build_times", "tile_options", 
 
 # -- the least a timed sample measures ----------------------------------------------------------------
 
-FLOOR_READ_BYTES = (4 << 20, 32 << 20)  # a streaming decode's K and V at B=1 and B=8 (4+1024, D=128)
+# a streaming decode's K and V at B=1 and B=8 (4+1024, D=128); 128 MiB: a dense cache of 32768 keys at B=1 (window 4096
+# at B=8); 1 GiB: the same at B=8 (the decode configuration, H_kv=8, D=128)
+FLOOR_READ_BYTES = (4 << 20, 32 << 20, 128 << 20, 1 << 30)
 FLOOR_EMPTY = "one empty launch"  # the `what` of event_floor_rows' one-launch cases (scripts/decode_targets.py reads them)
 
 

@@ -15,10 +15,12 @@ Then one line per target and Tq: how many cases meet it, of how many that have t
 
 With ``--read FLOOR.csv`` (``attnbench floor``'s rows from the same GPU), ``read_ms`` is what the timing protocol
 measures for one launch that reads the case's bytes (``bytes_floor``) and does nothing else: interpolated in bytes
-between an empty launch and the 4 and 32 MiB reads, and past 32 MiB the 32 MiB read plus the rest at the bandwidth the
-row's own floor takes (the fastest a longer read could go, so no case is counted below a read it could beat). For the sparse
-targets, ``floor_target_below_read`` and ``flex_target_below_read`` say where the time a target asks is below that
-read, and the summary counts such misses (``misses_below_read``).
+between an empty launch and the reads the file holds (4 and 32 MiB, and 128 MiB and 1 GiB in files written since they
+were added), and past the longest the rest at the bandwidth the row's own floor takes (the fastest a longer read could
+go, so no case is counted below a read it could beat). For the sparse targets, ``floor_target_below_read`` and
+``flex_target_below_read`` say where the time a target asks is below that read; for dense at T >= 32768,
+``share_target_below_read`` says where 90% of the bandwidth asks for less time than that read. The summary counts
+such misses (``misses_below_read``).
 """
 from __future__ import annotations
 
@@ -31,13 +33,16 @@ import pandas as pd
 from attnbench.devtools import FLOOR_EMPTY, FLOOR_READ_BYTES, floor_read_name
 
 FLOOR_MIN_MS = 0.010  # the 10 us below which a decode's floor does not go
+SHARE = 0.9  # dense: the share of the measured bandwidth asked
 CASE = ["pattern", "label", "B", "Tq", "T", "cache_lens", "H", "H_kv", "D", "dtype"]
 SDPA = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math")
 FLAT_FROM, FLAT_AT = 4096, 1048576
 
 
-# attnbench floor's one-launch rows used: the empty launch and each read alone
+# attnbench floor's one-launch rows used: the empty launch and each read alone; the first two reads must be there (a
+# floor file from before the longer reads has only those), the others are used where present
 READ_POINTS = (FLOOR_EMPTY,) + tuple(floor_read_name(n) for n in FLOOR_READ_BYTES)
+READ_NEEDED = READ_POINTS[:3]
 
 
 def read_time(floor_rows: pd.DataFrame):
@@ -48,8 +53,8 @@ def read_time(floor_rows: pd.DataFrame):
     if lacks:
         raise ValueError(f"not attnbench floor's rows: no column {', '.join(lacks)}")
     pts = floor_rows[floor_rows["what"].isin(READ_POINTS)].sort_values("bytes")
-    if len(pts) != len(READ_POINTS):
-        raise ValueError(f"the floor rows lack one of {', '.join(READ_POINTS)}")
+    if not set(READ_NEEDED) <= set(pts["what"]):
+        raise ValueError(f"the floor rows lack one of {', '.join(READ_NEEDED)}")
     b, ms = pts["bytes"].to_numpy(float), pts["median_ms"].to_numpy(float)
 
     def at(nbytes, ms_per_byte):
@@ -87,6 +92,7 @@ def table(rows: pd.DataFrame, impls=("fast-decode",), read=None) -> pd.DataFrame
         t["read_ms"] = read(t.bytes_floor, t.floor_ms / t.bytes_floor)
         t["floor_target_below_read"] = np.where(~dense, 1.5 * limit < t.read_ms, np.nan)
         t["flex_target_below_read"] = np.where(~dense & flex.notna(), flex / 5 < t.read_ms, np.nan)
+        t["share_target_below_read"] = np.where(dense & (T >= 32768), t.floor_ms / SHARE < t.read_ms, np.nan)
     t = t.reset_index()
     base = t[t["T"] == FLAT_FROM].set_index([c for c in CASE if c != "T"]).median_ms
     at = t["T"] == FLAT_AT
@@ -98,7 +104,7 @@ def table(rows: pd.DataFrame, impls=("fast-decode",), read=None) -> pd.DataFrame
 # (name, column, test): the targets the summary counts
 TARGETS = [
     ("dense: at least SDPA's best backend (T >= 32768)", "vs_sdpa", lambda x: x >= 1),
-    ("dense: at least 90% of the measured bandwidth (T >= 32768)", "share", lambda x: x >= 0.9),
+    ("dense: at least 90% of the measured bandwidth (T >= 32768)", "share", lambda x: x >= SHARE),
     ("sparse: at least 5x Flex", "vs_flex", lambda x: x >= 5),
     ("sparse: within 1.5x of max(floor, 10 us)", "over_floor", lambda x: x <= 1.5),
     ("streaming at T=1048576 within 10% of T=4096", "flat", lambda x: x <= 1.1),
@@ -107,8 +113,8 @@ TARGETS = [
 
 def summary(t: pd.DataFrame) -> pd.DataFrame:
     """Per target and Tq: cases that meet it, cases with the rows it needs, (5x Flex) the misses whose Flex / 5
-    lies below max(floor, 10 us), and (the sparse targets, where the table has ``read_ms``) the misses whose
-    target lies below one launch's read of the case's bytes."""
+    lies below max(floor, 10 us), and (the sparse targets and dense's share of the bandwidth, where the table has
+    ``read_ms``) the misses whose target lies below one launch's read of the case's bytes."""
     out = []
     for name, col, test in TARGETS:
         for tq, g in t.groupby("Tq"):
@@ -119,7 +125,8 @@ def summary(t: pd.DataFrame) -> pd.DataFrame:
             row = dict(target=name, Tq=int(tq), met=int(met.sum()), of=len(x))
             if col == "vs_flex":
                 row["misses_below_floor"] = int((~met & (x.flex_target_below_floor == 1)).sum())
-            below = {"vs_flex": "flex_target_below_read", "over_floor": "floor_target_below_read"}.get(col)
+            below = {"vs_flex": "flex_target_below_read", "over_floor": "floor_target_below_read",
+                     "share": "share_target_below_read"}.get(col)
             if below in x:
                 row["misses_below_read"] = int((~met & (x[below] == 1)).sum())
             out.append(row)

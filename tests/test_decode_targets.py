@@ -88,13 +88,15 @@ def test_no_rows_of_the_implementation_is_an_error(tmp_path, capsys):
     assert "no rows with status ok of fast-decode" in capsys.readouterr().err
 
 
-def _floor(empty=0.003, r4=0.006, r32=0.015):
-    """attnbench floor's one-launch rows (and a two-launch one, which the read leaves out)."""
+def _floor(empty=0.003, r4=0.006, r32=0.015, r128=None):
+    """attnbench floor's one-launch rows (and a two-launch one, which the read leaves out); with ``r128`` the
+    128 MiB read too."""
     mib = 1 << 20
     return pd.DataFrame([dict(what="one empty launch", launches=1, bytes=0, median_ms=empty),
                          dict(what="two empty launches", launches=2, bytes=0, median_ms=1.0),
                          dict(what="read 4 MiB", launches=1, bytes=4 * mib, median_ms=r4),
-                         dict(what="read 32 MiB", launches=1, bytes=32 * mib, median_ms=r32)])
+                         dict(what="read 32 MiB", launches=1, bytes=32 * mib, median_ms=r32)]
+                        + ([dict(what="read 128 MiB", launches=1, bytes=128 * mib, median_ms=r128)] if r128 else []))
 
 
 def test_the_one_launch_read_interpolates_and_goes_on_at_the_rows_own_bandwidth():
@@ -105,6 +107,28 @@ def test_the_one_launch_read_interpolates_and_goes_on_at_the_rows_own_bandwidth(
     assert got == pytest.approx([0.003, 0.0045, 0.0105, 0.015, 0.015 + 32 * mib * 1e-9])
     with pytest.raises(ValueError, match="read 32 MiB"):
         dt.read_time(_floor().iloc[:3])
+
+
+def test_a_longer_read_where_the_file_has_it_replaces_the_rows_bandwidth():
+    mib = 1 << 20
+    read = dt.read_time(_floor(r128=0.045))
+    got = read([32 * mib, 80 * mib, 128 * mib, 256 * mib], [1e-9] * 4)
+    # halfway from 32 to 128 MiB, then past 128 MiB at 1e-9 ms a byte
+    assert got == pytest.approx([0.015, 0.030, 0.045, 0.045 + 128 * mib * 1e-9])
+
+
+def test_dense_misses_whose_share_asks_less_than_a_read_are_counted():
+    mib = 1 << 20
+    rows = _rows()
+    rows["bytes_floor"] = 128 * mib
+    # dense at 32768: floor 0.95 ms, so 90% asks 1.056 ms; a read of 1.0 ms is faster, one of 1.1 ms is not
+    t = dt.table(rows, read=dt.read_time(_floor(r128=1.0)))
+    assert _case(t, "dense", 32768).share_target_below_read == 0
+    assert np.isnan(_case(t, "dense", 4096).share_target_below_read)  # no share target below 32768 keys
+    t2 = dt.table(rows, read=dt.read_time(_floor(r128=1.1)))
+    assert _case(t2, "dense", 32768).share_target_below_read == 1
+    summ = dt.summary(t2).set_index(["target", "Tq"])
+    assert summ.loc[("dense: at least 90% of the measured bandwidth (T >= 32768)", 1), "misses_below_read"] == 0
 
 
 def test_the_sparse_misses_whose_target_asks_less_than_a_read_are_counted():
