@@ -315,11 +315,27 @@ def best_vs_dense(rows, impl: str):
     return fig
 
 
+def palette_png(png: bytes) -> bytes:
+    """The PNG in 256 colours (median cut), about a third of matplotlib's RGBA bytes for these line plots:
+    a results folder of a few hundred plots stays small enough to carry around."""
+    import io
+
+    from PIL import Image  # (matplotlib's own dependency)
+
+    out = io.BytesIO()
+    Image.open(io.BytesIO(png)).convert("RGB").quantize(256, method=Image.Quantize.MEDIANCUT).save(
+        out, format="PNG", optimize=True)
+    return out.getvalue()
+
+
 def _save(fig, path: Path) -> Path:
     """Through a temporary file and an atomic replace: a PNG is whole or as it was."""
+    import io
+
     try:
-        write_atomically(path, lambda f: fig.savefig(f, format="png", dpi=110, bbox_inches="tight"),
-                         binary=True, what="plot")
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+        write_atomically(path, lambda f: f.write(palette_png(buf.getvalue())), binary=True, what="plot")
     finally:
         plt.close(fig)
     return path

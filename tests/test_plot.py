@@ -30,6 +30,27 @@ def test_one_set_of_pngs_per_group(tmp_path):
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 10_000
 
 
+def test_a_plot_is_written_in_256_colours_and_looks_as_drawn(tmp_path):
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from attnbench.plot import palette_png
+
+    fig = group_figures(read_results(SMALL))["runtime"]
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    rgba, small = buf.getvalue(), palette_png(buf.getvalue())
+    a = np.asarray(Image.open(io.BytesIO(rgba)).convert("RGB"), dtype=np.int16)
+    b = Image.open(io.BytesIO(small))
+    assert b.mode == "P" and b.size == (a.shape[1], a.shape[0]) and len(small) < len(rgba) / 2
+    assert np.abs(np.asarray(b.convert("RGB"), dtype=np.int16) - a).mean() < 2  # the same picture, within a shade
+    path = plot_csv(SMALL, tmp_path)[0]
+    assert Image.open(path).mode == "P"
+
+
 def test_figures_have_labelled_log_axes_a_title_and_a_line_per_implementation():
     df = read_results(SMALL)
     g = df[(df["dtype"] == "float32")]
