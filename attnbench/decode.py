@@ -89,7 +89,11 @@ class DecodeConfig:
     CLUSTER_ROWS query rows keep the merge launch. BY_PAIRS 0: a pair's splits are blocks; 1: a warp takes a
     whole pair (kernels/decode_pairs.cu: NWARPS pairs a block, no splits) wherever a pair's rows fit 16 and
     the warps' stages fit shared memory (``pairs_take``); 2: that where the pairs also outnumber one wave of
-    the split kernel's blocks."""
+    the split kernel's blocks. HEADS: the blocks a group's query heads are dealt to (each takes H / H_kv / HEADS
+    of them, x Tq rows, against the key/value head they share; the group's blocks read the same K and V, all but
+    the first from L2), so that few pairs still fill the GPU and a block's rows can fit the key slices' kernel:
+    1, one block a group; N dividing H / H_kv; 0, where the pairs are few (the SMs number at least ONE_PER_SM for
+    each) and a group's rows exceed 16, the fewest blocks whose rows fit 16, else 1 (``heads_split``)."""
     NWARPS: int = 4
     BN: int = 64
     STAGES: int = 3
@@ -111,6 +115,7 @@ class DecodeConfig:
     #                         launch's time at B 1 and 8 (docs/PERF.md "decode v6")
     BY_PAIRS: int = 2  # B=64, Tq=1 on an H100: streaming 16+64 19.8 -> 17.4 us, bigbird 49.7 -> 48.2, dilated 61.6 ->
     #                    59.4; fewer pairs keep the split kernel (docs/PERF.md "decode v7")
+    HEADS: int = 1
 
     @property
     def rows(self) -> int:
@@ -182,6 +187,17 @@ class DecodeConfig:
         keys = short.by_keys(rows, D)
         return short if short.problem(D, keys) is None and rows <= short.tile_rows(keys) else self
 
+    def heads_split(self, group: int, tq: int, pairs: int, sms: int) -> int:
+        """The blocks (row groups) a group of ``group`` query heads x ``tq`` positions is dealt to, for ``pairs``
+        = B x H_kv groups on ``sms`` multiprocessors: HEADS where given; with HEADS 0, where the pairs are few (the
+        SMs number at least ONE_PER_SM for each) and the group's rows exceed 16, the fewest that divide the
+        group and leave a block 16 rows or fewer; else 1."""
+        if self.HEADS:
+            return self.HEADS
+        if group * tq <= 16 or not self.ONE_PER_SM or sms // max(pairs, 1) < self.ONE_PER_SM:
+            return 1
+        return next((n for n in range(2, group + 1) if group % n == 0 and group // n * tq <= 16), 1)
+
     def by_keys(self, rows: int, D: int) -> bool:
         """Whether a group of ``rows`` query rows at head dimension D runs kernels/decode_keys.cu."""
         if self.BY_KEYS == 2:
@@ -194,7 +210,7 @@ DECODE_LIMITS = {"NWARPS": (4, 16, 4), "BN": (16, 256, 16), "STAGES": (2, 8, 1),
                  "SPLITS": (0, 4096, 1), "BLOCKS_PER_SM": (0, 64, 1), "MIN_PER_SPLIT": (1, 4096, 1),
                  "MERGE": (0, 1, 1), "BY_KEYS": (0, 2, 1), "ONE_PER_SM": (0, 1024, 1), "CLASSES": (0, 1, 1),
                  "BN_SHORT": (0, 256, 16), "PDL": (0, 1, 1), "CLUSTER": (0, 16, 1), "CLUSTER_TILES": (1, 4096, 1),
-                 "CLUSTER_ROWS": (1, 4096, 1), "BY_PAIRS": (0, 2, 1)}
+                 "CLUSTER_ROWS": (1, 4096, 1), "BY_PAIRS": (0, 2, 1), "HEADS": (0, 16, 1)}
 DEFAULT = DecodeConfig()
 LONG_BN = DEFAULT.BN
 # lists of at most this many keys (in 64-key tiles) take BN_SHORT-key tiles. H100, B 1 to 64, Tq 1 and 16, BN=32 /
@@ -230,18 +246,20 @@ def parse_decode_config(text: str, option: str = "--decode-config") -> DecodeSpe
 
 
 def kernel_defines(D: int, dtype: str, mask: Mask, cfg: DecodeConfig = DEFAULT, keys: bool = False,
-                   stride: int = 1, cluster: int = 1, pairs: bool = False) -> dict:
+                   stride: int = 1, cluster: int = 1, pairs: bool = False, heads: int = 1) -> dict:
     """The -D constants of kernels/decode.cu (kernels/decode_keys.cu when ``keys``: BN is then a warp's
     slice of the tile; kernels/decode_pairs.cu when ``pairs``): the head dimension, dtype, shape and the
     pattern (with ``stride`` > 1, the inner pattern of a residue class, one query a sequence: ``by_class``;
     with ``cluster`` > 1, the splits of a pair are a cluster of that many blocks that merges in the
-    launch: sm_90 only)."""
+    launch: sm_90 only; with ``heads`` > 1, each group's query heads dealt to that many blocks: HSPLIT)."""
     bn = cfg.BN // cfg.NWARPS if keys else cfg.BN
     d = dict(HEAD_D=D, BN=bn, NWARPS=cfg.NWARPS, STAGES=cfg.STAGES, MT=1, MINB=cfg.MINB, QREG=1, STRIDE=stride)
     if not keys and not pairs:
         d["MERGE_LAST"] = cfg.MERGE
     if cluster > 1:
         d["CLUSTER"] = cluster
+    if heads > 1:
+        d["HSPLIT"] = heads
     return dict(d, AB_F16=int(dtype == "float16"), **pattern_defines(mask))
 
 
@@ -334,10 +352,12 @@ def decode_list(mask: Mask, Tq: int, BN: int = BN) -> DecodeList:
     return DecodeList(T, ent, time.perf_counter() - t0)
 
 
-def plan_lists(prob: Problem, cfg: DecodeConfig, order: list[int]) -> tuple[DecodeConfig, int, Mask, list[DecodeList]]:
+def plan_lists(prob: Problem, cfg: DecodeConfig, order: list[int], rows: int | None = None
+               ) -> tuple[DecodeConfig, int, Mask, list[DecodeList]]:
     """(shape, stride, mask, lists) a problem runs: the residue class's mask and stride where ``by_class``
     takes it (else 1 and the problem's), the lists of the cache lengths ``order`` in BN-key tiles, then the
-    shape ``for_list`` gives for the longest of them (and the lists again in its tiles if they changed)."""
+    shape ``for_list`` gives for the longest of them and a block's ``rows`` (None: a whole group's; and the lists
+    again in its tiles if they changed)."""
     stride, mask = by_class(prob, cfg) or (1, prob.mask)  # the list and predicate of the query's residue class
 
     def lists_of(bn: int) -> list[DecodeList]:
@@ -345,7 +365,7 @@ def plan_lists(prob: Problem, cfg: DecodeConfig, order: list[int]) -> tuple[Deco
 
     lists = lists_of(cfg.BN)
     chosen = cfg.for_list(max((x.entries.size for x in lists), default=0) * cfg.BN,
-                          prob.H // prob.kv_heads * prob.q_len, prob.D)
+                          rows or prob.H // prob.kv_heads * prob.q_len, prob.D)
     if chosen.BN != cfg.BN:
         lists = lists_of(chosen.BN)
     return chosen, stride, mask, lists
@@ -404,7 +424,11 @@ class FastDecode(Impl):
         if why:
             return f"{self.name}: {why}"
         cfg = self.shape()  # (short lists take BN_SHORT's tiles only where that shape runs: ``for_list``)
-        rows = prob.H // prob.kv_heads * prob.q_len
+        group = prob.H // prob.kv_heads
+        if cfg.HEADS and group % cfg.HEADS:
+            return (f"{self.name}: HEADS={cfg.HEADS} does not divide the {group} query heads of a key/value head "
+                    f"(H={prob.H}, H_kv={prob.kv_heads})")
+        rows = group // (cfg.HEADS or 1) * prob.q_len  # (HEADS 0 deals a group out only where it fits unsplit too)
         keys = cfg.by_keys(rows, prob.D)
         why = cfg.problem(prob.D, keys)
         if why:
@@ -412,7 +436,7 @@ class FastDecode(Impl):
         most = cfg.tile_rows(keys)
         if rows > most:
             return (f"H/H_kv x Tq = {rows} query rows per key/value head exceed {most} for {self.name} "
-                    f"(Tq up to {most // (prob.H // prob.kv_heads)} at this grouping"
+                    f"(Tq up to {most // (group // (cfg.HEADS or 1))} at this grouping"
                     + ("; BY_KEYS=1 takes 16 rows)" if keys else "; longer stretches are prefill's)"))
         return None
 
@@ -427,9 +451,14 @@ class FastDecode(Impl):
         setup: dict = {}
         lens = prob.lens
         order = sorted(set(lens))
-        cfg, stride, mask, lists = plan_lists(prob, self.shape(), order)
+        sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+        # a block's row group: H / H_kv / heads query heads x Tq; `groups` of them a sequence (the kernels' H_kv)
+        heads = setup["heads"] = self.shape().heads_split(prob.H // prob.kv_heads, prob.q_len, prob.B * prob.kv_heads,
+                                                          sms)
+        groups, rows = prob.kv_heads * heads, prob.H // prob.kv_heads // heads * prob.q_len
+        cfg, stride, mask, lists = plan_lists(prob, self.shape(), order, rows)
         setup["decode_config"] = cfg.spec
-        keys = cfg.by_keys(prob.H // prob.kv_heads * prob.q_len, prob.D)
+        keys = cfg.by_keys(rows, prob.D)
         setup["kernel"] = KEYS_KERNEL if keys else KERNEL
         setup["classes"] = stride
         setup["tiles_build_s"] = sum(x.build_s for x in lists)
@@ -443,7 +472,7 @@ class FastDecode(Impl):
         smem = cfg.smem_bytes(prob.D, keys)
 
         def kernels(cluster: int = 1):
-            mod = get_module(setup["kernel"], kernel_defines(prob.D, prob.dtype, mask, cfg, keys, stride, cluster))
+            mod = get_module(setup["kernel"], kernel_defines(prob.D, prob.dtype, mask, cfg, keys, stride, cluster, heads=heads))
             split = mod.get_function(KEYS_SPLIT if keys else SPLIT)
             if smem > 48 * 1024:
                 split.max_dynamic_shared_size_bytes = smem
@@ -453,17 +482,16 @@ class FastDecode(Impl):
 
         with timed(setup, "compile_s"):
             split_k, merge_k = kernels()
-        sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
         resident = 1
         if not cfg.BLOCKS_PER_SM and not cfg.SPLITS:  # one wave, by the device's occupancy of this build
             resident = setup["blocks_per_sm"] = resident_blocks(split_k, cfg.threads, smem)
         longest = int(counts.max()) if counts.size else 0
-        per_split, splits = split_count(longest, prob.B * prob.kv_heads, sms, cfg, resident)
-        cluster = cluster_size(splits, longest, prob.H // prob.kv_heads * prob.q_len, cfg,
+        per_split, splits = split_count(longest, prob.B * groups, sms, cfg, resident)
+        cluster = cluster_size(splits, longest, rows, cfg,
                                int(cupy.cuda.Device().compute_capability)) if cfg.cluster_rows_fit(prob.D, keys) else 1
         # a warp a pair (kernels/decode_pairs.cu) where the shape takes it: one split, the whole list
         by_pairs = bool(cfg.BY_PAIRS) and cfg.pairs_take(
-            prob.H // prob.kv_heads * prob.q_len, prob.B * prob.kv_heads, prob.D,
+            rows, prob.B * groups, prob.D,
             resident_blocks(split_k, cfg.threads, smem) * sms,
             cupy.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"])
         if by_pairs:
@@ -471,7 +499,7 @@ class FastDecode(Impl):
             smem = cfg.pairs_smem(prob.D)
             with timed(setup, "compile_s"):
                 split_k = get_module(PAIRS_KERNEL, kernel_defines(prob.D, prob.dtype, mask, cfg, stride=stride,
-                                                                  pairs=True)).get_function(PAIRS_SPLIT)
+                                                                  pairs=True, heads=heads)).get_function(PAIRS_SPLIT)
             if smem > 48 * 1024:
                 split_k.max_dynamic_shared_size_bytes = smem
             per_split, splits, cluster = max(longest, 1), 1, 1
@@ -480,11 +508,11 @@ class FastDecode(Impl):
         for size in cluster_tries(cluster, longest, cfg):
             with timed(setup, "compile_s"):
                 split_c, _ = kernels(size)
-            fit, rc = max_active_clusters(split_c, (size, prob.kv_heads, prob.B), cfg.threads, smem)
+            fit, rc = max_active_clusters(split_c, (size, groups, prob.B), cfg.threads, smem)
             setup["clusters_fit"] = fit
             if rc:  # the driver refused the question: no cluster, and the row says why
                 setup["clusters_error"] = f"cuOccupancyMaxActiveClusters: CUresult {rc}"
-            if fit >= prob.B * prob.kv_heads:
+            if fit >= prob.B * groups:
                 split_k, splits, cluster = split_c, size, size
                 per_split = -(-longest // splits)
                 break
@@ -492,29 +520,29 @@ class FastDecode(Impl):
             cluster = 1
         setup["cluster"] = cluster
         setup["splits"] = splits
-        heads = cupy.asarray(np.stack([firsts, counts], axis=1).astype(np.int32))
+        heads_d = cupy.asarray(np.stack([firsts, counts], axis=1).astype(np.int32))  # each list's (first, count)
         list_of = cupy.asarray(np.array([order.index(t) for t in lens], np.int32))
         lens_d = cupy.asarray(np.array(lens, np.int32))
         tent_d = cupy.asarray(tent)
         # partials only for the merge launch or the last split's merge: a single split stores the output itself, a
         # cluster merges in shared memory
         part_rows = 0 if splits == 1 or cluster > 1 else cfg.tile_rows(keys)
-        op = cupy.empty((prob.B, prob.kv_heads, splits, part_rows, prob.D), cupy.float32)
-        lp = cupy.empty((prob.B, prob.kv_heads, splits, part_rows), cupy.float32)
+        op = cupy.empty((prob.B, groups, splits, part_rows, prob.D), cupy.float32)
+        lp = cupy.empty((prob.B, groups, splits, part_rows), cupy.float32)
         out = cupy.empty(prob.shape, dtype=qa.dtype)
-        tickets = cupy.zeros(prob.B * prob.kv_heads, cupy.int32)  # MERGE: splits finished per pair, back to 0
+        tickets = cupy.zeros(prob.B * groups, cupy.int32)  # MERGE: splits finished per row group, back to 0
         scale_log2 = np.float32(prob.softmax_scale * LOG2E)
         one_len = len(order) == 1 and order[0] == prob.T  # every sequence at T: the list head as arguments
-        args = (qa, ka, va, op, lp, heads, tent_d, lens_d, list_of, np.int32(prob.H), np.int32(prob.kv_heads),
+        args = (qa, ka, va, op, lp, heads_d, tent_d, lens_d, list_of, np.int32(prob.H), np.int32(groups),
                 np.int32(prob.q_len), np.int32(prob.T), np.int32(per_split), scale_log2, table, out, tickets,
                 np.int32(one_len), np.int32(counts[0] if one_len else 0))
-        merge_args = (op, lp, out, np.int32(prob.H), np.int32(prob.kv_heads), np.int32(prob.q_len),
+        merge_args = (op, lp, out, np.int32(prob.H), np.int32(groups), np.int32(prob.q_len),
                       np.int32(splits))
         # no merge launch when the last split merges, when each pair has one split (it stores the output), or
         # when the splits merge in their cluster
         merge = None if cfg.MERGE or splits == 1 or cluster > 1 else merge_k
         pdl = setup["pdl"] = bool(merge is not None and cfg.PDL and pdl_available())
-        grid = (-(-prob.kv_heads // cfg.NWARPS), 1, prob.B) if by_pairs else (splits, prob.kv_heads, prob.B)
+        grid = (-(-groups // cfg.NWARPS), 1, prob.B) if by_pairs else (splits, groups, prob.B)
         return DecodeRunner(split_k, merge, grid, (prob.B * prob.H * prob.q_len,), smem, args, merge_args, out,
                             setup, prob.D, cfg.threads, pdl)
 
@@ -554,6 +582,8 @@ def standard_builds() -> list[tuple[str, dict]]:
                 add((KEYS_KERNEL if keys else KERNEL, kernel_defines(D, "bfloat16", mask, cfg, keys, stride)))
                 if c.H // c.H_kv * tq <= 16 and cfg.BN != LONG_BN:  # a warp a pair: the short lists' tiles
                     add((PAIRS_KERNEL, kernel_defines(D, "bfloat16", mask, cfg, stride=stride, pairs=True)))
+    # a group's query heads dealt to 4 blocks (HEADS: Tq=16 against 4 heads, 16 rows a block), on the first instance
+    add((KEYS_KERNEL, kernel_defines(128, "bfloat16", c.instances[0].mask(c.build_T), keys=True, heads=4)))
     # the merge in the last split (MERGE=1), on the first instance
     add((KERNEL, kernel_defines(128, "bfloat16", c.instances[0].mask(c.build_T), replace(DEFAULT, MERGE=1))))
     # a residue class's keys (CLASSES=1) for the strided instances, both kernels

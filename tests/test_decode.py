@@ -137,7 +137,7 @@ def test_the_gpu_check_step_sweeps_these_shapes():
     ("8,32,4", (("NWARPS", 8), ("BN", 32), ("STAGES", 4), ("MINB", 1), ("SPLITS", 0), ("BLOCKS_PER_SM", 0),
                 ("MIN_PER_SPLIT", 4), ("MERGE", 0), ("BY_KEYS", 2), ("ONE_PER_SM", 8), ("CLASSES", 1),
                 ("BN_SHORT", 32), ("PDL", 0), ("CLUSTER", 8), ("CLUSTER_TILES", 9), ("CLUSTER_ROWS", 64),
-                ("BY_PAIRS", 2))),
+                ("BY_PAIRS", 2), ("HEADS", 1))),
     ("by_keys=0", (("BY_KEYS", 0),)),
 ])
 def test_a_decode_shape_parses_named_and_positional_forms(text, given):
@@ -151,12 +151,13 @@ def test_a_decode_shape_parses_named_and_positional_forms(text, given):
     ("STAGES=1", "STAGES=1 must be from 2 to 8"),
     ("SPLITS=-1", "SPLITS=-1 must be from 0 to 4096"),
     ("WG=1", "unknown field 'WG' (fields: NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, "
-             "BY_KEYS, ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES, CLUSTER_ROWS, BY_PAIRS)"),
+             "BY_KEYS, ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES, CLUSTER_ROWS, BY_PAIRS, HEADS)"),
     ("CLUSTER=17", "CLUSTER=17 must be from 0 to 16"),
     ("CLUSTER_ROWS=0", "CLUSTER_ROWS=0 must be from 1 to 4096"),
     ("PDL=2", "PDL=2 must be 0 or 1"),
     ("BY_KEYS=3", "BY_KEYS=3 must be from 0 to 2"),
     ("SPLITS=4,SPLITS=8", "SPLITS given twice"),
+    ("HEADS=17", "HEADS=17 must be from 0 to 16"),
 ])
 def test_bad_decode_shapes_name_the_option_and_the_limit(text, words):
     with pytest.raises(BadInput) as e:
@@ -696,3 +697,76 @@ def test_split_partials_are_allocated_only_where_a_merge_launch_reads_them(B, te
         assert extra < 64 * 1024, setup
     else:
         assert extra >= partials, setup
+
+
+# ---- HEADS: a group's query heads dealt to blocks --------------------------------------------------------
+def test_a_groups_heads_are_dealt_to_blocks_where_given_or_where_pairs_are_few():
+    """heads_split: HEADS where given; HEADS=0 splits a group whose rows exceed 16 into the fewest blocks of 16 rows
+    or fewer, only where the SMs number at least ONE_PER_SM for each pair (B=1 against 8 key/value heads on 132
+    SMs, not B=8); groups whose rows already fit 16, or whose heads cannot be dealt to fit, stay whole."""
+    auto = DecodeConfig(HEADS=0)
+    assert auto.heads_split(4, 16, 8, 132) == 4  # B=1, Tq=16: one head's 16 rows a block
+    assert auto.heads_split(4, 16, 64, 132) == 1  # B=8: 64 pairs, two SMs each
+    assert auto.heads_split(4, 4, 8, 132) == 1  # 16 rows already
+    assert auto.heads_split(8, 4, 8, 132) == 2  # 32 rows: two blocks of 16
+    assert auto.heads_split(4, 32, 8, 132) == 1  # one head's 32 rows cannot fit 16
+    assert replace(auto, ONE_PER_SM=0).heads_split(4, 16, 8, 132) == 1
+    assert DecodeConfig(HEADS=2).heads_split(4, 16, 64, 132) == 2 and DEFAULT.heads_split(4, 16, 8, 132) == 1
+
+
+def test_a_heads_split_that_does_not_divide_the_group_is_refused_and_one_that_fits_takes_the_key_slices():
+    mask = make_mask("window", 4096, True, window=4096)
+    why = IMPL.decode_variant(parse_decode_config("HEADS=3")).unsupported(Problem(mask, 1, 32, 128, "bfloat16",
+                                                                                  H_kv=8, Tq=16))
+    assert why and "HEADS=3 does not divide the 4 query heads of a key/value head" in why
+    # 8 heads a group x Tq=16 = 128 rows: past the rows kernel's 64, unless dealt to 2 blocks (64 rows) or more
+    big = Problem(mask, 1, 64, 128, "bfloat16", H_kv=8, Tq=16)
+    assert "exceed 64" in IMPL.unsupported(big)
+    assert IMPL.decode_variant(parse_decode_config("HEADS=2")).unsupported(big) is None
+    assert DecodeConfig().by_keys(4 // 4 * 16, 128)  # HEADS=4 at Tq=16: one head's 16 rows, the key slices
+    m = make_mask("dense", 4096, True)
+    assert "HSPLIT" not in kernel_defines(128, "bfloat16", m, keys=True)
+    assert kernel_defines(128, "bfloat16", m, keys=True, heads=4)["HSPLIT"] == 4
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("keys,pairs", [(True, False), (False, False), (False, True)])
+def test_the_heads_split_builds_compile_without_spills(arch, keys, pairs):
+    from attnbench.decode import PAIRS_KERNEL
+
+    mask = make_mask("streaming", 4096, True, sink=4, window=1024)
+    cfg = replace(DEFAULT, BN=32) if pairs else DEFAULT
+    kernel = PAIRS_KERNEL if pairs else KEYS_KERNEL if keys else KERNEL
+    reports = compile_only(kernel, kernel_defines(128, "bfloat16", mask, cfg, keys, pairs=pairs, heads=4), arch)
+    for r in reports:
+        assert 0 < r.registers <= 255 and (r.spill_stores, r.spill_loads) == (0, 0), r
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("text", ("HEADS=4", "HEADS=2", "HEADS=4,SPLITS=1", "HEADS=4,SPLITS=5,CLUSTER=0",
+                                  "HEADS=4,SPLITS=6", "HEADS=2,BY_KEYS=0", "HEADS=0", "HEADS=4,BY_PAIRS=1",
+                                  "HEADS=4,MERGE=1,BY_KEYS=0"))
+@pytest.mark.parametrize("pattern,params", [("dense", {}), ("streaming", {"sink": 4, "window": 64}),
+                                            ("window", {"window": 100}), ("dilated", {"window": 512, "dilation": 2})])
+def test_gate_with_a_groups_heads_dealt_to_blocks(text, pattern, params):
+    """HEADS: each block takes some of a group's query heads against the key/value head they share (the kernels'
+    HSPLIT), on groups of 4 heads at Tq 1, 4 and 16, ragged, both dtypes and head dims, with the merge launch, a
+    cluster, the last split's merge, a single split and a warp a pair; the run says how many blocks a group took."""
+    from attnbench.check import gate
+
+    impl = IMPL.decode_variant(parse_decode_config(text))
+    mask = make_mask(pattern, 4096, True, **params)
+    ran = 0
+    for prob in (Problem(mask, 1, 32, 128, "bfloat16", H_kv=8, Tq=16),
+                 Problem(mask, 2, 8, 64, "float16", H_kv=2, Tq=4),
+                 Problem(mask, 3, 8, 128, "bfloat16", H_kv=2, Tq=4, cache_lens=(4096, 1000, 3008)),
+                 Problem(mask, 2, 32, 128, "bfloat16", H_kv=8, Tq=1)):
+        if impl.unsupported(prob):
+            continue
+        setup = impl.prepare(prob, *_gate_inputs(prob)).setup
+        want = impl.shape().HEADS or (4 if prob.q_len == 16 else 1)  # HEADS=0: B=1 at Tq=16 only
+        assert setup["heads"] == want, (text, prob.q_len, setup)
+        res = gate(impl, prob)
+        assert res.ok, (text, prob.q_len, res)
+        ran += 1
+    assert ran >= 3

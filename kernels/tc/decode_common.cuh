@@ -54,6 +54,13 @@ static_assert(CLUSTER >= 1 && CLUSTER <= 16,
 #define DECODE_CLUSTER
 #endif
 
+// HSPLIT: the blocks (row groups) each key/value head's query heads are dealt to. The host then passes the row
+// groups' count, H_kv x HSPLIT, as H_kv: everything but K and V (the group's rows, Q's and the output's slabs, the
+// partials, the merge) is a row group's, H / H_kv query heads of it (1: a row group is a key/value head's group)
+#ifndef HSPLIT
+#define HSPLIT 1
+#endif
+
 struct DecodeBlock {
     int split, kvh, b;  // blockIdx (x, y, z)
     int group, rows;    // query heads a key/value head; the block's rows, group x Tq
@@ -86,7 +93,9 @@ __device__ __forceinline__ DecodeBlock decode_block_at(int split, int kvh, int b
     d.first = head.x + first;
     d.count = max(0, min(per_split, head.y - first));
     d.q = Qg + ((size_t)d.b * H + (size_t)d.kvh * d.group) * Tq * HEAD_D;
-    const size_t kv = (((size_t)d.b * H_kv + d.kvh) * (size_t)Tk + c) * HEAD_D;
+    // HSPLIT > 1: a group's query heads are dealt to HSPLIT blocks (row groups); H_kv counts the row groups,
+    // kvh names one, and K and V are those of the key/value head it shares with the other HSPLIT - 1
+    const size_t kv = (((size_t)d.b * (H_kv / HSPLIT) + d.kvh / HSPLIT) * (size_t)Tk + c) * HEAD_D;
     d.k = Kg + kv;
     d.v = Vg + kv;
     return d;
