@@ -17,7 +17,9 @@ keys, so no warp multiplies padding rows (``BY_KEYS`` picks; by default the seco
 the case). A pair with a single split stores its output from the split kernel; no merge runs. Where
 the pairs are many (more than one wave of split blocks, e.g. B=64 against 8 key/value heads) and a pair's
 rows fit 16, kernels/decode_pairs.cu gives each warp a whole pair instead, NWARPS pairs a block and no
-splits (``BY_PAIRS``; its stages need the short lists' tiles to fit shared memory).
+splits (``BY_PAIRS``; its stages need the short lists' tiles to fit shared memory). Where the pairs are few
+(B=1), a group's rows exceed 16 and its list is short, a group's query heads are dealt to several blocks
+against the key/value head they share (``HEADS``; the kernels' HSPLIT), so the rows fit the key slices.
 
 A strided pattern (dilated) with one query a sequence reads only the keys of that query's residue
 class (``CLASSES=1``, the default): K and V rows the stride apart (the loader's row step, ``STRIDE``),
@@ -93,7 +95,8 @@ class DecodeConfig:
     of them, x Tq rows, against the key/value head they share; the group's blocks read the same K and V, all but
     the first from L2), so that few pairs still fill the GPU and a block's rows can fit the key slices' kernel:
     1, one block a group; N dividing H / H_kv; 0, where the pairs are few (the SMs number at least ONE_PER_SM for
-    each) and a group's rows exceed 16, the fewest blocks whose rows fit 16, else 1 (``heads_split``)."""
+    each), a group's rows exceed 16 and its list holds at most HEADS_MAX_KEYS keys, the fewest blocks whose rows
+    fit 16, else 1 (``heads_split``: the group's blocks read its K and V again from L2, which long lists pay for)."""
     NWARPS: int = 4
     BN: int = 64
     STAGES: int = 3
@@ -115,7 +118,9 @@ class DecodeConfig:
     #                         launch's time at B 1 and 8 (docs/PERF.md "decode v6")
     BY_PAIRS: int = 2  # B=64, Tq=1 on an H100: streaming 16+64 19.8 -> 17.4 us, bigbird 49.7 -> 48.2, dilated 61.6 ->
     #                    59.4; fewer pairs keep the split kernel (docs/PERF.md "decode v7")
-    HEADS: int = 1
+    HEADS: int = 0  # H200, B=1, Tq=16, T=32768, 4 blocks a group / 1: bigbird 0.80, streaming 16+64 0.91; lists past
+    #                 512 keys 1.03-1.47 slower (window 4096 1.13, dense 1.46); B=8 (not few pairs) 1.0-1.84
+    #                 (results/decode-heads-h200.csv, docs/PERF.md "decode v8")
 
     @property
     def rows(self) -> int:
@@ -187,14 +192,16 @@ class DecodeConfig:
         keys = short.by_keys(rows, D)
         return short if short.problem(D, keys) is None and rows <= short.tile_rows(keys) else self
 
-    def heads_split(self, group: int, tq: int, pairs: int, sms: int) -> int:
+    def heads_split(self, group: int, tq: int, pairs: int, sms: int, list_keys: int = 0) -> int:
         """The blocks (row groups) a group of ``group`` query heads x ``tq`` positions is dealt to, for ``pairs``
-        = B x H_kv groups on ``sms`` multiprocessors: HEADS where given; with HEADS 0, where the pairs are few (the
-        SMs number at least ONE_PER_SM for each) and the group's rows exceed 16, the fewest that divide the
-        group and leave a block 16 rows or fewer; else 1."""
+        = B x H_kv groups on ``sms`` multiprocessors whose longest list holds ``list_keys`` keys: HEADS where
+        given; with HEADS 0, where the pairs are few (the SMs number at least ONE_PER_SM for each), the list
+        holds at most HEADS_MAX_KEYS keys and the group's rows exceed 16, the fewest that divide the group and
+        leave a block 16 rows or fewer; else 1."""
         if self.HEADS:
             return self.HEADS
-        if group * tq <= 16 or not self.ONE_PER_SM or sms // max(pairs, 1) < self.ONE_PER_SM:
+        if (group * tq <= 16 or not self.ONE_PER_SM or sms // max(pairs, 1) < self.ONE_PER_SM
+                or list_keys > HEADS_MAX_KEYS):
             return 1
         return next((n for n in range(2, group + 1) if group % n == 0 and group // n * tq <= 16), 1)
 
@@ -218,6 +225,9 @@ LONG_BN = DEFAULT.BN
 # 0.93-0.99, dilated 512/2 0.92-1.00, bigbird 0.99-1.05; window 4096 (4111 keys) 1.00 at Tq=1 and 1.09 at
 # Tq=16, dense at 131072 keys 1.14
 SHORT_LIST_KEYS = 2048
+# HEADS 0 deals a group's heads to several blocks only where its list holds at most this many keys (in its tiles):
+# each block reads the list's K and V, so L2's bytes grow with the blocks (results/decode-heads-h200.csv)
+HEADS_MAX_KEYS = 512
 NWARPS, BN, STAGES = DEFAULT.NWARPS, DEFAULT.BN, DEFAULT.STAGES
 ROWS = DEFAULT.rows  # query rows of a block: query heads of a group x Tq
 BLOCKS_PER_SM = DEFAULT.BLOCKS_PER_SM  # the splits aim at this many blocks per multiprocessor (0: one wave)
@@ -452,11 +462,13 @@ class FastDecode(Impl):
         lens = prob.lens
         order = sorted(set(lens))
         sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+        cfg, stride, mask, lists = plan_lists(prob, self.shape(), order)
         # a block's row group: H / H_kv / heads query heads x Tq; `groups` of them a sequence (the kernels' H_kv)
         heads = setup["heads"] = self.shape().heads_split(prob.H // prob.kv_heads, prob.q_len, prob.B * prob.kv_heads,
-                                                          sms)
+                                                          sms, max(x.entries.size for x in lists) * cfg.BN)
         groups, rows = prob.kv_heads * heads, prob.H // prob.kv_heads // heads * prob.q_len
-        cfg, stride, mask, lists = plan_lists(prob, self.shape(), order, rows)
+        if heads > 1:  # the shape (short lists' tiles) for the block's rows
+            cfg, stride, mask, lists = plan_lists(prob, self.shape(), order, rows)
         setup["decode_config"] = cfg.spec
         keys = cfg.by_keys(rows, prob.D)
         setup["kernel"] = KEYS_KERNEL if keys else KERNEL
