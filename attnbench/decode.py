@@ -484,7 +484,8 @@ class FastDecode(Impl):
         smem = cfg.smem_bytes(prob.D, keys)
 
         def kernels(cluster: int = 1):
-            mod = get_module(setup["kernel"], kernel_defines(prob.D, prob.dtype, mask, cfg, keys, stride, cluster, heads=heads))
+            mod = get_module(setup["kernel"], kernel_defines(prob.D, prob.dtype, mask, cfg, keys, stride, cluster,
+                                                             heads=heads))
             split = mod.get_function(KEYS_SPLIT if keys else SPLIT)
             if smem > 48 * 1024:
                 split.max_dynamic_shared_size_bytes = smem
