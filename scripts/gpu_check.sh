@@ -65,9 +65,10 @@
 #          configuration's dilated instances with fast-tc, fast-tc-classes and Flex in one process, every pass,
 #          10 samples (CLASSES_ARGS replaces the default --T 32768), rows in OUT_DIR/classes.csv as they come
 #
-# GPU_TESTS (optional) narrows the tests step to given files or -k expressions (the whole GPU suite
-# takes about 6 minutes on a warm H100, more on a fresh machine: split it over calls under a
-# 10-minute limit, e.g. tests/test_fast_tc.py tests/test_predicate.py, then the rest); LLM_FROM and
+# GPU_TESTS (optional) narrows the tests step to given files or one-word -k expressions, split at spaces (the
+# whole GPU suite takes about 6 minutes on a warm H100, more on a fresh machine: split it over calls under a
+# 10-minute limit, e.g. tests/test_fast_tc.py tests/test_predicate.py, then the rest); GPU_TESTS_K (optional) is
+# one -k expression passed whole, spaces and all (e.g. "heads or gate_ragged"); LLM_FROM and
 # LLM_ARGS (optional) resume and narrow the llm sweep, so it can be spread over several runs.
 # OUT_DIR defaults to $OUT, else ./out. Everything is also packed into OUT_DIR/gpu_check.tar.
 set -uo pipefail
@@ -139,7 +140,8 @@ python3 -c "import cupy, sys; print('cupy', cupy.__version__, 'cuda runtime', cu
 
 for s in $steps; do
     case "$s" in
-    tests) step tests python3 -m pytest -q -m gpu -rs --junitxml="$work/pytest_gpu.xml" ${GPU_TESTS:-} ;;
+    tests) step tests python3 -m pytest -q -m gpu -rs --junitxml="$work/pytest_gpu.xml" ${GPU_TESTS:-} \
+               ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} ;;
     check) step check attnbench check ${CHECK_ARGS:---impl naive --impl fast-f32 --impl fast-tc --impl fast-tc-sync} ;;
     example) step example attnbench run --pattern streaming --T 2048 --window 128 --sink 32 ;;
     compare) for T in 128 256 512 1024 2048 4096; do step compare_$T attnbench run --pattern streaming --T $T; done ;;
