@@ -83,15 +83,17 @@ def test_fast_tc_classes_is_sanitizer_clean(tool, pass_name):
 
 
 @pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer not on PATH")
-@pytest.mark.parametrize("tq, shape", [(1, ""), (16, ""), (16, "CLUSTER=0"), (1, "BY_PAIRS=1")])
+@pytest.mark.parametrize("tq, shape", [(1, ""), (16, ""), (16, "CLUSTER=0"), (1, "BY_PAIRS=1"), (16, "HEADS=4"),
+                                       (16, "HEADS=2,CLUSTER=0")])
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
 def test_fast_decode_is_sanitizer_clean(tool, tq, shape):
     """fast-decode on every pattern through the gate, grouped heads (8 over 2), one query and sixteen: the
     short lists' 32-key tiles (T 77 and 1000), the 64-key tiles and the key-slice kernel of a long list
     (dense and window at T=4096, Tq=1), the splits of a pair merging in their thread-block cluster (sm_90:
     4 rows a pair at Tq=1, 64 at Tq=16), the merge launch (CLUSTER=0, and before sm_90), a dilated
-    query's residue class, and a warp a pair (BY_PAIRS=1: kernels/decode_pairs.cu on the short lists, two
-    warps of four idle)."""
+    query's residue class, a warp a pair (BY_PAIRS=1: kernels/decode_pairs.cu on the short lists, two
+    warps of four idle), and a group's heads dealt to blocks of their own (the kernels' HSPLIT: by default on the
+    short lists at Tq=16, whose 4 pairs are few; HEADS=4 on every list, HEADS=2 with the merge launch)."""
     # CuPy's own kernels left out: the tile classification's flatnonzero (classify.py) runs CuPy's scan, whose
     # racecheck warnings are its own
     cmd = ["compute-sanitizer", "--tool", tool, "--error-exitcode", "17", "--kernel-name-exclude", "kns=cupy_",
