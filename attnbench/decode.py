@@ -192,6 +192,11 @@ class DecodeConfig:
         keys = short.by_keys(rows, D)
         return short if short.problem(D, keys) is None and rows <= short.tile_rows(keys) else self
 
+    def few_pairs(self, pairs: int, sms: int) -> bool:
+        """Whether ``pairs`` (sequence, key/value head) pairs are few on ``sms`` multiprocessors: ONE_PER_SM set and
+        at least that many SMs for each (one block per SM instead of the wave's; HEADS 0's groups dealt out)."""
+        return bool(self.ONE_PER_SM) and sms // max(pairs, 1) >= self.ONE_PER_SM
+
     def heads_split(self, group: int, tq: int, pairs: int, sms: int, list_keys: int = 0) -> int:
         """The blocks (row groups) a group of ``group`` query heads x ``tq`` positions is dealt to, for ``pairs``
         = B x H_kv groups on ``sms`` multiprocessors whose longest list holds ``list_keys`` keys: HEADS where
@@ -200,8 +205,7 @@ class DecodeConfig:
         leave a block 16 rows or fewer; else 1."""
         if self.HEADS:
             return self.HEADS
-        if (group * tq <= 16 or not self.ONE_PER_SM or sms // max(pairs, 1) < self.ONE_PER_SM
-                or list_keys > HEADS_MAX_KEYS):
+        if group * tq <= 16 or not self.few_pairs(pairs, sms) or list_keys > HEADS_MAX_KEYS:
             return 1
         return next((n for n in range(2, group + 1) if group % n == 0 and group // n * tq <= 16), 1)
 
@@ -284,7 +288,7 @@ def split_count(longest: int, work: int, sms: int, cfg: DecodeConfig = DEFAULT, 
     or one block per SM where the SMs number ONE_PER_SM or more for each list; else about BLOCKS_PER_SM
     blocks per SM, each split at least MIN_PER_SPLIT tiles."""
     if cfg.SPLITS or not cfg.BLOCKS_PER_SM:
-        if cfg.ONE_PER_SM and sms // work >= cfg.ONE_PER_SM:
+        if cfg.few_pairs(work, sms):
             resident = 1
         splits = cfg.SPLITS or max(1, min(resident * sms // work, -(-longest // cfg.MIN_PER_SPLIT)))
         per_split = max(1, -(-longest // splits))
@@ -462,13 +466,14 @@ class FastDecode(Impl):
         lens = prob.lens
         order = sorted(set(lens))
         sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
-        cfg, stride, mask, lists = plan_lists(prob, self.shape(), order)
+        given = self.shape()
+        cfg, stride, mask, lists = plan_lists(prob, given, order)
         # a block's row group: H / H_kv / heads query heads x Tq; `groups` of them a sequence (the kernels' H_kv)
-        heads = setup["heads"] = self.shape().heads_split(prob.H // prob.kv_heads, prob.q_len, prob.B * prob.kv_heads,
-                                                          sms, max(x.entries.size for x in lists) * cfg.BN)
+        heads = setup["heads"] = given.heads_split(prob.H // prob.kv_heads, prob.q_len, prob.B * prob.kv_heads, sms,
+                                                   max(x.entries.size for x in lists) * cfg.BN)
         groups, rows = prob.kv_heads * heads, prob.H // prob.kv_heads // heads * prob.q_len
         if heads > 1:  # the shape (short lists' tiles) for the block's rows
-            cfg, stride, mask, lists = plan_lists(prob, self.shape(), order, rows)
+            cfg, stride, mask, lists = plan_lists(prob, given, order, rows)
         setup["decode_config"] = cfg.spec
         keys = cfg.by_keys(rows, prob.D)
         setup["kernel"] = KEYS_KERNEL if keys else KERNEL
