@@ -162,7 +162,8 @@ DECODE_CONFIG_HELP = ("a fast-decode shape: FIELD=N,... of NWARPS, BN, STAGES, M
                       "to merge in a cluster), BY_PAIRS (1: a warp takes a whole pair where its rows fit 16 and the "
                       "stages fit; 2: that where the pairs outnumber a wave of split blocks; 0: never), HEADS (the blocks "
                       "a group's query heads are dealt to; 0: where pairs are few, rows exceed 16 and the list holds "
-                      "at most 512 keys) (the others at their defaults); each adds a row per "
+                      "at most 512 keys), WG (1: the warps-on-rows kernel's products on warpgroup MMA on sm_90; 0: "
+                      "mma.sync) (the others at their defaults); each adds a row per "
                       "configuration, named e.g. fast-decode[SPLITS=8], timed with the others (repeatable; the plain "
                       "fast-decode takes ATTNBENCH_DECODE_CONFIG)")
 

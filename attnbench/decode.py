@@ -47,7 +47,7 @@ import numpy as np
 from .arrays import bind
 from .compile import get_module, resident_blocks
 from .errors import BadInput
-from .fast_tc import LOG2E, parse_fields, pattern_defines
+from .fast_tc import LOG2E, WG_ARCH, parse_fields, pattern_defines
 from .impls import Impl, Problem, Runner, register, timed
 from .launch import allow_nonportable_clusters, max_active_clusters, pdl_available, pdl_launch
 from .patterns import Mask
@@ -96,7 +96,9 @@ class DecodeConfig:
     the first from L2), so that few pairs still fill the GPU and a block's rows can fit the key slices' kernel:
     1, one block a group; N dividing H / H_kv; 0, where the pairs are few (the SMs number at least ONE_PER_SM for
     each), a group's rows exceed 16 and its list holds at most HEADS_MAX_KEYS keys, the fewest blocks whose rows
-    fit 16, else 1 (``heads_split``: the group's blocks read its K and V again from L2, which long lists pay for)."""
+    fit 16, else 1 (``heads_split``: the group's blocks read its K and V again from L2, which long lists pay for).
+    WG 1: on sm_90 (compute capability 9.0) kernels/decode.cu's products run on Hopper's warpgroup MMA, a warpgroup's
+    64 rows a product, where its key tiles are 32, 64 or 128 keys (``wgmma``; the sm_90a build); 0: mma.sync."""
     NWARPS: int = 4
     BN: int = 64
     STAGES: int = 3
@@ -121,6 +123,7 @@ class DecodeConfig:
     HEADS: int = 0  # H200, B=1, Tq=16, T=32768, 4 blocks a group / 1: bigbird 0.80, streaming 16+64 0.91; lists past
     #                 512 keys 1.03-1.47 slower (window 4096 1.13, dense 1.46); B=8 (not few pairs) 1.0-1.84
     #                 (results/decode-heads-h200.csv, docs/PERF.md "decode v8")
+    WG: int = 1  # the rows kernel's products on warpgroup MMA on sm_90 (not yet measured: docs/PERF.md "decode v9")
 
     @property
     def rows(self) -> int:
@@ -209,6 +212,11 @@ class DecodeConfig:
             return 1
         return next((n for n in range(2, group + 1) if group % n == 0 and group // n * tq <= 16), 1)
 
+    def wgmma(self, keys: bool, compute_capability: str | int) -> bool:
+        """Whether kernels/decode.cu (not the key slices, ``keys``) runs its products on warpgroup MMA on a device of
+        this compute capability: WG 1, sm_90 itself (the build is sm_90a's), tiles of 32, 64 or 128 keys."""
+        return bool(self.WG) and not keys and str(compute_capability) == "90" and self.BN in (32, 64, 128)
+
     def by_keys(self, rows: int, D: int) -> bool:
         """Whether a group of ``rows`` query rows at head dimension D runs kernels/decode_keys.cu."""
         if self.BY_KEYS == 2:
@@ -221,7 +229,7 @@ DECODE_LIMITS = {"NWARPS": (4, 16, 4), "BN": (16, 256, 16), "STAGES": (2, 8, 1),
                  "SPLITS": (0, 4096, 1), "BLOCKS_PER_SM": (0, 64, 1), "MIN_PER_SPLIT": (1, 4096, 1),
                  "MERGE": (0, 1, 1), "BY_KEYS": (0, 2, 1), "ONE_PER_SM": (0, 1024, 1), "CLASSES": (0, 1, 1),
                  "BN_SHORT": (0, 256, 16), "PDL": (0, 1, 1), "CLUSTER": (0, 16, 1), "CLUSTER_TILES": (1, 4096, 1),
-                 "CLUSTER_ROWS": (1, 4096, 1), "BY_PAIRS": (0, 2, 1), "HEADS": (0, 16, 1)}
+                 "CLUSTER_ROWS": (1, 4096, 1), "BY_PAIRS": (0, 2, 1), "HEADS": (0, 16, 1), "WG": (0, 1, 1)}
 DEFAULT = DecodeConfig()
 LONG_BN = DEFAULT.BN
 # lists of at most this many keys (in 64-key tiles) take BN_SHORT-key tiles. H100, B 1 to 64, Tq 1 and 16, BN=32 /
@@ -253,19 +261,20 @@ class DecodeSpec:
 
 def parse_decode_config(text: str, option: str = "--decode-config") -> DecodeSpec:
     """'FIELD=N,...' of NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, BY_KEYS,
-    ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES, CLUSTER_ROWS, BY_PAIRS (any case; the others at
+    ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES, CLUSTER_ROWS, BY_PAIRS, HEADS, WG (any case; the others at
     their defaults) or all by position from NWARPS,BN,STAGES; BadInput naming ``option`` and the limit."""
     given = parse_fields(text, option, DecodeConfig, DECODE_LIMITS, min_positional=3)
     return DecodeSpec(tuple((f, given[f]) for f in DECODE_FIELDS if f in given))
 
 
 def kernel_defines(D: int, dtype: str, mask: Mask, cfg: DecodeConfig = DEFAULT, keys: bool = False,
-                   stride: int = 1, cluster: int = 1, pairs: bool = False, heads: int = 1) -> dict:
+                   stride: int = 1, cluster: int = 1, pairs: bool = False, heads: int = 1, wg: bool = False) -> dict:
     """The -D constants of kernels/decode.cu (kernels/decode_keys.cu when ``keys``: BN is then a warp's
     slice of the tile; kernels/decode_pairs.cu when ``pairs``): the head dimension, dtype, shape and the
     pattern (with ``stride`` > 1, the inner pattern of a residue class, one query a sequence: ``by_class``;
     with ``cluster`` > 1, the splits of a pair are a cluster of that many blocks that merges in the
-    launch: sm_90 only; with ``heads`` > 1, each group's query heads dealt to that many blocks: HSPLIT)."""
+    launch: sm_90 only; with ``heads`` > 1, each group's query heads dealt to that many blocks: HSPLIT; with ``wg``,
+    kernels/decode.cu's products on warpgroup MMA: WG 1, an sm_90a build, the softmax's max taken on every tile)."""
     bn = cfg.BN // cfg.NWARPS if keys else cfg.BN
     d = dict(HEAD_D=D, BN=bn, NWARPS=cfg.NWARPS, STAGES=cfg.STAGES, MT=1, MINB=cfg.MINB, QREG=1, STRIDE=stride)
     if not keys and not pairs:
@@ -274,6 +283,10 @@ def kernel_defines(D: int, dtype: str, mask: Mask, cfg: DecodeConfig = DEFAULT, 
         d["CLUSTER"] = cluster
     if heads > 1:
         d["HSPLIT"] = heads
+    if wg:
+        if keys or pairs:
+            raise ValueError("WG is kernels/decode.cu's (the rows kernel)")
+        d.update(WG=1, LAZY=0)
     return dict(d, AB_F16=int(dtype == "float16"), **pattern_defines(mask))
 
 
@@ -476,6 +489,8 @@ class FastDecode(Impl):
             cfg, stride, mask, lists = plan_lists(prob, given, order, rows)
         setup["decode_config"] = cfg.spec
         keys = cfg.by_keys(rows, prob.D)
+        cc = cupy.cuda.Device().compute_capability
+        wg = setup["wgmma"] = cfg.wgmma(keys, cc)
         setup["kernel"] = KEYS_KERNEL if keys else KERNEL
         setup["classes"] = stride
         setup["tiles_build_s"] = sum(x.build_s for x in lists)
@@ -490,7 +505,7 @@ class FastDecode(Impl):
 
         def kernels(cluster: int = 1):
             mod = get_module(setup["kernel"], kernel_defines(prob.D, prob.dtype, mask, cfg, keys, stride, cluster,
-                                                             heads=heads))
+                                                             heads=heads, wg=wg), WG_ARCH if wg else None)
             split = mod.get_function(KEYS_SPLIT if keys else SPLIT)
             if smem > 48 * 1024:
                 split.max_dynamic_shared_size_bytes = smem
@@ -505,8 +520,7 @@ class FastDecode(Impl):
             resident = setup["blocks_per_sm"] = resident_blocks(split_k, cfg.threads, smem)
         longest = int(counts.max()) if counts.size else 0
         per_split, splits = split_count(longest, prob.B * groups, sms, cfg, resident)
-        cluster = cluster_size(splits, longest, rows, cfg,
-                               int(cupy.cuda.Device().compute_capability)) if cfg.cluster_rows_fit(prob.D, keys) else 1
+        cluster = cluster_size(splits, longest, rows, cfg, int(cc)) if cfg.cluster_rows_fit(prob.D, keys) else 1
         # a warp a pair (kernels/decode_pairs.cu) where the shape takes it: one split, the whole list
         by_pairs = bool(cfg.BY_PAIRS) and cfg.pairs_take(
             rows, prob.B * groups, prob.D,
@@ -514,6 +528,7 @@ class FastDecode(Impl):
             cupy.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"])
         if by_pairs:
             setup["kernel"] = PAIRS_KERNEL
+            setup["wgmma"] = False
             smem = cfg.pairs_smem(prob.D)
             with timed(setup, "compile_s"):
                 split_k = get_module(PAIRS_KERNEL, kernel_defines(prob.D, prob.dtype, mask, cfg, stride=stride,
@@ -568,7 +583,8 @@ class FastDecode(Impl):
 IMPL = register(FastDecode(
     name="fast-decode",
     family="attnbench",
-    description="decoding on tensor cores: Tq queries at the end of each cache, grouped-query heads and ragged "
+    description="decoding on tensor cores (a group of more than 16 query rows on warpgroup MMA on sm_90, else "
+                "mma.sync): Tq queries at the end of each cache, grouped-query heads and ragged "
                 "batches, the key tiles the pattern allows split across blocks and merged by log-sum-exp (a warp a "
                 "whole pair where the pairs outnumber a wave and their rows fit 16); its shape "
                 f"({DEFAULT.spec}, SPLITS=0: derived; lists of at most {SHORT_LIST_KEYS} keys in BN_SHORT-key tiles) tunable by `sweep --decode-config FIELD=N,...` (a row per "
@@ -598,12 +614,17 @@ def standard_builds() -> list[tuple[str, dict]]:
                 cfg, stride, mask, _ = plan_lists(prob, DEFAULT, [prob.T])
                 keys = cfg.by_keys(c.H // c.H_kv * tq, D)
                 add((KEYS_KERNEL if keys else KERNEL, kernel_defines(D, "bfloat16", mask, cfg, keys, stride)))
+                if cfg.wgmma(keys, 90):  # the rows kernel on sm_90: its warpgroup build
+                    add((KERNEL, kernel_defines(D, "bfloat16", mask, cfg, keys, stride, wg=True)))
                 if c.H // c.H_kv * tq <= 16 and cfg.BN != LONG_BN:  # a warp a pair: the short lists' tiles
                     add((PAIRS_KERNEL, kernel_defines(D, "bfloat16", mask, cfg, stride=stride, pairs=True)))
     # a group's query heads dealt to 4 blocks (HEADS: Tq=16 against 4 heads, 16 rows a block), on the first instance
     add((KEYS_KERNEL, kernel_defines(128, "bfloat16", c.instances[0].mask(c.build_T), keys=True, heads=4)))
     # the merge in the last split (MERGE=1), on the first instance
     add((KERNEL, kernel_defines(128, "bfloat16", c.instances[0].mask(c.build_T), replace(DEFAULT, MERGE=1))))
+    # the warpgroup build with its splits merged in a cluster of 8, and in the last split
+    add((KERNEL, kernel_defines(128, "bfloat16", c.instances[0].mask(c.build_T), cluster=8, wg=True)))
+    add((KERNEL, kernel_defines(128, "bfloat16", c.instances[0].mask(c.build_T), replace(DEFAULT, MERGE=1), wg=True)))
     # a residue class's keys (CLASSES=1) for the strided instances, both kernels
     for inst in c.instances:
         r, inner = inst.mask(c.build_T).strided()

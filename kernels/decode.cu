@@ -7,9 +7,10 @@
 // group that reads this key/value head, times the Tq positions: rows (h - h0) * Tq + t, which in
 // q [B, H, Tq, D] are one contiguous slab, so each K/V byte is read once per split for the whole
 // group. Rows past the group's (at most BM) are padding, never stored. The block runs fast_tc's
-// parts (kernels/tc/): products on mma.sync (TcMmaSync), K/V tiles by cp.async (TcLoadAsync),
-// partial tiles masked with the pattern predicate at each row's own position (tc_mask_rows), the
-// online softmax (TcSoftmax). Each split stores its rows' output normalised by its own row sums, in
+// parts (kernels/tc/): products on mma.sync (TcMmaSync), or with WG 1 (sm_90a) on Hopper's warpgroup
+// MMA (TcMmaWgmma: a warpgroup's 64 rows a product, Q and the K/V stages in 64-column panels, the
+// 128-byte swizzle), K/V tiles by cp.async (TcLoadAsync), partial tiles masked with the pattern
+// predicate at each row's own position (tc_mask_rows), the online softmax (TcSoftmax). Each split stores its rows' output normalised by its own row sums, in
 // float32, with the rows' log-sum-exp (base 2); decode_merge (tc/decode_common.cuh) then weighs the
 // splits of every row in a second launch, a block per output row (the default). A pair with one split
 // stores its output itself and no merge runs. With MERGE_LAST the last split of each
@@ -25,12 +26,19 @@
 #include "tc/mask.cuh"
 #include "tc/softmax.cuh"
 #include "tc/mainloop_sync.cuh"
+#if WG
+#include "tc/mainloop_wgmma.cuh"
+#endif
 #define DEC_ROWS BM  // the partial's rows a split: the whole tile's
 #include "tc/decode_common.cuh"
 
-static_assert(!WG && !TMA && MT == 1 && QREG == 1, "decode: mma.sync, cp.async, one m16 tile per warp");
+static_assert(!TMA && MT == 1 && (WG || QREG == 1), "decode: mma.sync or wgmma, cp.async, one m16 tile per warp");
 
+#if WG
+typedef TcMmaWgmma TcMma;
+#else
 typedef TcMmaSync TcMma;
+#endif
 typedef TcLoadAsync<TcMma> TcLoad;
 
 extern "C" __global__ void DECODE_CLUSTER __launch_bounds__(THREADS, MINB) decode_split(DECODE_SPLIT_PARAMS) {
@@ -72,7 +80,7 @@ extern "C" __global__ void DECODE_CLUSTER __launch_bounds__(THREADS, MINB) decod
         st_fill = st_fill == STAGES - 1 ? 0 : st_fill + 1;
         const int sc = st;
         st = st == STAGES - 1 ? 0 : st + 1;
-        decode_tile(acc, sf, op, pat, ent, sc, tc_entry_tile(ent) * BN, pos_a, pos_b, Tb, t4, scale_log2, it);
+        decode_tile<TcMma>(acc, sf, op, pat, ent, sc, tc_entry_tile(ent) * BN, pos_a, pos_b, Tb, t4, scale_log2, it);
     }
     TcLoad::drain();
 

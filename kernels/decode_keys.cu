@@ -74,7 +74,7 @@ extern "C" __global__ void DECODE_CLUSTER __launch_bounds__(THREADS, MINB) decod
         st_fill = st_fill == STAGES - 1 ? 0 : st_fill + 1;
         const int slice = st * NWARPS + warp;  // this warp's BN keys of stage st
         st = st == STAGES - 1 ? 0 : st + 1;
-        decode_tile(acc, sf, op, pat, ent, slice, tc_entry_tile(ent) * KT + warp * BN, pos_a, pos_b, Tb, t4, scale_log2, it);
+        decode_tile<TcMma>(acc, sf, op, pat, ent, slice, tc_entry_tile(ent) * KT + warp * BN, pos_a, pos_b, Tb, t4, scale_log2, it);
     }
     TcLoad::drain();
     __syncthreads();  // every warp is done with the stages: they hold the warps' rows now

@@ -103,7 +103,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) decode_pairs(DECODE_
         st_fill = st_fill == STAGES - 1 ? 0 : st_fill + 1;
         const int sc = st;
         st = st == STAGES - 1 ? 0 : st + 1;
-        decode_tile(acc, sf, op, pat, ent, sc, tc_entry_tile(ent) * BN, pos_a, pos_b, Tb, t4, scale_log2, it);
+        decode_tile<TcMma>(acc, sf, op, pat, ent, sc, tc_entry_tile(ent) * BN, pos_a, pos_b, Tb, t4, scale_log2, it);
     }
     tc_wait<0>();
 

@@ -137,7 +137,7 @@ def test_the_gpu_check_step_sweeps_these_shapes():
     ("8,32,4", (("NWARPS", 8), ("BN", 32), ("STAGES", 4), ("MINB", 1), ("SPLITS", 0), ("BLOCKS_PER_SM", 0),
                 ("MIN_PER_SPLIT", 4), ("MERGE", 0), ("BY_KEYS", 2), ("ONE_PER_SM", 8), ("CLASSES", 1),
                 ("BN_SHORT", 32), ("PDL", 0), ("CLUSTER", 8), ("CLUSTER_TILES", 9), ("CLUSTER_ROWS", 64),
-                ("BY_PAIRS", 2), ("HEADS", 0))),
+                ("BY_PAIRS", 2), ("HEADS", 0), ("WG", 1))),
     ("by_keys=0", (("BY_KEYS", 0),)),
 ])
 def test_a_decode_shape_parses_named_and_positional_forms(text, given):
@@ -150,8 +150,9 @@ def test_a_decode_shape_parses_named_and_positional_forms(text, given):
     ("BN=24", "BN=24 must be a multiple of 16"),
     ("STAGES=1", "STAGES=1 must be from 2 to 8"),
     ("SPLITS=-1", "SPLITS=-1 must be from 0 to 4096"),
-    ("WG=1", "unknown field 'WG' (fields: NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, "
-             "BY_KEYS, ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES, CLUSTER_ROWS, BY_PAIRS, HEADS)"),
+    ("TMA=1", "unknown field 'TMA' (fields: NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, "
+              "BY_KEYS, ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES, CLUSTER_ROWS, BY_PAIRS, HEADS, WG)"),
+    ("WG=2", "WG=2 must be 0 or 1"),
     ("CLUSTER=17", "CLUSTER=17 must be from 0 to 16"),
     ("CLUSTER_ROWS=0", "CLUSTER_ROWS=0 must be from 1 to 4096"),
     ("PDL=2", "PDL=2 must be 0 or 1"),
@@ -270,7 +271,8 @@ def test_the_shapes_the_gpu_check_tries_compile_without_spills(arch, text):
 @pytest.mark.gpu
 @pytest.mark.parametrize("text", ("SPLITS=1", "SPLITS=16", "BLOCKS_PER_SM=0", "BN=32,STAGES=4", "BN=128,STAGES=2",
                                   "NWARPS=8", "MERGE=1", "SPLITS=16,MERGE=1", "NWARPS=8,SPLITS=7,MERGE=1",
-                                  "SPLITS=3,CLUSTER=8,BY_KEYS=0", "SPLITS=8,CLUSTER=8", "SPLITS=2,CLUSTER=2,BN=32"))
+                                  "SPLITS=3,CLUSTER=8,BY_KEYS=0", "SPLITS=8,CLUSTER=8", "SPLITS=2,CLUSTER=2,BN=32",
+                                  "WG=0", "WG=0,SPLITS=16", "WG=0,BY_KEYS=0,SPLITS=3", "BN=16,STAGES=2"))
 @pytest.mark.parametrize("pattern,params", [("dense", {}), ("streaming", {"sink": 4, "window": 64})])
 def test_gate_of_other_shapes(text, pattern, params):
     from attnbench.check import gate
@@ -697,6 +699,60 @@ def test_split_partials_are_allocated_only_where_a_merge_launch_reads_them(B, te
         assert extra < 64 * 1024, setup
     else:
         assert extra >= partials, setup
+
+
+# ---- WG: the rows kernel on warpgroup MMA (sm_90) -----------------------------------------------------------
+def test_the_rows_kernel_takes_warpgroup_mma_on_sm_90_only():
+    """wgmma: the rows kernel (not the key slices), WG 1, compute capability 9.0 itself (an sm_90a build runs
+    nowhere else), tiles of 32, 64 or 128 keys; the key slices and a warp a pair have no such build."""
+    assert DEFAULT.WG == 1 and DEFAULT.wgmma(False, "90") and DEFAULT.wgmma(False, 90)
+    assert not DEFAULT.wgmma(True, "90")  # the key slices stay on mma.sync
+    assert not DEFAULT.wgmma(False, "80") and not DEFAULT.wgmma(False, "100")
+    assert not DecodeConfig(WG=0).wgmma(False, "90")
+    assert not replace(DEFAULT, BN=16).wgmma(False, "90") and replace(DEFAULT, BN=128).wgmma(False, "90")
+    m = make_mask("dense", 4096, True)
+    d = kernel_defines(128, "bfloat16", m, wg=True)
+    assert d["WG"] == 1 and d["LAZY"] == 0 and "WG" not in kernel_defines(128, "bfloat16", m)
+    for keys, pairs in ((True, False), (False, True)):
+        with pytest.raises(ValueError, match="rows kernel"):
+            kernel_defines(128, "bfloat16", m, keys=keys, pairs=pairs, wg=True)
+    assert parse_decode_config("WG=0").apply().WG == 0
+    with pytest.raises(BadInput, match="WG"):
+        parse_decode_config("WG=2")
+
+
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("pattern", ["dense", "streaming", "document", "custom"])
+@pytest.mark.parametrize("cfg_text, cluster", [("", 1), ("", 8), ("BN=32", 1), ("NWARPS=8,MERGE=1", 1)])
+def test_the_warpgroup_build_compiles_for_sm_90a_without_spills_or_serialised_products(D, pattern, cfg_text, cluster):
+    """The rows kernel's WG build: no spills, and no warpgroup MMA that ptxas serialises (C7514 / C7515: a plain
+    instruction touching its accumulators in flight), with a cluster's merge, short tiles and two warpgroups."""
+    from attnbench import compile as kc
+
+    cfg = parse_decode_config(cfg_text).apply() if cfg_text else DEFAULT
+    defines = kernel_defines(D, "bfloat16", make_mask(pattern, 4096, True), cfg, cluster=cluster, wg=True)
+    reports = compile_only(KERNEL, defines, "sm_90a")
+    assert sorted(r.kernel for r in reports) == ["decode_merge", "decode_split"]
+    for r in reports:
+        assert r.arch == "sm_90a" and 0 < r.registers <= 255 and (r.spill_stores, r.spill_loads) == (0, 0), r
+    _, log = kc._nvrtc(KERNEL, kc.source(KERNEL, defines), list(kc.options(defines)) + ["-arch=sm_90a", "-Xptxas=-v"])
+    assert "C7514" not in log and "C7515" not in log and "serialized" not in log, log
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("text", ("", "WG=0"))
+def test_the_rows_kernel_says_whether_it_ran_on_warpgroup_mma(text):
+    """A group of 64 rows (4 heads x Tq=16) runs the rows kernel, on warpgroup MMA exactly on sm_90 with WG 1; a
+    group of 4 rows (Tq=1) runs the key slices, never on it."""
+    import cupy
+
+    impl = IMPL.decode_variant(parse_decode_config(text)) if text else IMPL
+    sm90 = cupy.cuda.Device().compute_capability == "90"
+    mask = make_mask("window", 4096, True, window=1024)
+    for tq, want in ((16, sm90 and not text), (1, False)):
+        prob = Problem(mask, 2, 32, 128, "bfloat16", H_kv=8, Tq=tq)
+        setup = impl.prepare(prob, *_gate_inputs(prob)).setup
+        assert setup["wgmma"] == want and setup["kernel"] == (KERNEL if tq == 16 else KEYS_KERNEL), setup
 
 
 # ---- HEADS: a group's query heads dealt to blocks --------------------------------------------------------

@@ -21,7 +21,7 @@
 //   decode_part_rows / decode_part_lse(..., blk, H_kv): the split's partial rows and log-sum-exps;
 //   decode_work(blk): the loader's work item (TcLoadAsync::init);
 //   decode_pos(r, rows, Tb, Tq): row r's position (padding rows: the last, never stored);
-//   decode_tile(...): one key tile's products and softmax for a warp's 16 rows (below);
+//   decode_tile<Mma>(...): one key tile's products (Mma's) and softmax for a warp's 16 rows (below);
 //   decode_to_u16(y): y in the 16-bit type; decode_merge: the merge launch, a block per output row.
 #pragma once
 #include "tc/common.cuh"
@@ -122,16 +122,18 @@ __device__ __forceinline__ TcWork decode_work(const DecodeBlock& d) {
 __device__ __forceinline__ int decode_pos(int r, int rows, int Tb, int Tq) { return r < rows ? Tb - Tq + r % Tq : Tb - 1; }
 
 // One key tile for a warp's 16 rows (the thread's two at positions pos_a, pos_b): S = Q K^T from
-// ldmatrix stage `st` (TcMmaSync's stage index: a decode_keys warp's slice is one), masked with the
+// stage `st` by Mma's products (TcMmaSync: ldmatrix and mma.sync, a decode_keys warp's slice is a stage
+// index of its own; TcMmaWgmma: the warpgroup's 64 rows at once, every warp of it issuing), masked with the
 // pattern predicate at each row's own position when the entry is partial (keys from j0), the online
-// softmax, O += P V; nothing but zero row sums when the warp's keys are all masked (BN <= 32).
-template <class P>
-__device__ __forceinline__ void decode_tile(TcAcc& acc, TcSoftmax& sf, const TcMmaSync::Ops& op, const P& pat, int ent,
-                                            int st, int j0, int pos_a, int pos_b, int Tb, int t4, float scale_log2,
-                                            int it) {
+// softmax, O += P V; nothing but zero row sums when the warp's keys are all masked (BN <= 32; on
+// wgmma the warp still issues P V with its warpgroup, its P zero).
+template <class Mma, class P>
+__device__ __forceinline__ void decode_tile(TcAcc& acc, TcSoftmax& sf, const typename Mma::Ops& op, const P& pat,
+                                            int ent, int st, int j0, int pos_a, int pos_b, int Tb, int t4,
+                                            float scale_log2, int it) {
     TcS s;
     TcRows rs;
-    TcMmaSync::qk(s, op, st);
+    Mma::qk(s, op, st);
     bool idle = false;
     if (ent & 1) idle = tc_mask_idle(tc_mask_rows(s[0], pat, pos_a, pos_b, j0, Tb, t4));
     if (idle)
@@ -139,7 +141,7 @@ __device__ __forceinline__ void decode_tile(TcAcc& acc, TcSoftmax& sf, const TcM
     else
         sf.probs(s, rs, acc, scale_log2, 1, it);
     sf.add(rs);
-    TcMmaSync::pv(acc, s, op, st, idle);
+    Mma::pv(acc, s, op, st, idle);
 }
 
 __device__ __forceinline__ u16 decode_to_u16(float y) { return (u16)(tc_pack(y, 0.f) & 0xffffu); }
