@@ -743,12 +743,12 @@ def test_the_warpgroup_build_compiles_for_sm_90a_without_spills_or_serialised_pr
 @pytest.mark.parametrize("text", ("", "WG=0"))
 def test_the_rows_kernel_says_whether_it_ran_on_warpgroup_mma(text):
     """A group of 64 rows (4 heads x Tq=16) runs the rows kernel, on warpgroup MMA exactly on sm_90 with WG 1; a
-    group of 4 rows (Tq=1) runs the key slices, never on it."""
+    group of 4 rows (Tq=1) on a long list's 64-key tiles runs the key slices, never on it."""
     import cupy
 
     impl = IMPL.decode_variant(parse_decode_config(text)) if text else IMPL
     sm90 = cupy.cuda.Device().compute_capability == "90"
-    mask = make_mask("window", 4096, True, window=1024)
+    mask = make_mask("window", 4096, True, window=4096)
     for tq, want in ((16, sm90 and not text), (1, False)):
         prob = Problem(mask, 2, 32, 128, "bfloat16", H_kv=8, Tq=tq)
         setup = impl.prepare(prob, *_gate_inputs(prob)).setup
