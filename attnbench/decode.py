@@ -185,15 +185,23 @@ class DecodeConfig:
             return f"{self.smem_bytes(D, keys)} bytes of shared memory at D={D}, above {MAX_SMEM}"
         return None
 
-    def for_list(self, longest_keys: int, rows: int, D: int) -> "DecodeConfig":
+    def for_list(self, longest_keys: int, rows: int, D: int, compute_capability: str | int = "",
+                 many_pairs: bool = False) -> "DecodeConfig":
         """The shape a problem of ``rows`` query rows a key/value head at head dimension D runs whose
         longest list holds ``longest_keys`` keys in BN-key tiles: BN_SHORT-key tiles where BN is the
-        default's, BN_SHORT is set, the list is short and that shape builds for the rows; else this one."""
+        default's, BN_SHORT is set, the list is short and that shape builds for the rows; else this one.
+        Where the short shape's rows kernel runs on warpgroup MMA (``wgmma`` on ``compute_capability``) and the
+        pairs outnumber the SMs (``many_pairs``: a split a pair, each block walks its whole list), only lists of
+        at most WG_SHORT_LIST_KEYS keys take the short tiles."""
         if not (self.BN_SHORT and self.BN == LONG_BN and longest_keys <= SHORT_LIST_KEYS):
             return self
         short = replace(self, BN=self.BN_SHORT)
         keys = short.by_keys(rows, D)
-        return short if short.problem(D, keys) is None and rows <= short.tile_rows(keys) else self
+        if short.problem(D, keys) is not None or rows > short.tile_rows(keys):
+            return self
+        if many_pairs and longest_keys > WG_SHORT_LIST_KEYS and short.wgmma(keys, compute_capability):
+            return self
+        return short
 
     def few_pairs(self, pairs: int, sms: int) -> bool:
         """Whether ``pairs`` (sequence, key/value head) pairs are few on ``sms`` multiprocessors: ONE_PER_SM set and
@@ -237,6 +245,10 @@ LONG_BN = DEFAULT.BN
 # 0.93-0.99, dilated 512/2 0.92-1.00, bigbird 0.99-1.05; window 4096 (4111 keys) 1.00 at Tq=1 and 1.09 at
 # Tq=16, dense at 131072 keys 1.14
 SHORT_LIST_KEYS = 2048
+# ... but on the rows kernel's warpgroup MMA where the pairs outnumber the SMs, only lists of at most this many keys.
+# H200, Tq=16, B=64, T=32768, BN_SHORT=0 / the 32-key tiles, both WG 1 (results/decode-v9-wg-ab-h200.csv): dilated
+# 512/2 0.85, streaming 4+1024 0.88, bigbird 0.96, streaming 16+64 (about 100 keys) 1.26; at B=8 0.98-1.07
+WG_SHORT_LIST_KEYS = 256
 # HEADS 0 deals a group's heads to several blocks only where its list holds at most this many keys (in its tiles):
 # each block reads the list's K and V, so L2's bytes grow with the blocks (results/decode-heads-h200.csv)
 HEADS_MAX_KEYS = 512
@@ -379,12 +391,13 @@ def decode_list(mask: Mask, Tq: int, BN: int = BN) -> DecodeList:
     return DecodeList(T, ent, time.perf_counter() - t0)
 
 
-def plan_lists(prob: Problem, cfg: DecodeConfig, order: list[int], rows: int | None = None
-               ) -> tuple[DecodeConfig, int, Mask, list[DecodeList]]:
+def plan_lists(prob: Problem, cfg: DecodeConfig, order: list[int], rows: int | None = None,
+               compute_capability: str | int = "", sms: int = 0) -> tuple[DecodeConfig, int, Mask, list[DecodeList]]:
     """(shape, stride, mask, lists) a problem runs: the residue class's mask and stride where ``by_class``
     takes it (else 1 and the problem's), the lists of the cache lengths ``order`` in BN-key tiles, then the
     shape ``for_list`` gives for the longest of them and a block's ``rows`` (None: a whole group's; and the lists
-    again in its tiles if they changed)."""
+    again in its tiles if they changed) on a device of ``compute_capability`` with ``sms`` multiprocessors (its
+    pairs, B x H_kv, many where they outnumber them)."""
     stride, mask = by_class(prob, cfg) or (1, prob.mask)  # the list and predicate of the query's residue class
 
     def lists_of(bn: int) -> list[DecodeList]:
@@ -392,7 +405,8 @@ def plan_lists(prob: Problem, cfg: DecodeConfig, order: list[int], rows: int | N
 
     lists = lists_of(cfg.BN)
     chosen = cfg.for_list(max((x.entries.size for x in lists), default=0) * cfg.BN,
-                          rows or prob.H // prob.kv_heads * prob.q_len, prob.D)
+                          rows or prob.H // prob.kv_heads * prob.q_len, prob.D, compute_capability,
+                          bool(sms) and prob.B * prob.kv_heads > sms)
     if chosen.BN != cfg.BN:
         lists = lists_of(chosen.BN)
     return chosen, stride, mask, lists
@@ -479,17 +493,17 @@ class FastDecode(Impl):
         lens = prob.lens
         order = sorted(set(lens))
         sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+        cc = cupy.cuda.Device().compute_capability
         given = self.shape()
-        cfg, stride, mask, lists = plan_lists(prob, given, order)
+        cfg, stride, mask, lists = plan_lists(prob, given, order, None, cc, sms)
         # a block's row group: H / H_kv / heads query heads x Tq; `groups` of them a sequence (the kernels' H_kv)
         heads = setup["heads"] = given.heads_split(prob.H // prob.kv_heads, prob.q_len, prob.B * prob.kv_heads, sms,
                                                    max(x.entries.size for x in lists) * cfg.BN)
         groups, rows = prob.kv_heads * heads, prob.H // prob.kv_heads // heads * prob.q_len
         if heads > 1:  # the shape (short lists' tiles) for the block's rows
-            cfg, stride, mask, lists = plan_lists(prob, given, order, rows)
+            cfg, stride, mask, lists = plan_lists(prob, given, order, rows, cc, sms)
         setup["decode_config"] = cfg.spec
         keys = cfg.by_keys(rows, prob.D)
-        cc = cupy.cuda.Device().compute_capability
         wg = setup["wgmma"] = cfg.wgmma(keys, cc)
         setup["kernel"] = KEYS_KERNEL if keys else KERNEL
         setup["classes"] = stride
@@ -616,6 +630,9 @@ def standard_builds() -> list[tuple[str, dict]]:
                 add((KEYS_KERNEL if keys else KERNEL, kernel_defines(D, "bfloat16", mask, cfg, keys, stride)))
                 if cfg.wgmma(keys, 90):  # the rows kernel on sm_90: its warpgroup build
                     add((KERNEL, kernel_defines(D, "bfloat16", mask, cfg, keys, stride, wg=True)))
+                many, _, _, _ = plan_lists(prob, DEFAULT, [prob.T], None, "90", 1)  # ... and its tiles for many pairs
+                if many.wgmma(keys, 90) and many.BN != cfg.BN:
+                    add((KERNEL, kernel_defines(D, "bfloat16", mask, many, keys, stride, wg=True)))
                 if c.H // c.H_kv * tq <= 16 and cfg.BN != LONG_BN:  # a warp a pair: the short lists' tiles
                     add((PAIRS_KERNEL, kernel_defines(D, "bfloat16", mask, cfg, stride=stride, pairs=True)))
     # a group's query heads dealt to 4 blocks (HEADS: Tq=16 against 4 heads, 16 rows a block), on the first instance

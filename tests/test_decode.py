@@ -502,6 +502,17 @@ def test_short_lists_take_short_tiles_and_long_ones_keep_64():
     # among 4 warps, and 16 warps load 64 rows a pass
     assert replace(DEFAULT, BY_KEYS=1).for_list(64, 4, 128).BN == 64
     assert replace(DEFAULT, NWARPS=16).for_list(64, 4, 64).BN == 64
+    # the rows kernel on warpgroup MMA (sm_90) where the pairs outnumber the SMs: 32-key tiles up to WG_SHORT_LIST_KEYS
+    from attnbench.decode import WG_SHORT_LIST_KEYS
+
+    assert DEFAULT.for_list(WG_SHORT_LIST_KEYS + 64, 64, 128, "90", many_pairs=True).BN == 64
+    assert DEFAULT.for_list(WG_SHORT_LIST_KEYS, 64, 128, "90", many_pairs=True).BN == 32
+    assert DEFAULT.for_list(WG_SHORT_LIST_KEYS + 64, 64, 128, "90").BN == 32  # few pairs: the split chains
+    assert DEFAULT.for_list(WG_SHORT_LIST_KEYS + 64, 64, 128, "80", many_pairs=True).BN == 32  # mma.sync
+    assert replace(DEFAULT, WG=0).for_list(WG_SHORT_LIST_KEYS + 64, 64, 128, "90", many_pairs=True).BN == 32
+    prob = Problem(make_mask("streaming", 32768, True, sink=4, window=1024), 64, 32, 128, "bfloat16", H_kv=8, Tq=16)
+    assert plan_lists(prob, DEFAULT, [prob.T], None, "90", 132)[0].BN == 64  # 512 pairs on 132 SMs
+    assert plan_lists(prob, DEFAULT, [prob.T], None, "90", 1024)[0].BN == 32
     cases = {"streaming": (dict(sink=16, window=64), 32), "window": (dict(window=4096), 64),
              "dense": ({}, 64), "bigbird": ({}, 32)}
     for name, (params, bn) in cases.items():
