@@ -123,7 +123,8 @@ class DecodeConfig:
     HEADS: int = 0  # H200, B=1, Tq=16, T=32768, 4 blocks a group / 1: bigbird 0.80, streaming 16+64 0.91; lists past
     #                 512 keys 1.03-1.47 slower (window 4096 1.13, dense 1.46); B=8 (not few pairs) 1.0-1.84
     #                 (results/decode-heads-h200.csv, docs/PERF.md "decode v8")
-    WG: int = 1  # the rows kernel's products on warpgroup MMA on sm_90 (not yet measured: docs/PERF.md "decode v9")
+    WG: int = 1  # H200, WG 1 / 0 in one process (results/decode-v9-wg-default-ab-h200.csv, docs/PERF.md "decode v9"):
+    #              Tq=16 0.91-0.97 at B 1 and 8, 0.96-1.03 at B=64; Tq=1's short lists (the rows kernel) 0.89-0.97
 
     @property
     def rows(self) -> int:
@@ -190,16 +191,18 @@ class DecodeConfig:
         """The shape a problem of ``rows`` query rows a key/value head at head dimension D runs whose
         longest list holds ``longest_keys`` keys in BN-key tiles: BN_SHORT-key tiles where BN is the
         default's, BN_SHORT is set, the list is short and that shape builds for the rows; else this one.
-        Where the short shape's rows kernel runs on warpgroup MMA (``wgmma`` on ``compute_capability``) and the
+        Where both shapes run the rows kernel on warpgroup MMA (``wgmma`` on ``compute_capability``) and the
         pairs outnumber the SMs (``many_pairs``: a split a pair, each block walks its whole list), only lists of
-        at most WG_SHORT_LIST_KEYS keys take the short tiles."""
+        at most WG_SHORT_LIST_KEYS keys take the short tiles (where the long tiles would take the key slices, the
+        short ones stay: Tq=1)."""
         if not (self.BN_SHORT and self.BN == LONG_BN and longest_keys <= SHORT_LIST_KEYS):
             return self
         short = replace(self, BN=self.BN_SHORT)
         keys = short.by_keys(rows, D)
         if short.problem(D, keys) is not None or rows > short.tile_rows(keys):
             return self
-        if many_pairs and longest_keys > WG_SHORT_LIST_KEYS and short.wgmma(keys, compute_capability):
+        if (many_pairs and longest_keys > WG_SHORT_LIST_KEYS and short.wgmma(keys, compute_capability)
+                and self.wgmma(self.by_keys(rows, D), compute_capability)):
             return self
         return short
 
