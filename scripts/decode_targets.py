@@ -21,6 +21,11 @@ go, so no case is counted below a read it could beat). For the sparse targets, `
 ``flex_target_below_read`` say where the time a target asks is below that read; for dense at T >= 32768,
 ``share_target_below_read`` says where 90% of the bandwidth asks for less time than that read. The summary counts
 such misses (``misses_below_read``).
+
+Where the rows carry ``git_commit``, ``flex_same_commit`` and ``sdpa_same_commit`` say whether the peer's row (the
+fastest of its backends for SDPA) was run at our row's commit, and the summary counts the ratios taken across commits
+(``peer_other_commit``): rows of one process share a commit, so such a ratio crosses processes (the converse need not
+hold: one commit may have run in two).
 """
 from __future__ import annotations
 
@@ -79,6 +84,15 @@ def table(rows: pd.DataFrame, impls=("fast-decode",), read=None) -> pd.DataFrame
         rows_ = ok[ok.impl.isin(names)]
         return rows_.groupby(CASE, dropna=False).median_ms.min().reindex(t.index)
 
+    def same_commit(names) -> pd.Series:
+        """1 where the fastest of ``names``' rows of a case was run at our row's commit, 0 where not, NaN without one."""
+        rows_ = ok[ok.impl.isin(names)]
+        if rows_.empty:
+            return pd.Series(np.nan, index=t.index)
+        theirs = rows_.loc[rows_.groupby(CASE, dropna=False).median_ms.idxmin()].set_index(CASE).git_commit
+        theirs = theirs.reindex(t.index)
+        return pd.Series(np.where(theirs.isna(), np.nan, (theirs == best.git_commit).astype(float)), index=t.index)
+
     dense = t.index.get_level_values("pattern") == "dense"
     T = t.index.get_level_values("T")
     t["vs_sdpa"] = np.where(dense & (T >= 32768), peer(SDPA) / t.median_ms, np.nan)
@@ -88,6 +102,9 @@ def table(rows: pd.DataFrame, impls=("fast-decode",), read=None) -> pd.DataFrame
     t["vs_flex"] = np.where(~dense, flex / t.median_ms, np.nan)
     t["over_floor"] = np.where(~dense, t.median_ms / limit, np.nan)
     t["flex_target_below_floor"] = np.where(~dense & flex.notna(), flex / 5 < limit, np.nan)
+    if "git_commit" in ok:
+        t["flex_same_commit"] = np.where(~dense & flex.notna(), same_commit(("flex",)), np.nan)
+        t["sdpa_same_commit"] = np.where(t.vs_sdpa.notna(), same_commit(SDPA), np.nan)
     if read is not None:
         t["read_ms"] = read(t.bytes_floor, t.floor_ms / t.bytes_floor)
         t["floor_target_below_read"] = np.where(~dense, 1.5 * limit < t.read_ms, np.nan)
@@ -113,7 +130,8 @@ TARGETS = [
 
 def summary(t: pd.DataFrame) -> pd.DataFrame:
     """Per target and Tq: cases that meet it, cases with the rows it needs, (5x Flex) the misses whose Flex / 5
-    lies below max(floor, 10 us), and (the sparse targets and dense's share of the bandwidth, where the table has
+    lies below max(floor, 10 us), (against a peer, where the rows carry commits) the ratios whose peer row was run at
+    another commit, and (the sparse targets and dense's share of the bandwidth, where the table has
     ``read_ms``) the misses whose target lies below one launch's read of the case's bytes."""
     out = []
     for name, col, test in TARGETS:
@@ -125,6 +143,9 @@ def summary(t: pd.DataFrame) -> pd.DataFrame:
             row = dict(target=name, Tq=int(tq), met=int(met.sum()), of=len(x))
             if col == "vs_flex":
                 row["misses_below_floor"] = int((~met & (x.flex_target_below_floor == 1)).sum())
+            same = {"vs_flex": "flex_same_commit", "vs_sdpa": "sdpa_same_commit"}.get(col)
+            if same in x:
+                row["peer_other_commit"] = int((x[same] == 0).sum())
             below = {"vs_flex": "flex_target_below_read", "over_floor": "floor_target_below_read",
                      "share": "share_target_below_read"}.get(col)
             if below in x:

@@ -81,6 +81,23 @@ def test_the_committed_decode_rows_count_consistently():
         assert got.of.sum() == t[(t.Tq == tq) & t[col].notna()].shape[0]
 
 
+def test_a_ratio_against_a_peer_run_at_another_commit_is_flagged_and_counted():
+    rows = _rows().assign(git_commit="aaa")
+    rows.loc[(rows.impl == "flex") & (rows.pattern == "window"), "git_commit"] = "bbb"  # Flex's window row: elsewhere
+    rows.loc[(rows.impl == "sdpa-flash"), "git_commit"] = "ccc"  # not the fastest SDPA backend: no matter
+    t = dt.table(rows, ("fast-decode", "fast-tc"))
+    assert _case(t, "streaming", 4096).flex_same_commit == 1 and _case(t, "window", 4096, Tq=16).flex_same_commit == 0
+    assert _case(t, "dense", 32768).sdpa_same_commit == 1  # cuDNN's row, the fastest, is ours' commit
+    assert np.isnan(_case(t, "dense", 4096).sdpa_same_commit) and np.isnan(_case(t, "dense", 32768).flex_same_commit)
+    s = dt.summary(t).set_index(["target", "Tq"])
+    assert s.loc[("sparse: at least 5x Flex", 16), "peer_other_commit"] == 1
+    assert s.loc[("sparse: at least 5x Flex", 1), "peer_other_commit"] == 0
+    assert s.loc[("dense: at least SDPA's best backend (T >= 32768)", 1), "peer_other_commit"] == 0
+    rows.loc[rows.impl == "sdpa-cudnn", "git_commit"] = "ddd"
+    assert _case(dt.table(rows), "dense", 32768).sdpa_same_commit == 0
+    assert "flex_same_commit" not in dt.table(_rows())  # rows without commits: no such column
+
+
 def test_no_rows_of_the_implementation_is_an_error(tmp_path, capsys):
     p = tmp_path / "x.csv"
     pd.DataFrame([{**_row("flex", "streaming", 4096, 0.1, 0.001), "family": "peer", "causal": True}]).to_csv(p, index=False)
