@@ -10,7 +10,8 @@
 // parts (kernels/tc/): products on mma.sync (TcMmaSync), or with WG 1 (sm_90a) on Hopper's warpgroup
 // MMA (TcMmaWgmma: a warpgroup's 64 rows a product, Q and the K/V stages in 64-column panels, the
 // 128-byte swizzle), K/V tiles by cp.async (TcLoadAsync), partial tiles masked with the pattern
-// predicate at each row's own position (tc_mask_rows), the online softmax (TcSoftmax). Each split stores its rows' output normalised by its own row sums, in
+// predicate at each row's own position (tc_mask_rows), the online softmax (TcSoftmax). Each split
+// stores its rows' output normalised by its own row sums, in
 // float32, with the rows' log-sum-exp (base 2); decode_merge (tc/decode_common.cuh) then weighs the
 // splits of every row in a second launch, a block per output row (the default). A pair with one split
 // stores its output itself and no merge runs. With MERGE_LAST the last split of each
