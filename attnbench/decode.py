@@ -634,8 +634,8 @@ def standard_builds() -> list[tuple[str, dict]]:
                 if cfg.wgmma(keys, 90):  # the rows kernel on sm_90: its warpgroup build
                     add((KERNEL, kernel_defines(D, "bfloat16", mask, cfg, keys, stride, wg=True)))
                 many, _, _, _ = plan_lists(prob, DEFAULT, [prob.T], None, "90", 1)  # ... and its tiles for many pairs
-                if many.wgmma(keys, 90) and many.BN != cfg.BN:
-                    add((KERNEL, kernel_defines(D, "bfloat16", mask, many, keys, stride, wg=True)))
+                if many.BN != cfg.BN:  # (``for_list`` changes them only between two warpgroup rows-kernel shapes)
+                    add((KERNEL, kernel_defines(D, "bfloat16", mask, many, stride=stride, wg=True)))
                 if c.H // c.H_kv * tq <= 16 and cfg.BN != LONG_BN:  # a warp a pair: the short lists' tiles
                     add((PAIRS_KERNEL, kernel_defines(D, "bfloat16", mask, cfg, stride=stride, pairs=True)))
     # a group's query heads dealt to 4 blocks (HEADS: Tq=16 against 4 heads, 16 rows a block), on the first instance
