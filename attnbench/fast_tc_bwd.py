@@ -90,7 +90,9 @@ class BwdConfig:
     #                   next one's loads before it stores this one's output (BWD_PERSIST: dQ's pass, by cp.async, a
     #                   query tile's dQ; the main loop, by either, an item's dK and dV); 0, a block a work
     DQR: int = 0    # the wgmma main loop with TMA, dQ summed there: 1, a warpgroup's dQ panel staged in shared memory
-    #                 and added by bulk tensor reductions (BWD_DQ_BULK); 0, by red.global.add from registers
+    #                 and added by bulk tensor reductions (BWD_DQ_BULK); 2, the same with two sets of staging
+    #                 buffers in turn (one query tile at a time), so a tile's reductions stay in flight through the
+    #                 next tile; 0, by red.global.add from registers
 
     def paired(self, D: int, dq: str = "atomic") -> bool:
         """Whether the wgmma main loop takes its query tiles two at a time for dQ (BWG_DQ_PAIRED)."""
@@ -122,10 +124,10 @@ class BwdConfig:
     def smem_bytes(self, D: int, dq: str = "atomic") -> int:
         """K and V, STAGES Q and dO tiles, the staged P and dS (WG: dS alone, twice where ``paired``,
         and STAGES rows of the query tile's (lse2, delta); with TMA an mbarrier a stage; with DQR a float32
-        64 x 64 panel of dQ a warpgroup, or a panel of D with one)."""
+        64 x 64 panel of dQ a warpgroup, or a panel of D with one; DQR=2 two sets of them)."""
         if self.WG:
             ds = 2 * self.BM * self.BN * (2 * self.PAIRS if self.paired(D, dq) else 1)
-            dqs = max(D // 64, self.NWARPS // 4) * self.BM * 64 * 4 if self.DQR else 0
+            dqs = max(D // 64, self.NWARPS // 4) * self.BM * 64 * 4 * self.DQR
             return (2 * D * (2 * self.BN + 2 * self.STAGES * self.BM) + ds + dqs + 8 * self.STAGES * self.BM
                     + (8 * self.STAGES if self.TMA else 0))
         return 2 * D * (2 * self.BN + 2 * self.STAGES * self.BM) + 2 * 2 * self.BM * self.BN
@@ -139,7 +141,7 @@ class BwdConfig:
     def spec(self) -> str:
         return (f"NWARPS={self.NWARPS},BN={self.BN},STAGES={self.STAGES},MINB={self.MINB}" + (",WG=1" if self.WG else "")
                 + ("" if self.PAIRS == 1 else f",PAIRS={self.PAIRS}") + (",TMA=1" if self.TMA else "")
-                + (",PERSIST=1" if self.PERSIST else "") + (",DQR=1" if self.DQR else ""))
+                + (",PERSIST=1" if self.PERSIST else "") + (f",DQR={self.DQR}" if self.DQR else ""))
 
 
 # per head dimension: (shape, why). Registers (sm_80 / sm_90, NVRTC 13): D=64 198-206, D=128
@@ -362,8 +364,9 @@ class BwdFields:
     tiles: 1, by bulk tensor copies on unstrided patterns, not with DQ=2; 0, by cp.async) and PPER (the wgmma
     pass: 1, persistent, its tiles by cp.async; 0, a block a query tile) and MPER (the wgmma main loop: 1,
     persistent, by cp.async or with MTMA=1 by bulk copies, not with DQ=2; 0, a block a work item) and DQR (the wgmma
-    main loop with MTMA=1 and DQ=0: 1, dQ's sums by bulk tensor reductions from shared memory; 0, by red.global.add
-    from registers); the defaults are those of the positional form."""
+    main loop with MTMA=1 and DQ=0: 1, dQ's sums by bulk tensor reductions from shared memory; 2, the same from two
+    sets of staging buffers in turn, one query tile at a time (PAIRS=0 where two warpgroups at D=64 would pair
+    them); 0, by red.global.add from registers); the defaults are those of the positional form."""
     NWARPS: int = 8
     STAGES: int = 2
     MINB: int = 1
@@ -389,7 +392,7 @@ BWD_LIMITS = {"NWARPS": (4, 8, 4), "STAGES": (2, 4, 1), "MINB": (1, 4, 1), "DQ":
               "PAIRS": (0, 2, 1), "SKIP": (0, 1, 1), "WAVES": (1, 16, 1), "PMINB": (0, 4, 1), "ORDER": (0, 1, 1),
               "L": (0, 65536, 1), "CUT": (0, 65536, 1),
               "PWG": (0, 1, 1), "PTMA": (0, 1, 1), "MTMA": (0, 1, 1), "PPER": (0, 1, 1),
-              "MPER": (0, 1, 1), "DQR": (0, 1, 1)}
+              "MPER": (0, 1, 1), "DQR": (0, 2, 1)}
 WORK_FIELDS = ("DQ", "STATS", "SKIP", "WAVES", "PMINB", "ORDER", "L", "CUT", "PWG", "PTMA", "MTMA",
                "PPER", "MPER", "DQR")  # not the main kernel's shape
 
@@ -633,7 +636,7 @@ def bwd_defines(D: int, dtype: str, mask: Mask, cfg: BwdConfig | None = None, dq
     if dq in ("pass", "fused") and (PASS_SKIP[D] if skip is None else skip):
         d["BWD_PASS_SKIP"] = 1
     if cfg.DQR:
-        d["BWD_DQ_BULK"] = 1
+        d["BWD_DQ_BULK"] = cfg.DQR
     if dq == "fused":  # the main loop's build with the pass's blocks beside it; prep's stats
         d["BWD_DQ_PASS"] = d["BWD_FUSED"] = 1
     elif dq == "pass":
@@ -697,7 +700,8 @@ class Backward:
     cp.async (None: PASS_PERSIST). ``main_persist``: the wgmma main loop persistent (its loads
     as ``main_tma`` says), not beside the pass's blocks in one launch (None: MAIN_PERSIST where that holds).
     ``dq_bulk``: where the wgmma main loop sums dQ and loads by bulk tensor copies, its dQ panels added by bulk tensor
-    reductions (None: MAIN_DQ_BULK; given 1 where dQ has its own pass or the loads are cp.async's: BadInput)."""
+    reductions (None: MAIN_DQ_BULK; 2: from two sets of staging buffers in turn, not with paired tiles; given where dQ
+    has its own pass or the loads are cp.async's: BadInput)."""
 
     def __init__(self, prob: Problem, setup: dict | None = None, cfg: BwdConfig | None = None,
                  split: int | None = None, dq: str | None = None, wgmma: bool = False, fields: dict | None = None,
@@ -750,13 +754,17 @@ class Backward:
         if cfg.WG and not cfg.TMA and dq != "fused" and stride == 1 and (MAIN_TMA if main_tma is None else main_tma):
             self.cfg = cfg = dataclasses.replace(cfg, TMA=1)  # Q and dO by bulk tensor copies
         if dq_bulk and not (cfg.WG and dq == "atomic" and (cfg.TMA or stride > 1)):
-            raise BadInput(f"DQR=1 adds the dQ sums of the wgmma main loop with bulk tensor copies: give it with DQ=0 "
-                           f"and MTMA=1 (this backward: dq={dq}, main loop {cfg.spec})")
+            raise BadInput(f"DQR={dq_bulk} adds the dQ sums of the wgmma main loop with bulk tensor copies: give it "
+                           f"with DQ=0 and MTMA=1 (this backward: dq={dq}, main loop {cfg.spec})")
         if dq_bulk and cfg.paired(prob.D, dq) and cfg.PAIRS == 2:
-            raise BadInput("DQR=1 stages a pair's dQ once its products are done, not in flight: give PAIRS=0 or 1")
+            raise BadInput(f"DQR={dq_bulk} stages a pair's dQ once its products are done, not in flight: give PAIRS=0 "
+                           f"or 1")
+        if dq_bulk == 2 and cfg.paired(prob.D, dq):
+            raise BadInput("DQR=2 stages dQ one query tile at a time, in two sets of buffers in turn, not a pair's: "
+                           "give PAIRS=0")
         if cfg.TMA and dq == "atomic" and not (cfg.paired(prob.D, dq) and cfg.PAIRS == 2) and (
                 MAIN_DQ_BULK if dq_bulk is None else dq_bulk):
-            self.cfg = cfg = dataclasses.replace(cfg, DQR=1)  # dQ's panels by bulk tensor reductions
+            self.cfg = cfg = dataclasses.replace(cfg, DQR=int(MAIN_DQ_BULK if dq_bulk is None else dq_bulk))
         self.setup = setup = {} if setup is None else setup
         self.stride, self.inner = stride, inner
         tt = tile_list_t(inner, cfg.BM, cfg.BN)
@@ -1077,7 +1085,8 @@ def _builds_of(mask: Mask, D: int, dtype: str) -> list[tuple[str, dict]]:
     def both(c: BwdConfig, persist_tma: bool = False, bulk: bool = False) -> tuple:  # (and persistent: the pass
         # by cp.async only; ``bulk``: dQ summed in the main loop, by bulk tensor reductions too)
         tma = (dataclasses.replace(c, TMA=1),) + ((dataclasses.replace(c, TMA=1, PERSIST=1),) if persist_tma else ()) \
-            + ((dataclasses.replace(c, TMA=1, DQR=1),) if bulk else ())
+            + ((dataclasses.replace(c, TMA=1, DQR=1),) if bulk else ()) \
+            + ((dataclasses.replace(c, TMA=1, DQR=2),) if bulk and not c.paired(D) else ())
         return (c, dataclasses.replace(c, PERSIST=1)) + (tma if mask.strided()[0] == 1 else ())
 
     wgmma = [(KERNEL_WG, bwd_defines(D, dtype, mask, c, way, st))

@@ -17,7 +17,8 @@
 // a pass query-major over the forward list, no accumulator: fast_tc_bwd_dq_wg.cu's on wgmma, or
 // fast_tc_bwd.cu's fast_tc_bwd_dq_pass (a launch of the mma.sync build). TMA 1 (unstrided patterns): the
 // Q and dO tiles by bulk tensor copies (tc/bwd_wgmma.cuh's TcBwgWalk), their maps after the main
-// kernel's parameters; with BWD_DQ_BULK dQ's sums by bulk tensor reductions from shared memory
+// kernel's parameters; with BWD_DQ_BULK dQ's sums by bulk tensor reductions from shared memory (2: two sets of
+// staging buffers in turn)
 // (tc_bwg_dq_out), the map of its float32 accumulator after them. BWD_DQ_STORE: where one work item holds all of
 // each query tile's keys, dQ stored by it (tc_bwg_dq_out), its pointer in dQacc's place; no accumulator.
 #include "tc/config.cuh"
@@ -212,7 +213,8 @@ tc_bwg_item(unsigned char* smem, int b, const u16* __restrict__ Qg, const u16* _
         wg_fence_smem();
         tc_bwg_dq_free();
         __syncthreads();  // dS^T staged by every warp (and the dQ buffers free)
-        tc_bwg_dq(dq, op, wg, qt * BWG_QT + (BWG_NWG == 1 ? warp : warp & 3) * 16, T, g, t4);  // dQ += dS K (one warpgroup: v3's code)
+        tc_bwg_dq(dq, op, wg, qt * BWG_QT + (BWG_NWG == 1 ? warp : warp & 3) * 16, T, g, t4,
+                  BWD_DQ_BULK == 2 ? (it & 1) : 0);  // dQ += dS K (one warpgroup: v3's code)
 #else
         wg_wait<0>();  // dV and dK done reading the stage before the next step refills it
 #endif

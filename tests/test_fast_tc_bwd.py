@@ -701,7 +701,8 @@ def test_gradients_match_the_reference(pattern, causal, params, D, dtype, T, syn
     ("MPER=1,MTMA=1", "bwd_tile_config", ",TMA=1"),  # (persistent too: the variant test asserts it)
     ("DQ=0,DQR=1", "bwd_tile_config", ",DQR=1"), ("NWARPS=8,MINB=1,DQ=0,DQR=1", "bwd_tile_config", ",DQR=1"),
     ("NWARPS=8,MINB=1,DQ=0,PAIRS=0,DQR=1", "bwd_tile_config", ",DQR=1"),
-    ("NWARPS=8,MINB=1,DQ=0,MPER=1,DQR=1", "bwd_tile_config", ",DQR=1")])
+    ("NWARPS=8,MINB=1,DQ=0,MPER=1,DQR=1", "bwd_tile_config", ",DQR=1"), ("DQ=0,DQR=2", "bwd_tile_config", ",DQR=2"),
+    ("NWARPS=8,MINB=1,DQ=0,PAIRS=0,DQR=2", "bwd_tile_config", ",DQR=2")])
 def test_the_wgmma_kernels_variants_match_the_reference(pattern, causal, params, T, D, dtype, text, kernel, marker,
                                                         monkeypatch):
     """--bwd-config DQ=1,PTMA=1: dQ's pass on wgmma with its K and V tiles by bulk tensor copies; MTMA=1: the wgmma
@@ -709,8 +710,9 @@ def test_the_wgmma_kernels_variants_match_the_reference(pattern, causal, params,
     filled past T; strided patterns by cp.async); PPER=1: the pass persistent, its blocks taking the query tiles in
     turn (every pattern), MPER=1 the main loop so, its blocks taking the work items in turn, by 7 blocks so that
     each takes many works across heads; DQR=1: dQ's sums by bulk tensor reductions (one warpgroup, two, two
-    reducing halves, persistent; strided patterns by reductions from registers): through the gate on patterns of
-    every kind, odd T, both head dims."""
+    reducing halves, persistent; strided patterns by reductions from registers); DQR=2: the same from two sets of
+    staging buffers in turn (one warpgroup, two): through the gate on patterns of every kind, odd T, both head
+    dims."""
     from attnbench.fast_tc_bwd import PERSIST_BLOCKS_ENV, parse_bwd_config
 
     monkeypatch.setenv(PERSIST_BLOCKS_ENV, "7")
@@ -722,7 +724,7 @@ def test_the_wgmma_kernels_variants_match_the_reference(pattern, causal, params,
     prob = Problem(mask, 2, 3, D, dtype, pass_name="bwd")
     q, k, v, do = _inputs(prob, seed=T + D + 7)
     runner = IMPL.bwd_variant(parse_bwd_config(text)).prepare(prob, q, k, v, do=do)
-    assert (marker in runner.setup[kernel]) == (mask.strided()[0] == 1 or marker not in (",TMA=1", ",DQR=1"))
+    assert (marker in runner.setup[kernel]) == (mask.strided()[0] == 1 or marker not in (",TMA=1", ",DQR=1", ",DQR=2"))
     for _ in range(2):  # a second run writes every gradient again
         runner.poison()
         runner.run()
@@ -1044,6 +1046,7 @@ def test_bwd_config_parses_fields_and_refuses_bad_ones_by_name():
     assert parse_bwd_config("DQ=1,PPER=1").pass_persist == 1 and parse_bwd_config("PPER=1").shape == {}
     assert parse_bwd_config("MPER=1").main_persist == 1 and parse_bwd_config("MPER=1").shape == {}
     assert parse_bwd_config("DQR=1").dq_bulk == 1 and parse_bwd_config("DQR=1").shape == {}
+    assert parse_bwd_config("DQR=2").dq_bulk == 2 and parse_bwd_config("DQR=2").shape == {}
     assert parse_bwd_config("DQ=0").dq_bulk is None
     s = parse_bwd_config("ORDER=1,L=8")
     assert s.order == 1 and s.split == 8 and s.shape == {} and str(s) == "ORDER=1,L=8"
@@ -1052,7 +1055,7 @@ def test_bwd_config_parses_fields_and_refuses_bad_ones_by_name():
     for bad, words in (("DQ=4", "DQ=4 must be from 0 to 3"), ("NWARPS=6", "NWARPS=6 must be a multiple of 4"),
                        ("BN=64", "unknown field 'BN'"), ("8,2", "positional form takes 4 to 18"),
                        ("ORDER=2", "ORDER=2 must be 0 or 1"),
-                       ("STATS=3", "STATS=3 must be from 0 to 2"), ("SKIP=2", "SKIP=2 must be 0 or 1"), ("PWG=2", "PWG=2 must be 0 or 1"), ("PTMA=2", "PTMA=2 must be 0 or 1"), ("MTMA=2", "MTMA=2 must be 0 or 1"), ("PPER=2", "PPER=2 must be 0 or 1"), ("MPER=2", "MPER=2 must be 0 or 1"), ("DQR=2", "DQR=2 must be 0 or 1"), ("PAIRS=3", "PAIRS=3 must be from 0 to 2")):
+                       ("STATS=3", "STATS=3 must be from 0 to 2"), ("SKIP=2", "SKIP=2 must be 0 or 1"), ("PWG=2", "PWG=2 must be 0 or 1"), ("PTMA=2", "PTMA=2 must be 0 or 1"), ("MTMA=2", "MTMA=2 must be 0 or 1"), ("PPER=2", "PPER=2 must be 0 or 1"), ("MPER=2", "MPER=2 must be 0 or 1"), ("DQR=3", "DQR=3 must be from 0 to 2"), ("PAIRS=3", "PAIRS=3 must be from 0 to 2")):
         with pytest.raises(BadInput, match="--bwd-config") as e:
             parse_bwd_config(bad)
         assert words in str(e.value)
@@ -1099,11 +1102,15 @@ def test_the_items_launch_by_position_and_cut_where_a_long_split_leaves_room():
                                         ("DQ=2,MPER=1", "MPER=1 runs the main loop's work items one after"),
                                         ("DQ=1,DQR=1", "DQR=1 adds the dQ sums.*dq=pass"),
                                         ("DQ=0,MTMA=0,DQR=1", "DQR=1 adds the dQ sums.*give it with DQ=0 and MTMA=1"),
-                                        ("NWARPS=8,MINB=1,DQ=0,PAIRS=2,DQR=1", "DQR=1 stages a pair's dQ")])
+                                        ("NWARPS=8,MINB=1,DQ=0,PAIRS=2,DQR=1", "DQR=1 stages a pair's dQ"),
+                                        ("NWARPS=8,MINB=1,DQ=0,DQR=2", "DQR=2 stages dQ one query tile at a time.*"
+                                                                       "PAIRS=0"),
+                                        ("DQ=1,DQR=2", "DQR=2 adds the dQ sums.*dq=pass")])
 def test_the_wgmma_kernels_refuse_what_they_do_not_build_before_any_launch(text, words):
     """SKIP=1 is the mma.sync pass's: with the pass on wgmma (PWG=1) it is refused by name; so is a persistent
     pass by bulk copies or on mma.sync, and the fused launch by bulk copies; and dQ by bulk reductions where the
-    main loop does not sum dQ, loads by cp.async or keeps a pair's dQ in flight."""
+    main loop does not sum dQ, loads by cp.async or keeps a pair's dQ in flight, and dQ from two sets of staging
+    buffers (DQR=2) where two warpgroups pair their query tiles."""
     from attnbench.fast_tc_bwd import parse_bwd_config
 
     if not IMPL.uses_wgmma():
@@ -1168,7 +1175,9 @@ def test_the_variants_fields_win_over_the_environments(monkeypatch):
                                               ("DQ=1,MTMA=0", "pass", None), ("NWARPS=8,MINB=1,DQ=0,MTMA=0", "atomic", 8),
                                               ("MPER=1,MTMA=0", "pass", None), ("DQ=0,DQR=1", "atomic", None),
                                               ("NWARPS=8,MINB=1,DQ=0,DQR=1", "atomic", 8),
-                                              ("NWARPS=8,MINB=1,DQ=0,PAIRS=0,DQR=1", "atomic", 8)])
+                                              ("NWARPS=8,MINB=1,DQ=0,PAIRS=0,DQR=1", "atomic", 8),
+                                              ("DQ=0,DQR=2", "atomic", None),
+                                              ("NWARPS=8,MINB=1,DQ=0,PAIRS=0,DQR=2", "atomic", 8)])
 @pytest.mark.parametrize("split", ["", "0"], ids=["split-as-chosen", "nothing-split"])
 def test_a_bwd_variant_runs_its_fields_and_matches_the_reference(monkeypatch, text, dq, nwarps, split):
     from attnbench.fast_tc_bwd import PASS_SKIP, PASS_STATS_FROM, PASS_STATS_SPLIT, SPLIT_ENV, parse_bwd_config
@@ -1231,8 +1240,9 @@ def test_a_bwd_variant_runs_its_fields_and_matches_the_reference(monkeypatch, te
     assert (",PERSIST=1" in runner.setup["bwd_tile_config"]) == bool(main_persist)
     from attnbench.fast_tc_bwd import MAIN_DQ_BULK
 
-    bulk = main_tma and dq == "atomic" and fields.get("PAIRS") != 2 and fields.get("DQR", MAIN_DQ_BULK)
-    assert (",DQR=1" in runner.setup["bwd_tile_config"]) == bool(bulk)
+    bulk = fields.get("DQR", MAIN_DQ_BULK) if main_tma and dq == "atomic" and fields.get("PAIRS") != 2 else 0
+    for n in (1, 2):
+        assert (f",DQR={n}" in runner.setup["bwd_tile_config"]) == (bulk == n)
     # two warpgroups summing dQ at D=64: the pair's products in flight by default (ATOMIC_PAIRS), unless given
     from attnbench.fast_tc_bwd import ATOMIC_PAIRS
 

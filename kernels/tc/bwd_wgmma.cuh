@@ -83,7 +83,9 @@
 // boxes of 128-byte rows, the 128-byte swizzle; a buffer a warpgroup, or a panel with one warpgroup), then one
 // thread of the warpgroup adds it into the float32 accumulator in L2 (cp.reduce.async.bulk.tensor, rows >= T
 // clipped by the map). Before the block's barrier that precedes dQ's products each warpgroup's issuing thread
-// waits until its last reductions have read their buffers (tc_bwg_dq_free)
+// waits until its last reductions have read their buffers (tc_bwg_dq_free). BWD_DQ_BULK 2: two sets of those
+// buffers, a tile's dQ in set it % 2 (the loop that takes one query tile at a time), and the issuing thread waits
+// only for the reductions of the set it is about to refill, two tiles old, so the last tile's stay in flight
 #ifndef BWD_DQ_BULK
 #define BWD_DQ_BULK 0
 #endif
@@ -95,6 +97,10 @@
 #endif
 #define BWG_DQ_BUFS (BWD_DQ_BULK ? (HEAD_D / 64 > BWG_NWG ? HEAD_D / 64 : BWG_NWG) : 0)
 #define BWG_DQB (BWG_QT * 64 * 4)  // a staged float32 panel: two boxes of 64 rows x 128 bytes
+#define BWG_DQ_SETS (BWD_DQ_BULK == 2 ? 2 : 1)
+// the bulk groups a warpgroup's issuing thread commits a tile: one a panel it reduces
+#define BWG_DQ_GROUPS (BWG_DQ_BUFS / BWG_NWG)
+static_assert(BWD_DQ_BULK != 2 || !BWG_DQ_PAIRED, "dQ's staging buffers in two sets: one query tile at a time");
 static_assert(!BWD_DQ_BULK || (TMA && !BWD_DQ_PASS && !BWG_DQ_PIPE),
               "dQ by bulk reductions: beside bulk tensor copies, with dQ summed in the main loop, not in flight");
 static_assert(!BWD_DQ_STORE || (!BWD_DQ_PASS && !BWD_DQ_BULK && !BWG_DQ_PIPE),
@@ -108,7 +114,7 @@ static_assert(WG && (!TMA || STRIDE == 1) && NWARPS % 4 == 0 && BN == 64 * BWG_N
 #define BWG_LDB (BWG_QT * 8)              // a stage's (lse2, delta) rows
 #define BWG_DSB (BN * BWG_QT * 2)          // a staged dS^T
 #define BWG_DS_BUFS (BWG_DQ_PIPE ? 4 : BWG_DQ_PAIRED ? 2 : 1)
-#define BWG_SMEM_BYTES (2 * TILE_BYTES + 2 * STAGES * BWG_QBYTES + BWG_DS_BUFS * BWG_DSB + BWG_DQ_BUFS * BWG_DQB + \
+#define BWG_SMEM_BYTES (2 * TILE_BYTES + 2 * STAGES * BWG_QBYTES + BWG_DS_BUFS * BWG_DSB + BWG_DQ_SETS * BWG_DQ_BUFS * BWG_DQB + \
                         STAGES * BWG_LDB + (TMA ? 8 * STAGES : 0))
 
 typedef float TcBwgRows[BWG_QT / 8][4];  // a warp's [16 keys][64 queries] fragment: S^T, P^T, dP^T, dS^T
@@ -118,7 +124,8 @@ struct TcBwgSmem {
     u32 k, v;  // the key tile's K and V
     u32 q, o;  // the Q and dO stages (stage s at + s * BWG_QBYTES)
     u32 ds;    // dS^T staged for dQ (BWG_DS_BUFS buffers, BWG_DSB bytes apart)
-    u32 dqs;   // BWD_DQ_BULK: dQ's float32 panels staged for their reductions (BWG_DQ_BUFS, BWG_DQB bytes apart)
+    u32 dqs;   // BWD_DQ_BULK: dQ's float32 panels staged for their reductions (BWG_DQ_SETS x BWG_DQ_BUFS, BWG_DQB
+               // bytes apart)
     u32 ld;    // the (lse2, delta) stages (stage s at + s * BWG_LDB)
     u32 bar;   // TMA: the stages' mbarriers (stage s's at + 8 s)
 };
@@ -131,7 +138,7 @@ __device__ __forceinline__ TcBwgSmem tc_bwg_smem(const void* smem) {
     s.o = s.q + STAGES * BWG_QBYTES;
     s.ds = s.o + STAGES * BWG_QBYTES;
     s.dqs = s.ds + BWG_DS_BUFS * BWG_DSB;
-    s.ld = s.dqs + BWG_DQ_BUFS * BWG_DQB;
+    s.ld = s.dqs + BWG_DQ_SETS * BWG_DQ_BUFS * BWG_DQB;
     s.bar = s.ld + STAGES * BWG_LDB;
     return s;
 }
@@ -413,10 +420,13 @@ __device__ __forceinline__ TcBwgDq tc_bwg_dq_at(float* p, const TmaMap* map, int
 #endif
 }
 
-// BWD_DQ_BULK: each warpgroup's issuing thread waits until its last reductions have read their buffers; before the
-// block's barrier that precedes dQ's products, which the buffers' next writes follow
+// BWD_DQ_BULK: each warpgroup's issuing thread waits until its last reductions have read their buffers (2: all but
+// the last tile's, BWG_DQ_GROUPS groups, in the other set); before the block's barrier that precedes dQ's products,
+// which the buffers' next writes follow
 __device__ __forceinline__ void tc_bwg_dq_free() {
-#if BWD_DQ_BULK
+#if BWD_DQ_BULK == 2
+    if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(BWG_DQ_GROUPS) : "memory");
+#elif BWD_DQ_BULK
     if (threadIdx.x % 128 == 0) tma_bulk_wait_read();
 #endif
 }
@@ -470,9 +480,11 @@ __device__ __forceinline__ void tc_bwg_dq_out(const TcBwgDq& dq, const float (&c
 // dQ rows row0 + g, + 8 (this warp's query rows of the tile) += dS K over the tile's BN keys, 64
 // columns at a time: A = dS from the staged dS^T (M-major, k-step kk at its rows 16 kk ..), B = K's
 // panel p (N-major); one warpgroup takes every panel, several take one each (panel wg), two at
-// HEAD_D = 64 the one panel, warpgroup wg reducing its columns 32 wg .. 32 wg + 31
+// HEAD_D = 64 the one panel, warpgroup wg reducing its columns 32 wg .. 32 wg + 31; with BWD_DQ_BULK, staged in
+// the buffers of set `set` (BWD_DQ_BULK 2: the tile's parity)
 __device__ __forceinline__ void tc_bwg_dq(const TcBwgDq& dq, const TcBwgOps& op, int wg, int row0, int T, int g,
-                                          int t4) {
+                                          int t4, int set = 0) {
+    const int b0 = set * BWG_DQ_BUFS;
 #pragma unroll 1
     for (int p = (BWG_NWG == 1 || BWG_DQ_HALVES) ? 0 : wg; p < (BWG_NWG == 1 ? HEAD_D / 64 : BWG_DQ_HALVES ? 1 : wg + 1);
          ++p) {
@@ -485,11 +497,11 @@ __device__ __forceinline__ void tc_bwg_dq(const TcBwgDq& dq, const TcBwgOps& op,
         wg_commit();
         wg_wait<0>();
         if (!BWG_DQ_HALVES) {
-            tc_bwg_dq_out<64>(dq, c, p * 64, row0, T, g, t4, BWG_NWG == 1 ? p : wg);
+            tc_bwg_dq_out<64>(dq, c, p * 64, row0, T, g, t4, b0 + (BWG_NWG == 1 ? p : wg));
         } else if (wg == 0) {  // constant indices: c stays in registers
-            tc_bwg_dq_out<32>(dq, reinterpret_cast<const float(&)[4][4]>(c[0]), 0, row0, T, g, t4, 0);
+            tc_bwg_dq_out<32>(dq, reinterpret_cast<const float(&)[4][4]>(c[0]), 0, row0, T, g, t4, b0);
         } else {
-            tc_bwg_dq_out<32>(dq, reinterpret_cast<const float(&)[4][4]>(c[4]), 32, row0, T, g, t4, 1);
+            tc_bwg_dq_out<32>(dq, reinterpret_cast<const float(&)[4][4]>(c[4]), 32, row0, T, g, t4, b0 + 1);
         }
     }
 }
