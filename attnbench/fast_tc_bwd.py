@@ -234,8 +234,17 @@ MAIN_PERSIST = 0
 # ... and, where it sums dQ (DQ=0) with bulk tensor copies, its dQ panels added by bulk tensor reductions from shared
 # memory (``--bwd-config DQR=1``; 0: red.global.add.v2.f32 from each thread's registers): H100, --pass bwd, T=32768,
 # against the same shape's reductions 0.97-1.04 at D=128, 1.06-1.21 slower with two warpgroups at D=64, and its best
-# build 1.12-1.68x the default's dQ pass (docs/PERF.md "backward v19")
-MAIN_DQ_BULK = 0
+# build 1.12-1.68x the default's dQ pass (docs/PERF.md "backward v19"). DQR=2 (two sets of staging buffers in turn)
+# with two warpgroups at D=128: H200, --pass bwd, dense causal, against the same shape's reductions 0.949 at T=131072
+# (430.5 -> 406.4 ms; DQR=1 406.8), 0.940 at T=32768 (where dQ's pass stays the default, 0.90x their time); at D=64
+# (PAIRS=0) 1.38 slower (docs/PERF.md "backward v23"). Per head dimension, with two warpgroups:
+MAIN_DQ_BULK = {64: 0, 128: 2}
+
+
+def default_dq_bulk(D: int, cfg: BwdConfig) -> int:
+    """DQR of a wgmma main loop that sums dQ and loads by bulk copies where no field gives it: MAIN_DQ_BULK's for D
+    with two warpgroups whose query tiles are not paired, else 0 (red.global.add)."""
+    return MAIN_DQ_BULK.get(D, 0) if cfg.NWARPS == 8 and not cfg.paired(D) else 0
 PASS_SHAPES_WG: dict[int, tuple[BwdConfig, str]] = {
     64: (BwdConfig(NWARPS=4, STAGES=2, MINB=3, WG=1), "one warpgroup, 64 x 64 tiles, K and V in 2 stages (48 KiB): "
                                                       "3 blocks per SM"),
@@ -700,7 +709,7 @@ class Backward:
     cp.async (None: PASS_PERSIST). ``main_persist``: the wgmma main loop persistent (its loads
     as ``main_tma`` says), not beside the pass's blocks in one launch (None: MAIN_PERSIST where that holds).
     ``dq_bulk``: where the wgmma main loop sums dQ and loads by bulk tensor copies, its dQ panels added by bulk tensor
-    reductions (None: MAIN_DQ_BULK; 2: from two sets of staging buffers in turn, not with paired tiles; given where dQ
+    reductions (None: ``default_dq_bulk``; 2: from two sets of staging buffers in turn, not with paired tiles; given where dQ
     has its own pass or the loads are cp.async's: BadInput)."""
 
     def __init__(self, prob: Problem, setup: dict | None = None, cfg: BwdConfig | None = None,
@@ -762,9 +771,9 @@ class Backward:
         if dq_bulk == 2 and cfg.paired(prob.D, dq):
             raise BadInput("DQR=2 stages dQ one query tile at a time, in two sets of buffers in turn, not a pair's: "
                            "give PAIRS=0")
-        if cfg.TMA and dq == "atomic" and not (cfg.paired(prob.D, dq) and cfg.PAIRS == 2) and (
-                MAIN_DQ_BULK if dq_bulk is None else dq_bulk):
-            self.cfg = cfg = dataclasses.replace(cfg, DQR=int(MAIN_DQ_BULK if dq_bulk is None else dq_bulk))
+        bulk = default_dq_bulk(prob.D, cfg) if dq_bulk is None else dq_bulk
+        if cfg.TMA and dq == "atomic" and not (cfg.paired(prob.D, dq) and cfg.PAIRS == 2) and bulk:
+            self.cfg = cfg = dataclasses.replace(cfg, DQR=int(bulk))  # dQ's panels by bulk tensor reductions
         self.setup = setup = {} if setup is None else setup
         self.stride, self.inner = stride, inner
         tt = tile_list_t(inner, cfg.BM, cfg.BN)

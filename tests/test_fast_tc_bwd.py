@@ -1138,6 +1138,46 @@ def test_two_warpgroups_summing_dq_at_d64_keep_a_pairs_products_in_flight_by_def
     assert default_pairs(64, one, "atomic", {}, None) == 1
 
 
+def test_two_warpgroups_summing_dq_at_d128_stage_it_in_two_sets_of_buffers_by_default():
+    """default_dq_bulk: DQR=2 where two warpgroups at D=128 sum dQ in the main loop (dense causal at T=131072);
+    one warpgroup, D=64 (paired or not) and the pass's shapes keep red.global.add (0)."""
+    import dataclasses
+
+    from attnbench.fast_tc_bwd import MAIN_DQ_BULK, default_dq_bulk
+
+    assert MAIN_DQ_BULK == {64: 0, 128: 2}
+    assert default_dq_bulk(128, BWD_SHAPES_WG2[128][0]) == 2
+    assert default_dq_bulk(128, BWD_SHAPES_WG[128][0]) == 0
+    assert default_dq_bulk(64, BWD_SHAPES_WG2[64][0]) == 0
+    assert default_dq_bulk(64, dataclasses.replace(BWD_SHAPES_WG2[64][0], PAIRS=0)) == 0
+    assert default_dq_bulk(64, BWD_SHAPES_WG[64][0]) == 0
+    # two sets of 16 KiB panels a warpgroup beside the 128-key tiles still fit one block a multiprocessor
+    cfg = dataclasses.replace(BWD_SHAPES_WG2[128][0], TMA=1, DQR=2)
+    assert cfg.smem_bytes(128) == dataclasses.replace(cfg, DQR=1).smem_bytes(128) + 2 * 64 * 64 * 4
+    assert cfg.smem_bytes(128) + 1024 <= 228 * 1024 and cfg.spec.endswith(",TMA=1,DQR=2")
+
+
+@pytest.mark.gpu
+def test_dq_summed_by_two_warpgroups_at_d128_takes_dqr_2_and_matches_the_reference():
+    """DQ=0 at D=128 on a long list: two warpgroups, bulk copies, dQ's panels by bulk reductions from two sets of
+    staging buffers (the default there), through the gate at an odd T; DQR=0 given keeps red.global.add."""
+    from attnbench.fast_tc_bwd import parse_bwd_config
+
+    if not IMPL.uses_wgmma():
+        pytest.skip("the wgmma main loop runs on sm_90")
+    prob = Problem(make_mask("dense", 901, True), 2, 3, 128, "bfloat16", pass_name="bwd")
+    q, k, v, do = _inputs(prob, seed=11)
+    for text, marker in (("DQ=0", ",DQR=2"), ("DQ=0,DQR=0", "")):
+        runner = IMPL.bwd_variant(parse_bwd_config(text)).prepare(prob, q, k, v, do=do)
+        cfg = runner.setup["bwd_tile_config"]
+        assert runner.setup["bwd_dq"] == "atomic" and cfg.startswith("NWARPS=8,") and ",TMA=1" in cfg, cfg
+        assert (",DQR=" in cfg) == bool(marker) and (not marker or cfg.endswith(marker)), cfg
+        for _ in range(2):
+            runner.poison()
+            runner.run()
+            _check_grads(prob, runner.grads, q, k, v, do)
+
+
 def test_the_variants_fields_win_over_the_environments(monkeypatch):
     from attnbench.fast_tc_bwd import SHAPE_ENV
 
@@ -1240,7 +1280,7 @@ def test_a_bwd_variant_runs_its_fields_and_matches_the_reference(monkeypatch, te
     assert (",PERSIST=1" in runner.setup["bwd_tile_config"]) == bool(main_persist)
     from attnbench.fast_tc_bwd import MAIN_DQ_BULK
 
-    bulk = fields.get("DQR", MAIN_DQ_BULK) if main_tma and dq == "atomic" and fields.get("PAIRS") != 2 else 0
+    bulk = fields.get("DQR", MAIN_DQ_BULK[64] if nwarps == 8 and fields.get("PAIRS") == 0 else 0) if main_tma and dq == "atomic" and fields.get("PAIRS") != 2 else 0
     for n in (1, 2):
         assert (f",DQR={n}" in runner.setup["bwd_tile_config"]) == (bulk == n)
     # two warpgroups summing dQ at D=64: the pair's products in flight by default (ATOMIC_PAIRS), unless given
