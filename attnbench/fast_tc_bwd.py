@@ -25,6 +25,9 @@ accumulators, or does not run), reading O from a tile copied into shared memory 
 main loop's launch instead, after prep: a measured variant, not a default ("backward v12"). Where every
 query tile reads one key tile of the wgmma main loop (block-diagonal up to 64 on one warpgroup's tiles,
 ``store_shape``), the main loop stores dQ itself (``--bwd-config DQ=3``, "backward v21"): no pass, no accumulator.
+Where two warpgroups at D=128 sum dQ in the main loop (dense causal at T=131072), their panels leave by bulk tensor
+reductions from two sets of staging buffers in shared memory (``default_dq_bulk``, ``--bwd-config DQR=2``,
+"backward v23"); elsewhere by red.global.add from registers.
 
 The log-sum-exp is the natural log: ``lse[b, h, i] = log(sum_j exp(scale * q_i . k_j))`` over row
 i's allowed keys, float32 [B, H, T] (``reference.reference_forward``'s), as the forward with
