@@ -248,6 +248,8 @@ def default_dq_bulk(D: int, cfg: BwdConfig) -> int:
     """DQR of a wgmma main loop that sums dQ and loads by bulk copies where no field gives it: MAIN_DQ_BULK's for D
     with two warpgroups whose query tiles are not paired, else 0 (red.global.add)."""
     return MAIN_DQ_BULK.get(D, 0) if cfg.NWARPS == 8 and not cfg.paired(D) else 0
+
+
 PASS_SHAPES_WG: dict[int, tuple[BwdConfig, str]] = {
     64: (BwdConfig(NWARPS=4, STAGES=2, MINB=3, WG=1), "one warpgroup, 64 x 64 tiles, K and V in 2 stages (48 KiB): "
                                                       "3 blocks per SM"),

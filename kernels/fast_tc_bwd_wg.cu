@@ -17,9 +17,8 @@
 // a pass query-major over the forward list, no accumulator: fast_tc_bwd_dq_wg.cu's on wgmma, or
 // fast_tc_bwd.cu's fast_tc_bwd_dq_pass (a launch of the mma.sync build). TMA 1 (unstrided patterns): the
 // Q and dO tiles by bulk tensor copies (tc/bwd_wgmma.cuh's TcBwgWalk), their maps after the main
-// kernel's parameters; with BWD_DQ_BULK dQ's sums by bulk tensor reductions from shared memory (2: two sets of
-// staging buffers in turn)
-// (tc_bwg_dq_out), the map of its float32 accumulator after them. BWD_DQ_STORE: where one work item holds all of
+// kernel's parameters; with BWD_DQ_BULK dQ's sums by bulk tensor reductions from shared memory (tc_bwg_dq_out; 2:
+// from two sets of staging buffers in turn), the map of its float32 accumulator after them. BWD_DQ_STORE: where one work item holds all of
 // each query tile's keys, dQ stored by it (tc_bwg_dq_out), its pointer in dQacc's place; no accumulator.
 #include "tc/config.cuh"
 #include "tc/common.cuh"
