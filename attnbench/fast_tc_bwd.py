@@ -96,6 +96,10 @@ class BwdConfig:
     #                 and added by bulk tensor reductions (BWD_DQ_BULK); 2, the same with two sets of staging
     #                 buffers in turn (one query tile at a time), so a tile's reductions stay in flight through the
     #                 next tile; 0, by red.global.add from registers
+    LAG: int = 0    # two warpgroups of the wgmma main loop with TMA, dQ summed there one query tile at a time: 1, each
+    #                 takes dQ of the tile before its current one, the two meeting on barriers of their own (the
+    #                 stages' refills, two staged dS^T in turn), no block barrier a tile (BWD_DQ_LAG,
+    #                 kernels/tc/bwd_lag.cuh); 0, both meet at block barriers every tile
 
     def paired(self, D: int, dq: str = "atomic") -> bool:
         """Whether the wgmma main loop takes its query tiles two at a time for dQ (BWG_DQ_PAIRED)."""
@@ -127,12 +131,14 @@ class BwdConfig:
     def smem_bytes(self, D: int, dq: str = "atomic") -> int:
         """K and V, STAGES Q and dO tiles, the staged P and dS (WG: dS alone, twice where ``paired``,
         and STAGES rows of the query tile's (lse2, delta); with TMA an mbarrier a stage; with DQR a float32
-        64 x 64 panel of dQ a warpgroup, or a panel of D with one; DQR=2 two sets of them)."""
+        64 x 64 panel of dQ a warpgroup, or a panel of D with one; DQR=2 two sets of them; LAG: two staged dS^T,
+        the (lse2, delta) stages a warpgroup, four more mbarriers and a counter a stage)."""
         if self.WG:
-            ds = 2 * self.BM * self.BN * (2 * self.PAIRS if self.paired(D, dq) else 1)
+            ds = 2 * self.BM * self.BN * (2 * self.PAIRS if self.paired(D, dq) else 2 if self.LAG else 1)
             dqs = max(D // 64, self.NWARPS // 4) * self.BM * 64 * 4 * self.DQR
-            return (2 * D * (2 * self.BN + 2 * self.STAGES * self.BM) + ds + dqs + 8 * self.STAGES * self.BM
-                    + (8 * self.STAGES if self.TMA else 0))
+            ld = 8 * self.STAGES * self.BM * (self.NWARPS // 4 if self.LAG else 1)
+            return (2 * D * (2 * self.BN + 2 * self.STAGES * self.BM) + ds + dqs + ld
+                    + (8 * self.STAGES if self.TMA else 0) + (32 + 4 * self.STAGES if self.LAG else 0))
         return 2 * D * (2 * self.BN + 2 * self.STAGES * self.BM) + 2 * 2 * self.BM * self.BN
 
     def dq_pass_smem_bytes(self, D: int) -> int:
@@ -144,7 +150,8 @@ class BwdConfig:
     def spec(self) -> str:
         return (f"NWARPS={self.NWARPS},BN={self.BN},STAGES={self.STAGES},MINB={self.MINB}" + (",WG=1" if self.WG else "")
                 + ("" if self.PAIRS == 1 else f",PAIRS={self.PAIRS}") + (",TMA=1" if self.TMA else "")
-                + (",PERSIST=1" if self.PERSIST else "") + (f",DQR={self.DQR}" if self.DQR else ""))
+                + (",PERSIST=1" if self.PERSIST else "") + (f",DQR={self.DQR}" if self.DQR else "")
+                + (",LAG=1" if self.LAG else ""))
 
 
 # per head dimension: (shape, why). Registers (sm_80 / sm_90, NVRTC 13): D=64 198-206, D=128
@@ -380,7 +387,9 @@ class BwdFields:
     persistent, by cp.async or with MTMA=1 by bulk copies, not with DQ=2; 0, a block a work item) and DQR (the wgmma
     main loop with MTMA=1 and DQ=0: 1, dQ's sums by bulk tensor reductions from shared memory; 2, the same from two
     sets of staging buffers in turn, one query tile at a time (PAIRS=0 where two warpgroups at D=64 would pair
-    them); 0, by red.global.add from registers); the defaults are those of the positional form."""
+    them); 0, by red.global.add from registers) and LAG (two warpgroups of the wgmma main loop with MTMA=1 and DQ=0, one
+    query tile at a time: 1, each takes dQ of the tile before its current one, no block barrier a tile; 0, both meet at
+    block barriers every tile); the defaults are those of the positional form."""
     NWARPS: int = 8
     STAGES: int = 2
     MINB: int = 1
@@ -399,6 +408,7 @@ class BwdFields:
     PPER: int = 0
     MPER: int = 0
     DQR: int = 0
+    LAG: int = 0
 
 
 BWD_FIELDS = tuple(f.name for f in dataclasses.fields(BwdFields))
@@ -406,9 +416,9 @@ BWD_LIMITS = {"NWARPS": (4, 8, 4), "STAGES": (2, 4, 1), "MINB": (1, 4, 1), "DQ":
               "PAIRS": (0, 2, 1), "SKIP": (0, 1, 1), "WAVES": (1, 16, 1), "PMINB": (0, 4, 1), "ORDER": (0, 1, 1),
               "L": (0, 65536, 1), "CUT": (0, 65536, 1),
               "PWG": (0, 1, 1), "PTMA": (0, 1, 1), "MTMA": (0, 1, 1), "PPER": (0, 1, 1),
-              "MPER": (0, 1, 1), "DQR": (0, 2, 1)}
+              "MPER": (0, 1, 1), "DQR": (0, 2, 1), "LAG": (0, 1, 1)}
 WORK_FIELDS = ("DQ", "STATS", "SKIP", "WAVES", "PMINB", "ORDER", "L", "CUT", "PWG", "PTMA", "MTMA",
-               "PPER", "MPER", "DQR")  # not the main kernel's shape
+               "PPER", "MPER", "DQR", "LAG")  # not the main kernel's shape
 
 
 @dataclass(frozen=True)
@@ -494,6 +504,12 @@ class BwdSpec:
     def dq_bulk(self) -> int | None:
         """Whether the wgmma main loop adds dQ's sums by bulk tensor reductions (DQR), None when not given."""
         return self.field("DQR")
+
+    @property
+    def dq_lag(self) -> int | None:
+        """Whether two warpgroups of the wgmma main loop take dQ a tile behind, without block barriers (LAG), None
+        when not given."""
+        return self.field("LAG")
 
     @property
     def skip(self) -> int | None:
@@ -651,6 +667,8 @@ def bwd_defines(D: int, dtype: str, mask: Mask, cfg: BwdConfig | None = None, dq
         d["BWD_PASS_SKIP"] = 1
     if cfg.DQR:
         d["BWD_DQ_BULK"] = cfg.DQR
+    if cfg.LAG:
+        d["BWD_DQ_LAG"] = 1
     if dq == "fused":  # the main loop's build with the pass's blocks beside it; prep's stats
         d["BWD_DQ_PASS"] = d["BWD_FUSED"] = 1
     elif dq == "pass":
@@ -722,7 +740,8 @@ class Backward:
                  stats: int | None = None, skip: int | None = None, waves: int | None = None,
                  pass_minb: int | None = None, order: int | None = None, cut: int | None = None,
                  pass_wg: int | None = None, pass_tma: int | None = None, main_tma: int | None = None,
-                 pass_persist: int | None = None, main_persist: int | None = None, dq_bulk: int | None = None):
+                 pass_persist: int | None = None, main_persist: int | None = None, dq_bulk: int | None = None,
+                 dq_lag: int | None = None):
         check_dtype(prob.dtype)
         if prob.D not in BWD_SHAPES:
             raise BadInput(f"D={prob.D} is not supported by the backward of fast-tc "
@@ -776,6 +795,14 @@ class Backward:
         if dq_bulk == 2 and cfg.paired(prob.D, dq):
             raise BadInput("DQR=2 stages dQ one query tile at a time, in two sets of buffers in turn, not a pair's: "
                            "give PAIRS=0")
+        if dq_lag and not (cfg.WG and cfg.NWARPS == 8 and dq == "atomic" and cfg.TMA and not cfg.PERSIST):
+            raise BadInput(f"LAG=1 takes dQ a tile behind in the wgmma main loop's two warpgroups, dQ summed there, "
+                           f"Q and dO by bulk tensor copies, a block a work item: give it with NWARPS=8, DQ=0, "
+                           f"MTMA=1 and MPER=0 on an unstrided pattern (this backward: dq={dq}, main loop {cfg.spec})")
+        if dq_lag and cfg.paired(prob.D, dq):
+            raise BadInput("LAG=1 takes dQ one query tile at a time, not a pair's: give PAIRS=0")
+        if dq_lag:
+            self.cfg = cfg = dataclasses.replace(cfg, LAG=1)  # dQ a tile behind, no block barrier a tile
         bulk = default_dq_bulk(prob.D, cfg) if dq_bulk is None else dq_bulk
         if cfg.TMA and dq == "atomic" and not (cfg.paired(prob.D, dq) and cfg.PAIRS == 2) and bulk:
             self.cfg = cfg = dataclasses.replace(cfg, DQR=int(bulk))  # dQ's panels by bulk tensor reductions
@@ -1000,7 +1027,8 @@ def build_backward(impl: FastTC, prob: Problem, q, k, v, do, cfg: TileConfig | N
                    split=spec.split if spec else None, cut=spec.cut if spec else None,
                    pass_wg=spec.pass_wg if spec else None, pass_tma=spec.pass_tma if spec else None,
                    main_tma=spec.main_tma if spec else None, pass_persist=spec.pass_persist if spec else None,
-                   main_persist=spec.main_persist if spec else None, dq_bulk=spec.dq_bulk if spec else None)
+                   main_persist=spec.main_persist if spec else None, dq_bulk=spec.dq_bulk if spec else None,
+                   dq_lag=spec.dq_lag if spec else None)
     grads = tuple(cupy.empty(prob.shape, dtype=q.dtype) for _ in range(3))
     launches = bwd.launches(q, k, v, o, lse, do, *grads, *bwd.scratch())
     with_fwd = prob.pass_name == "fwd+bwd"
@@ -1100,7 +1128,9 @@ def _builds_of(mask: Mask, D: int, dtype: str) -> list[tuple[str, dict]]:
         # by cp.async only; ``bulk``: dQ summed in the main loop, by bulk tensor reductions too)
         tma = (dataclasses.replace(c, TMA=1),) + ((dataclasses.replace(c, TMA=1, PERSIST=1),) if persist_tma else ()) \
             + ((dataclasses.replace(c, TMA=1, DQR=1),) if bulk else ()) \
-            + ((dataclasses.replace(c, TMA=1, DQR=2),) if bulk and not c.paired(D) else ())
+            + ((dataclasses.replace(c, TMA=1, DQR=2),) if bulk and not c.paired(D) else ()) \
+            + tuple(dataclasses.replace(c, TMA=1, DQR=r, LAG=1) for r in (0, 2)
+                    if bulk and c.NWARPS == 8 and not c.paired(D))
         return (c, dataclasses.replace(c, PERSIST=1)) + (tma if mask.strided()[0] == 1 else ())
 
     wgmma = [(KERNEL_WG, bwd_defines(D, dtype, mask, c, way, st))

@@ -25,6 +25,7 @@
 #include "tc/scheduler.cuh"
 #include "tc/bwd_wgmma.cuh"
 #include "tc/bwd_prep.cuh"
+#include "tc/bwd_lag.cuh"
 
 // tile `it` of the walk up to its S^T, landed and masked (dP^T on its way): its query tile; so, lds: its
 // stage's descriptor offset and (lse2, delta) rows
@@ -117,8 +118,10 @@ tc_bwg_item(unsigned char* smem, int b, const u16* __restrict__ Qg, const u16* _
     TcTileList list;
     list.init(ihead, tent, item);  // the item's stretch of its key tile's list
     const int n = list.n;
+#if !BWD_DQ_LAG  // (the lagged walk starts its own, tc_bwg_lag_loop)
     TcBwgWalk walk;
     walk.first(sm, src, list, T);
+#endif
 #endif
     const int wg = BWG_NWG == 1 ? 0 : warp >> 2;  // (a constant with one warpgroup)
     const TcBwgOps op = tc_bwg_ops(sm, wg);
@@ -181,6 +184,9 @@ tc_bwg_item(unsigned char* smem, int b, const u16* __restrict__ Qg, const u16* _
         o.ds += ((pairs & 1) * 2 * BWG_DSB) >> 4;
         tc_bwg_dq(dq, o, wg, qt * BWG_QT + (warp & 3) * 16, T, g, t4);
     }
+#elif BWD_DQ_LAG
+    (void)n, (void)op, (void)edge, (void)key0, (void)lds0;
+    tc_bwg_lag_loop(sm, src, list, tent, pat, dq, dk, dv, kt, T, scale_log2, warp, g, t4);
 #else
 #if BWG_DQ_PAIRED
     int qt_prev = 0;  // the pair's first tile

@@ -731,6 +731,66 @@ def test_the_wgmma_kernels_variants_match_the_reference(pattern, causal, params,
         _check_grads(prob, runner.grads, q, k, v, do)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("pattern,causal,params,T", [
+    ("dense", True, {}, 1000), ("window", False, dict(window=100), 777), ("bigbird", True, {}, 1024),
+    ("prefix_lm", False, dict(prefix=256), 777), ("document", True, 0, 1000),
+    ("streaming", True, dict(sink=16, window=64), 1000),  # the sink's key tile split: dK, dV summed
+])
+@pytest.mark.parametrize("D,dtype", [(64, "bfloat16"), (128, "float16")])
+@pytest.mark.parametrize("bulk", ["", "DQR=0,", "DQR=1,"])
+@pytest.mark.parametrize("split", ["", "1", "3"])
+def test_two_warpgroups_a_tile_apart_match_the_reference(pattern, causal, params, T, D, dtype, bulk, split,
+                                                         monkeypatch):
+    """--bwd-config LAG=1 (kernels/tc/bwd_lag.cuh): the two warpgroups of the wgmma main loop each take dQ of the tile
+    before their current one and meet on barriers of their own, with dQ's panels by reductions from registers
+    (DQR=0), by bulk reductions (DQR=1) and from two sets of staging buffers (D=128's default, DQR=2); lists as long
+    as the pattern gives, and cut into items of one query tile (no tile before the last) and of three (a dS^T set
+    restaged): through the gate on unstrided patterns of every kind, odd T, both head dims, twice each."""
+    from attnbench.fast_tc_bwd import MAIN_DQ_BULK, SPLIT_ENV, parse_bwd_config
+
+    if not IMPL.uses_wgmma():
+        pytest.skip("the wgmma main loop runs on sm_90")
+    monkeypatch.setenv(SPLIT_ENV, split)
+    params = PATTERNS[pattern].examples(T)[params] if isinstance(params, int) else params
+    mask = make_mask(pattern, T, causal, **params)
+    prob = Problem(mask, 2, 3, D, dtype, pass_name="bwd")
+    q, k, v, do = _inputs(prob, seed=T + D + 11)
+    runner = IMPL.bwd_variant(parse_bwd_config(f"NWARPS=8,MINB=1,DQ=0,PAIRS=0,{bulk}LAG=1")).prepare(prob, q, k, v,
+                                                                                                    do=do)
+    cfg = runner.setup["bwd_tile_config"]
+    dqr = int(bulk[4]) if bulk else MAIN_DQ_BULK[D]
+    assert runner.setup["bwd_dq"] == "atomic" and cfg.startswith("NWARPS=8,") and ",TMA=1" in cfg, cfg
+    assert cfg.endswith((f",DQR={dqr}" if dqr else "") + ",LAG=1"), cfg
+    for _ in range(2):  # a second run writes every gradient again
+        runner.poison()
+        runner.run()
+        _check_grads(prob, runner.grads, q, k, v, do)
+
+
+def test_two_warpgroups_a_tile_apart_fit_and_leave_the_tiles_block_barriers():
+    """LAG=1's shared memory (a second dS^T, a warpgroup's own (lse2, delta) stages, four barriers and a counter a
+    stage) fits one block a multiprocessor with D=128's two sets of dQ staging buffers; its build waits and arrives on
+    mbarriers for dS^T, refills a stage from the warpgroup that releases it second (a shared counter), and has fewer
+    block barriers than the same shape that meets every tile."""
+    import dataclasses
+
+    from attnbench.compile import ptx
+
+    cfg = dataclasses.replace(BWD_SHAPES_WG2[128][0], TMA=1, DQR=2, LAG=1)
+    base = dataclasses.replace(cfg, LAG=0)
+    assert cfg.smem_bytes(128) == base.smem_bytes(128) + 2 * 64 * 128 + 8 * 2 * 64 + 32 + 4 * 2
+    assert cfg.smem_bytes(128) <= 227 * 1024 and cfg.spec.endswith(",TMA=1,DQR=2,LAG=1")
+    mask = make_mask("dense", 4096)
+    text = {c.LAG: ptx("fast_tc_bwd_wg", bwd_defines(128, "bfloat16", mask, c), "sm_90a") for c in (base, cfg)}
+    import re
+
+    block = {lag: len(re.findall(r"bar\.sync\s+0;", t)) for lag, t in text.items()}
+    assert block[1] < block[0], block
+    assert "atom.shared.add.u32" in text[1] and "atom.shared.add.u32" not in text[0]
+    assert text[1].count("mbarrier.arrive.shared::cta.b64") >= 2 > text[0].count("mbarrier.arrive.shared::cta.b64")
+
+
 def _split_cases():
     """Transposed lists cut into items of L query tiles (L=1: every entry an item; 2, 3: the long
     lists split, the short ones not; 0: nothing split, the long lists walked whole): the shapes
@@ -1048,14 +1108,16 @@ def test_bwd_config_parses_fields_and_refuses_bad_ones_by_name():
     assert parse_bwd_config("DQR=1").dq_bulk == 1 and parse_bwd_config("DQR=1").shape == {}
     assert parse_bwd_config("DQR=2").dq_bulk == 2 and parse_bwd_config("DQR=2").shape == {}
     assert parse_bwd_config("DQ=0").dq_bulk is None
+    assert parse_bwd_config("LAG=1").dq_lag == 1 and parse_bwd_config("LAG=1").shape == {}
+    assert parse_bwd_config("DQ=0").dq_lag is None
     s = parse_bwd_config("ORDER=1,L=8")
     assert s.order == 1 and s.split == 8 and s.shape == {} and str(s) == "ORDER=1,L=8"
     assert parse_bwd_config("ORDER=1,CUT=8").cut == 8 and parse_bwd_config("CUT=8").shape == {}
     assert parse_bwd_config("L=0").split is None and parse_bwd_config("DQ=1").order is None  # 0: split_length's
     for bad, words in (("DQ=4", "DQ=4 must be from 0 to 3"), ("NWARPS=6", "NWARPS=6 must be a multiple of 4"),
-                       ("BN=64", "unknown field 'BN'"), ("8,2", "positional form takes 4 to 18"),
+                       ("BN=64", "unknown field 'BN'"), ("8,2", "positional form takes 4 to 19"),
                        ("ORDER=2", "ORDER=2 must be 0 or 1"),
-                       ("STATS=3", "STATS=3 must be from 0 to 2"), ("SKIP=2", "SKIP=2 must be 0 or 1"), ("PWG=2", "PWG=2 must be 0 or 1"), ("PTMA=2", "PTMA=2 must be 0 or 1"), ("MTMA=2", "MTMA=2 must be 0 or 1"), ("PPER=2", "PPER=2 must be 0 or 1"), ("MPER=2", "MPER=2 must be 0 or 1"), ("DQR=3", "DQR=3 must be from 0 to 2"), ("PAIRS=3", "PAIRS=3 must be from 0 to 2")):
+                       ("STATS=3", "STATS=3 must be from 0 to 2"), ("SKIP=2", "SKIP=2 must be 0 or 1"), ("PWG=2", "PWG=2 must be 0 or 1"), ("PTMA=2", "PTMA=2 must be 0 or 1"), ("MTMA=2", "MTMA=2 must be 0 or 1"), ("PPER=2", "PPER=2 must be 0 or 1"), ("MPER=2", "MPER=2 must be 0 or 1"), ("DQR=3", "DQR=3 must be from 0 to 2"), ("LAG=2", "LAG=2 must be 0 or 1"), ("PAIRS=3", "PAIRS=3 must be from 0 to 2")):
         with pytest.raises(BadInput, match="--bwd-config") as e:
             parse_bwd_config(bad)
         assert words in str(e.value)
@@ -1105,12 +1167,19 @@ def test_the_items_launch_by_position_and_cut_where_a_long_split_leaves_room():
                                         ("NWARPS=8,MINB=1,DQ=0,PAIRS=2,DQR=1", "DQR=1 stages a pair's dQ"),
                                         ("NWARPS=8,MINB=1,DQ=0,DQR=2", "DQR=2 stages dQ one query tile at a time.*"
                                                                        "PAIRS=0"),
-                                        ("DQ=1,DQR=2", "DQR=2 adds the dQ sums.*dq=pass")])
+                                        ("DQ=1,DQR=2", "DQR=2 adds the dQ sums.*dq=pass"),
+                                        ("NWARPS=8,MINB=1,DQ=0,LAG=1", "LAG=1 takes dQ one query tile at a time.*"
+                                                                       "PAIRS=0"),
+                                        ("DQ=1,LAG=1", "LAG=1 takes dQ a tile behind.*dq=pass"),
+                                        ("DQ=0,LAG=1", "LAG=1 takes dQ a tile behind.*NWARPS=8.*NWARPS=4"),
+                                        ("NWARPS=8,MINB=1,DQ=0,PAIRS=0,MTMA=0,LAG=1", "LAG=1.*MTMA=1"),
+                                        ("NWARPS=8,MINB=1,DQ=0,PAIRS=0,MPER=1,LAG=1", "LAG=1.*MPER=0.*PERSIST=1")])
 def test_the_wgmma_kernels_refuse_what_they_do_not_build_before_any_launch(text, words):
     """SKIP=1 is the mma.sync pass's: with the pass on wgmma (PWG=1) it is refused by name; so is a persistent
     pass by bulk copies or on mma.sync, and the fused launch by bulk copies; and dQ by bulk reductions where the
     main loop does not sum dQ, loads by cp.async or keeps a pair's dQ in flight, and dQ from two sets of staging
-    buffers (DQR=2) where two warpgroups pair their query tiles."""
+    buffers (DQR=2) where two warpgroups pair their query tiles; and dQ a tile behind (LAG=1) where the main loop is not
+    two warpgroups summing dQ one query tile at a time by bulk copies, one work item a block."""
     from attnbench.fast_tc_bwd import parse_bwd_config
 
     if not IMPL.uses_wgmma():

@@ -122,7 +122,8 @@ def test_fast_decode_is_sanitizer_clean(tool, tq, shape):
 # the pass and with two warpgroups and dQ's reductions; the wgmma pass and the wgmma main loop persistent (PPER=1,
 # MPER=1, the latter by cp.async too; by three blocks, so that each takes several works); dQ's sums by bulk tensor
 # reductions from shared memory (DQR=1), one warpgroup and two, and from two sets of staging buffers (DQR=2); and dQ stored by the wgmma main loop on
-# block-diagonal patterns (one warpgroup, two, split key tiles, by cp.async, persistent)
+# block-diagonal patterns (one warpgroup, two, split key tiles, by cp.async, persistent); and the two warpgroups a
+# tile apart (LAG=1), dQ by each way, lists whole and cut into one-tile items
 BACKWARD_RUNS = """
 import os
 import cupy
@@ -185,6 +186,25 @@ for split, shape, fields in (STORE_RUNS if wgmma else ()):
             r.run()
             cupy.cuda.get_current_stream().synchronize()
             n += 1
+# the wgmma main loop's two warpgroups a tile apart (LAG=1, kernels/tc/bwd_lag.cuh; unstrided patterns): dQ's panels
+# as D's default (DQR=2 at D=128), by reductions from registers, by bulk reductions; lists cut into one-tile items too
+os.environ[SHAPE_ENV] = ""
+LAG_RUNS = (("", "LAG=1"), ("1", "LAG=1"), ("", "DQR=0,LAG=1"), ("", "DQR=1,LAG=1"))
+for split, fields in (LAG_RUNS if wgmma else ()):
+    os.environ[SPLIT_ENV] = split
+    for pattern, T, causal, params in (("dense", 100, True, {}), ("dense", 600, True, {}),
+                                       ("streaming", 77, True, dict(sink=4, window=16)),
+                                       ("window", 64, False, dict(window=8))):
+        for D, dtype in ((64, "bfloat16"), (128, "float16")):
+            prob = Problem(make_mask(pattern, T, causal, **params), 1, 2, D, dtype, pass_name="fwd+bwd")
+            q, k, v = random_inputs(prob.shape, prob.dtype, seed=1)
+            do = random_inputs(prob.shape, prob.dtype, seed=2)[0]
+            r = get_impl("fast-tc").bwd_variant(parse_bwd_config("NWARPS=8,MINB=1,DQ=0,PAIRS=0," + fields)).prepare(
+                prob, q, k, v, do=do)
+            assert r.setup["bwd_tile_config"].endswith(",LAG=1"), r.setup["bwd_tile_config"]
+            r.run()
+            cupy.cuda.get_current_stream().synchronize()
+            n += 1
 print(f"backward runs {n}" + ("" if wgmma else " (no wgmma)"))
 """
 
@@ -197,4 +217,4 @@ def test_backward_kernels_are_sanitizer_clean(tool):
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     assert "ERROR SUMMARY: 0 errors" in out or "RACECHECK SUMMARY: 0 hazards" in out, out[-2000:]
-    assert "backward runs 280" in out or "backward runs 264 (no wgmma)" in out, out[-2000:]
+    assert "backward runs 312" in out or "backward runs 264 (no wgmma)" in out, out[-2000:]

@@ -113,9 +113,16 @@ static_assert(WG && (!TMA || STRIDE == 1) && NWARPS % 4 == 0 && BN == 64 * BWG_N
 #define BWG_QBYTES (BWG_QT * HEAD_D * 2)  // a Q or dO tile
 #define BWG_LDB (BWG_QT * 8)              // a stage's (lse2, delta) rows
 #define BWG_DSB (BN * BWG_QT * 2)          // a staged dS^T
-#define BWG_DS_BUFS (BWG_DQ_PIPE ? 4 : BWG_DQ_PAIRED ? 2 : 1)
+// BWD_DQ_LAG 1 (tc/bwd_lag.cuh): two warpgroups, each taking dQ of the tile before its current one, no block barrier
+// a tile: two staged dS^T in turn, a copy of the (lse2, delta) stages a warpgroup, four more barriers and a counter a
+// stage after the stages' barriers
+#ifndef BWD_DQ_LAG
+#define BWD_DQ_LAG 0
+#endif
+#define BWG_DS_BUFS (BWG_DQ_PIPE ? 4 : (BWG_DQ_PAIRED || BWD_DQ_LAG) ? 2 : 1)
+#define BWG_LD_SETS (BWD_DQ_LAG ? BWG_NWG : 1)
 #define BWG_SMEM_BYTES (2 * TILE_BYTES + 2 * STAGES * BWG_QBYTES + BWG_DS_BUFS * BWG_DSB + BWG_DQ_SETS * BWG_DQ_BUFS * BWG_DQB + \
-                        STAGES * BWG_LDB + (TMA ? 8 * STAGES : 0))
+                        BWG_LD_SETS * STAGES * BWG_LDB + (TMA ? 8 * STAGES : 0) + (BWD_DQ_LAG ? 32 + 4 * STAGES : 0))
 
 typedef float TcBwgRows[BWG_QT / 8][4];  // a warp's [16 keys][64 queries] fragment: S^T, P^T, dP^T, dS^T
 typedef u32 TcBwgFrag[BWG_QT / 16][4];   // the same packed as the A operands of its k-steps
@@ -126,8 +133,8 @@ struct TcBwgSmem {
     u32 ds;    // dS^T staged for dQ (BWG_DS_BUFS buffers, BWG_DSB bytes apart)
     u32 dqs;   // BWD_DQ_BULK: dQ's float32 panels staged for their reductions (BWG_DQ_SETS x BWG_DQ_BUFS, BWG_DQB
                // bytes apart)
-    u32 ld;    // the (lse2, delta) stages (stage s at + s * BWG_LDB)
-    u32 bar;   // TMA: the stages' mbarriers (stage s's at + 8 s)
+    u32 ld;    // the (lse2, delta) stages (stage s at + s * BWG_LDB; BWD_DQ_LAG: warpgroup w's at + (w STAGES + s) BWG_LDB)
+    u32 bar;   // TMA: the stages' mbarriers (stage s's at + 8 s; BWD_DQ_LAG: tc/bwd_lag.cuh's after them)
 };
 
 __device__ __forceinline__ TcBwgSmem tc_bwg_smem(const void* smem) {
@@ -139,7 +146,7 @@ __device__ __forceinline__ TcBwgSmem tc_bwg_smem(const void* smem) {
     s.ds = s.o + STAGES * BWG_QBYTES;
     s.dqs = s.ds + BWG_DS_BUFS * BWG_DSB;
     s.ld = s.dqs + BWG_DQ_SETS * BWG_DQ_BUFS * BWG_DQB;
-    s.bar = s.ld + STAGES * BWG_LDB;
+    s.bar = s.ld + BWG_LD_SETS * STAGES * BWG_LDB;
     return s;
 }
 
