@@ -543,7 +543,8 @@ def compile_cmd(archs, hashes, gate_builds):
                    "by bulk tensor reductions from shared memory; 2, the same from two sets of staging buffers in turn, "
                    "one query tile at a time; 0, by red.global.add from registers) and LAG (two warpgroups of the "
                    "wgmma main loop with DQ=0 and MTMA=1: 1, each takes dQ of the tile before its current one, the "
-                   "warpgroups meeting on barriers of their own, no block barrier a tile; 0, both meet every tile) "
+                   "warpgroups meeting on barriers of their own, no block barrier a tile; 2 (D=128), the same with "
+                   "dQ's products issued behind the tile's dK; 0, both meet every tile) "
                    "as FIELD=N,...; "
                    "each adds a row per bwd / fwd+bwd configuration for fast-tc and fast-tc-sync, named e.g. "
                    "fast-tc[bwd:DQ=1], timed with the others (repeatable)")

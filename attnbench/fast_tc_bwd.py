@@ -99,7 +99,8 @@ class BwdConfig:
     LAG: int = 0    # two warpgroups of the wgmma main loop with TMA, dQ summed there one query tile at a time: 1, each
     #                 takes dQ of the tile before its current one, the two meeting on barriers of their own (the
     #                 stages' refills, two staged dS^T in turn), no block barrier a tile (BWD_DQ_LAG,
-    #                 kernels/tc/bwd_lag.cuh); 0, both meet at block barriers every tile
+    #                 kernels/tc/bwd_lag.cuh); 2 (D=128), the same with dQ's products issued behind the tile's dK;
+    #                 0, both meet at block barriers every tile
 
     def paired(self, D: int, dq: str = "atomic") -> bool:
         """Whether the wgmma main loop takes its query tiles two at a time for dQ (BWG_DQ_PAIRED)."""
@@ -151,7 +152,7 @@ class BwdConfig:
         return (f"NWARPS={self.NWARPS},BN={self.BN},STAGES={self.STAGES},MINB={self.MINB}" + (",WG=1" if self.WG else "")
                 + ("" if self.PAIRS == 1 else f",PAIRS={self.PAIRS}") + (",TMA=1" if self.TMA else "")
                 + (",PERSIST=1" if self.PERSIST else "") + (f",DQR={self.DQR}" if self.DQR else "")
-                + (",LAG=1" if self.LAG else ""))
+                + (f",LAG={self.LAG}" if self.LAG else ""))
 
 
 # per head dimension: (shape, why). Registers (sm_80 / sm_90, NVRTC 13): D=64 198-206, D=128
@@ -270,15 +271,34 @@ def pass_kernel(pcfg: BwdConfig) -> str:
     return KERNEL_DQ_WG if pcfg.WG else KERNEL
 
 
-def choose_dq(D: int, keys_per_query: float | None, wgmma: bool = False) -> str:
+# the wgmma main loop's two warpgroups a tile apart (LAG=1, kernels/tc/bwd_lag.cuh: each takes dQ of the tile before
+# its current one, no block barrier a tile) sum dQ by default from this many keys a query, per D (unstrided patterns,
+# the loop by bulk copies and a block a work item): H200, --pass bwd, T=32768, LAG=1 / the default's dQ pass
+# (docs/PERF.md "backward v24"): D=128 dense 0.927, window 4096 0.970, the three-level dilation 0.960; document
+# (1189 keys) 1.063, streaming 4+1024 (1012) 1.136, the short lists 1.3-1.7; dense at T=131072 0.899 of the
+# reductions. At D=64 dense LAG=1 took 1.34x the default's time
+LAG_MIN_KEYS = {128: 2048}
+
+
+def choose_dq(D: int, keys_per_query: float | None, wgmma: bool = False, lag: bool = False) -> str:
     """How dQ is summed where nothing forces it: its own pass below a count of keys a query reads, float32
     reductions from there (and when the count is not known). Beside the wgmma main loop with the pass on
     wgmma (PASS_WG) the count is PASS_WG_MAX_KEYS (H100, --pass bwd, pass / float32 reductions, docs/PERF.md
     "backward v15": at T=32768 dense 0.85 and 0.93 at D=64 and 128, window 4096 0.84 and 0.93, document 0.71
     and 0.70, streaming 4+1024 0.81 and 0.80, dilated 512/2 at D=128 0.76, dilated levels 0.96 and 0.99; at
-    T=131072 dense 1.02 and 1.20); otherwise ``DQ_PASS_MAX_KEYS`` for D."""
+    T=131072 dense 1.02 and 1.20), or where the loop can take dQ a tile behind (``lag``: unstrided, by bulk
+    copies, not persistent) LAG_MIN_KEYS's for D; otherwise ``DQ_PASS_MAX_KEYS`` for D."""
     limit = PASS_WG_MAX_KEYS if wgmma and PASS_WG else DQ_PASS_MAX_KEYS[D]
+    if wgmma and lag and D in LAG_MIN_KEYS:
+        limit = min(limit, LAG_MIN_KEYS[D])
     return "pass" if keys_per_query is not None and keys_per_query < limit else "atomic"
+
+
+def default_lag(D: int, keys_per_query: float, cfg: BwdConfig, dq: str) -> int:
+    """LAG of the wgmma main loop where no field gives it: 1 where two warpgroups sum dQ one query tile at a time by
+    bulk copies, a block a work item, and a query reads LAG_MIN_KEYS's keys for D or more; else 0."""
+    ok = cfg.WG and cfg.NWARPS == 8 and dq == "atomic" and cfg.TMA and not cfg.PERSIST and not cfg.paired(D, dq)
+    return int(bool(ok) and D in LAG_MIN_KEYS and keys_per_query >= LAG_MIN_KEYS[D])
 
 
 def bwd_config(D: int, wgmma: bool = False, keys_per_query: float | None = None, dq: str = "atomic") -> BwdConfig:
@@ -388,8 +408,9 @@ class BwdFields:
     main loop with MTMA=1 and DQ=0: 1, dQ's sums by bulk tensor reductions from shared memory; 2, the same from two
     sets of staging buffers in turn, one query tile at a time (PAIRS=0 where two warpgroups at D=64 would pair
     them); 0, by red.global.add from registers) and LAG (two warpgroups of the wgmma main loop with MTMA=1 and DQ=0, one
-    query tile at a time: 1, each takes dQ of the tile before its current one, no block barrier a tile; 0, both meet at
-    block barriers every tile); the defaults are those of the positional form."""
+    query tile at a time: 1, each takes dQ of the tile before its current one, no block barrier a tile; 2 (D=128), the
+    same with dQ's products issued behind the tile's dK; 0, both meet at block barriers every tile; default 1 at D=128
+    from LAG_MIN_KEYS keys a query); the defaults are those of the positional form."""
     NWARPS: int = 8
     STAGES: int = 2
     MINB: int = 1
@@ -416,7 +437,7 @@ BWD_LIMITS = {"NWARPS": (4, 8, 4), "STAGES": (2, 4, 1), "MINB": (1, 4, 1), "DQ":
               "PAIRS": (0, 2, 1), "SKIP": (0, 1, 1), "WAVES": (1, 16, 1), "PMINB": (0, 4, 1), "ORDER": (0, 1, 1),
               "L": (0, 65536, 1), "CUT": (0, 65536, 1),
               "PWG": (0, 1, 1), "PTMA": (0, 1, 1), "MTMA": (0, 1, 1), "PPER": (0, 1, 1),
-              "MPER": (0, 1, 1), "DQR": (0, 2, 1), "LAG": (0, 1, 1)}
+              "MPER": (0, 1, 1), "DQR": (0, 2, 1), "LAG": (0, 2, 1)}
 WORK_FIELDS = ("DQ", "STATS", "SKIP", "WAVES", "PMINB", "ORDER", "L", "CUT", "PWG", "PTMA", "MTMA",
                "PPER", "MPER", "DQR", "LAG")  # not the main kernel's shape
 
@@ -668,7 +689,7 @@ def bwd_defines(D: int, dtype: str, mask: Mask, cfg: BwdConfig | None = None, dq
     if cfg.DQR:
         d["BWD_DQ_BULK"] = cfg.DQR
     if cfg.LAG:
-        d["BWD_DQ_LAG"] = 1
+        d["BWD_DQ_LAG"] = cfg.LAG
     if dq == "fused":  # the main loop's build with the pass's blocks beside it; prep's stats
         d["BWD_DQ_PASS"] = d["BWD_FUSED"] = 1
     elif dq == "pass":
@@ -754,7 +775,9 @@ class Backward:
         if wgmma and cfg is None and (dq == "store" or (dq is None and STORE_DQ)):
             store = store_shape(prob.D, inner, fields, (BWD_SHAPES_WG, BWD_SHAPES_WG2) if dq else STORE_DQ_SHAPES)
             dq = "store" if store is not None else dq
-        self.dq_way = dq = choose_dq(prob.D, kpq, wgmma) if dq is None else dq
+        lag_ok = (stride == 1 and main_tma != 0 and not main_persist and dq_lag != 0
+                  and {**forced_shape(), **(fields or {})}.get("NWARPS", 8) == 8)
+        self.dq_way = dq = choose_dq(prob.D, kpq, wgmma, lag_ok) if dq is None else dq
         if dq not in DQ_WAYS:
             raise BadInput(f"dq={dq!r}: expected one of {', '.join(DQ_WAYS)}")
         if cfg is None:
@@ -796,13 +819,16 @@ class Backward:
             raise BadInput("DQR=2 stages dQ one query tile at a time, in two sets of buffers in turn, not a pair's: "
                            "give PAIRS=0")
         if dq_lag and not (cfg.WG and cfg.NWARPS == 8 and dq == "atomic" and cfg.TMA and not cfg.PERSIST):
-            raise BadInput(f"LAG=1 takes dQ a tile behind in the wgmma main loop's two warpgroups, dQ summed there, "
+            raise BadInput(f"LAG={dq_lag} takes dQ a tile behind in the wgmma main loop's two warpgroups, dQ summed there, "
                            f"Q and dO by bulk tensor copies, a block a work item: give it with NWARPS=8, DQ=0, "
                            f"MTMA=1 and MPER=0 on an unstrided pattern (this backward: dq={dq}, main loop {cfg.spec})")
         if dq_lag and cfg.paired(prob.D, dq):
-            raise BadInput("LAG=1 takes dQ one query tile at a time, not a pair's: give PAIRS=0")
-        if dq_lag:
-            self.cfg = cfg = dataclasses.replace(cfg, LAG=1)  # dQ a tile behind, no block barrier a tile
+            raise BadInput(f"LAG={dq_lag} takes dQ one query tile at a time, not a pair's: give PAIRS=0")
+        if dq_lag == 2 and prob.D != 128:
+            raise BadInput(f"LAG=2 issues a warpgroup's whole 64-column panel of dQ behind dK: D=128, not D={prob.D}")
+        lag = default_lag(prob.D, kpq, cfg, dq) if dq_lag is None else dq_lag
+        if lag:
+            self.cfg = cfg = dataclasses.replace(cfg, LAG=int(lag))  # dQ a tile behind, no block barrier a tile
         bulk = default_dq_bulk(prob.D, cfg) if dq_bulk is None else dq_bulk
         if cfg.TMA and dq == "atomic" and not (cfg.paired(prob.D, dq) and cfg.PAIRS == 2) and bulk:
             self.cfg = cfg = dataclasses.replace(cfg, DQR=int(bulk))  # dQ's panels by bulk tensor reductions

@@ -474,6 +474,16 @@ def test_dq_takes_its_own_pass_where_a_query_reads_few_keys():
         assert {choose_dq(D, dense.pairs / dense.T, wgmma=True) for D in DIMS} == {"atomic"}
         assert choose_dq(64, PASS_WG_MAX_KEYS - 1, wgmma=True) == "pass"
     assert choose_dq(64, None, wgmma=True) == "atomic"
+    # where the wgmma main loop can take dQ a tile behind (LAG=1: unstrided, bulk copies), D=128 sums dQ there from
+    # LAG_MIN_KEYS keys a query: dense, window 4096 and the three-level dilation at T=32768; D=64 keeps the pass
+    from attnbench.fast_tc_bwd import LAG_MIN_KEYS
+
+    if PASS_WG:
+        assert LAG_MIN_KEYS == {128: 2048}
+        lag = {m.label() for m in masks if choose_dq(128, m.pairs / T, wgmma=True, lag=True) == "atomic"}
+        assert lag == {"dense", "window(window=4096)", "dilated(levels=2048:1+2048:2+2048:4)"}, lag
+        assert {choose_dq(64, m.pairs / T, wgmma=True, lag=True) for m in masks} == {"pass"}
+        assert choose_dq(128, 2047.9, wgmma=True, lag=True) == "pass" and choose_dq(128, 2048, wgmma=True) == "pass"
     ways = {(m.label(), D): choose_dq(D, m.pairs / T) for m in masks for D in DIMS}
     for D in DIMS:
         assert ways["streaming(sink=16,window=64)", D] == ways["block_diagonal(block=128)", D] == "pass"
@@ -740,13 +750,15 @@ def test_the_wgmma_kernels_variants_match_the_reference(pattern, causal, params,
 @pytest.mark.parametrize("D,dtype", [(64, "bfloat16"), (128, "float16")])
 @pytest.mark.parametrize("bulk", ["", "DQR=0,", "DQR=1,"])
 @pytest.mark.parametrize("split", ["", "1", "3"])
-def test_two_warpgroups_a_tile_apart_match_the_reference(pattern, causal, params, T, D, dtype, bulk, split,
+@pytest.mark.parametrize("lag", [1, 2])
+def test_two_warpgroups_a_tile_apart_match_the_reference(pattern, causal, params, T, D, dtype, bulk, split, lag,
                                                          monkeypatch):
     """--bwd-config LAG=1 (kernels/tc/bwd_lag.cuh): the two warpgroups of the wgmma main loop each take dQ of the tile
     before their current one and meet on barriers of their own, with dQ's panels by reductions from registers
     (DQR=0), by bulk reductions (DQR=1) and from two sets of staging buffers (D=128's default, DQR=2); lists as long
     as the pattern gives, and cut into items of one query tile (no tile before the last) and of three (a dS^T set
-    restaged): through the gate on unstrided patterns of every kind, odd T, both head dims, twice each."""
+    restaged): through the gate on unstrided patterns of every kind, odd T, both head dims, twice each. LAG=2 (dQ's
+    products issued behind the tile's dK) the same at D=128, and refused by name at D=64."""
     from attnbench.fast_tc_bwd import MAIN_DQ_BULK, SPLIT_ENV, parse_bwd_config
 
     if not IMPL.uses_wgmma():
@@ -756,16 +768,61 @@ def test_two_warpgroups_a_tile_apart_match_the_reference(pattern, causal, params
     mask = make_mask(pattern, T, causal, **params)
     prob = Problem(mask, 2, 3, D, dtype, pass_name="bwd")
     q, k, v, do = _inputs(prob, seed=T + D + 11)
-    runner = IMPL.bwd_variant(parse_bwd_config(f"NWARPS=8,MINB=1,DQ=0,PAIRS=0,{bulk}LAG=1")).prepare(prob, q, k, v,
-                                                                                                    do=do)
+    variant = IMPL.bwd_variant(parse_bwd_config(f"NWARPS=8,MINB=1,DQ=0,PAIRS=0,{bulk}LAG={lag}"))
+    if lag == 2 and D == 64:
+        with pytest.raises(BadInput, match="LAG=2 issues a warpgroup's whole 64-column panel of dQ.*D=64"):
+            variant.prepare(prob, q, k, v, do=do)
+        return
+    runner = variant.prepare(prob, q, k, v, do=do)
     cfg = runner.setup["bwd_tile_config"]
     dqr = int(bulk[4]) if bulk else MAIN_DQ_BULK[D]
     assert runner.setup["bwd_dq"] == "atomic" and cfg.startswith("NWARPS=8,") and ",TMA=1" in cfg, cfg
-    assert cfg.endswith((f",DQR={dqr}" if dqr else "") + ",LAG=1"), cfg
+    assert cfg.endswith((f",DQR={dqr}" if dqr else "") + f",LAG={lag}"), cfg
     for _ in range(2):  # a second run writes every gradient again
         runner.poison()
         runner.run()
         _check_grads(prob, runner.grads, q, k, v, do)
+
+
+def test_two_warpgroups_take_dq_a_tile_behind_by_default_from_lag_min_keys():
+    """default_lag: LAG=1 where two warpgroups at D=128 sum dQ one query tile at a time by bulk copies, a block a
+    work item, and a query reads LAG_MIN_KEYS[128] keys or more; not below, not at D=64 (paired or not), not by
+    cp.async or persistent, not beside dQ's pass."""
+    import dataclasses
+
+    from attnbench.fast_tc_bwd import LAG_MIN_KEYS, default_lag
+
+    two = dataclasses.replace(BWD_SHAPES_WG2[128][0], TMA=1)
+    n = LAG_MIN_KEYS[128]
+    assert default_lag(128, n, two, "atomic") == 1 and default_lag(128, n - 1, two, "atomic") == 0
+    assert default_lag(128, n, two, "pass") == 0
+    assert default_lag(128, n, dataclasses.replace(two, TMA=0), "atomic") == 0
+    assert default_lag(128, n, dataclasses.replace(two, PERSIST=1), "atomic") == 0
+    assert default_lag(128, n, dataclasses.replace(BWD_SHAPES_WG[128][0], TMA=1), "atomic") == 0
+    for pairs in (0, 1):
+        assert default_lag(64, 16384, dataclasses.replace(BWD_SHAPES_WG2[64][0], TMA=1, PAIRS=pairs), "atomic") == 0
+
+
+@pytest.mark.gpu
+def test_dense_at_d128_sums_dq_two_warpgroups_a_tile_apart_by_default():
+    """Dense causal at D=128 and T=4097 (2049 keys a query): dQ summed in the main loop, two warpgroups a tile apart
+    (LAG=1) with D=128's two sets of staging buffers, through the gate; LAG=0 given, or the loop by cp.async (MTMA=0),
+    keeps dQ's own pass."""
+    from attnbench.fast_tc_bwd import parse_bwd_config
+
+    if not IMPL.uses_wgmma():
+        pytest.skip("the wgmma main loop runs on sm_90")
+    prob = Problem(make_mask("dense", 4097, True), 1, 2, 128, "bfloat16", pass_name="bwd")
+    q, k, v, do = _inputs(prob, seed=17)
+    runner = IMPL.prepare(prob, q, k, v, do=do)
+    cfg = runner.setup["bwd_tile_config"]
+    assert runner.setup["bwd_dq"] == "atomic" and cfg.startswith("NWARPS=8,") and cfg.endswith(",DQR=2,LAG=1"), cfg
+    runner.poison()
+    runner.run()
+    _check_grads(prob, runner.grads, q, k, v, do)
+    for text in ("LAG=0", "MTMA=0"):
+        other = IMPL.bwd_variant(parse_bwd_config(text)).prepare(prob, q, k, v, do=do)
+        assert other.setup["bwd_dq"] == "pass" and ",LAG=1" not in other.setup["bwd_tile_config"], text
 
 
 def test_two_warpgroups_a_tile_apart_fit_and_leave_the_tiles_block_barriers():
@@ -1117,7 +1174,7 @@ def test_bwd_config_parses_fields_and_refuses_bad_ones_by_name():
     for bad, words in (("DQ=4", "DQ=4 must be from 0 to 3"), ("NWARPS=6", "NWARPS=6 must be a multiple of 4"),
                        ("BN=64", "unknown field 'BN'"), ("8,2", "positional form takes 4 to 19"),
                        ("ORDER=2", "ORDER=2 must be 0 or 1"),
-                       ("STATS=3", "STATS=3 must be from 0 to 2"), ("SKIP=2", "SKIP=2 must be 0 or 1"), ("PWG=2", "PWG=2 must be 0 or 1"), ("PTMA=2", "PTMA=2 must be 0 or 1"), ("MTMA=2", "MTMA=2 must be 0 or 1"), ("PPER=2", "PPER=2 must be 0 or 1"), ("MPER=2", "MPER=2 must be 0 or 1"), ("DQR=3", "DQR=3 must be from 0 to 2"), ("LAG=2", "LAG=2 must be 0 or 1"), ("PAIRS=3", "PAIRS=3 must be from 0 to 2")):
+                       ("STATS=3", "STATS=3 must be from 0 to 2"), ("SKIP=2", "SKIP=2 must be 0 or 1"), ("PWG=2", "PWG=2 must be 0 or 1"), ("PTMA=2", "PTMA=2 must be 0 or 1"), ("MTMA=2", "MTMA=2 must be 0 or 1"), ("PPER=2", "PPER=2 must be 0 or 1"), ("MPER=2", "MPER=2 must be 0 or 1"), ("DQR=3", "DQR=3 must be from 0 to 2"), ("LAG=3", "LAG=3 must be from 0 to 2"), ("PAIRS=3", "PAIRS=3 must be from 0 to 2")):
         with pytest.raises(BadInput, match="--bwd-config") as e:
             parse_bwd_config(bad)
         assert words in str(e.value)

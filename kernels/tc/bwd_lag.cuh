@@ -26,6 +26,7 @@
 //   TcBwgLag::release(sm, src, list, T, it, n, wg): tile it's stage done (after dK's wait): the refill as above.
 //   TcBwgLag::staged(sm, it) / wait_staged(sm, it): dS^T of tile it announced / waited for (both warpgroups').
 //   TcBwgLag::freed(sm, it) / wait_freed(sm, it): dQ's products on tile it's dS^T done / waited for.
+// BWD_DQ_LAG 2 (D = 128): the same, with dQ(it - 1)'s products issued behind tile it's dK (tc_bwg_lag_dq_behind).
 #pragma once
 #include "tc/bwd_wgmma.cuh"
 
@@ -35,6 +36,7 @@
 static_assert(!BWD_DQ_LAG || (BWG_NWG == 2 && TMA && !BWD_DQ_PASS && !BWG_DQ_PAIRED && !BWD_DQ_STORE && !BWD_PERSIST),
               "dQ a tile behind: two warpgroups, bulk tensor copies, dQ summed in the main loop one query tile at a "
               "time, one work item a block");
+static_assert(BWD_DQ_LAG != 2 || HEAD_D == 64 * BWG_NWG, "dQ issued behind dK: a whole 64-column panel a warpgroup");
 
 #if BWD_DQ_LAG
 struct TcBwgLag {
@@ -154,6 +156,35 @@ __device__ __forceinline__ void tc_bwg_lag_dq(const TcBwgSmem& sm, const Dq& dq,
     TcBwgLag::freed(sm, it);  // (tc_bwg_dq waited for its products)
 }
 
+// BWD_DQ_LAG 2 (HEAD_D = 128: a whole 64-column panel a warpgroup): dQ(it - 1)'s products issued behind tile it's dK,
+// before its wait, so that the tensor pipe takes them on without a gap; the stage is released once dV and dK have
+// landed (the older groups), and the panel added once dQ's have
+template <class Dq>
+__device__ __forceinline__ void tc_bwg_lag_dq_behind(const TcBwgSmem& sm, const Dq& dq, const TcBwgOps& op,
+                                                     const TcBwgSrc& src, int ent_nx, int it, int n, int qt, int wg,
+                                                     int warp, int T, int g, int t4) {
+    const int p = it - 1;
+    TcBwgLag::wait_staged(sm, p);
+#if BWD_DQ_BULK
+    tc_bwg_dq_free();
+    TcBwgLag::wg_sync(wg);  // the buffers this panel is staged in are read
+#endif
+    const u32 ds = op.ds + (u32)(((p & 1) * BWG_DSB) >> 4);
+    float c[8][4];
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+        wg_tt64(c, wg_desc_of(ds + ((kk * 16 * 128) >> 4)), wg_desc_of(op.kn + ((wg * BN * 128 + kk * 16 * 128) >> 4)),
+                kk);
+    wg_commit();
+    wg_wait<1>();  // tile it's dV and dK landed (dQ's products run on)
+    TcBwgLag::release(sm, src, ent_nx, T, it, n, wg);
+    wg_wait<0>();
+    tc_bwg_dq_out<64>(dq, c, wg * 64, qt * BWG_QT + (warp & 3) * 16, T, g, t4,
+                      (BWD_DQ_BULK == 2 ? (p & 1) * BWG_DQ_BUFS : 0) + wg);
+    TcBwgLag::freed(sm, p);
+}
+
 // the work item's walk (after K and V's loads and the list's init; the caller's K and V group committed)
 template <class P, class Dq>
 __device__ __forceinline__ void tc_bwg_lag_loop(const TcBwgSmem& sm, const TcBwgSrc& src, TcTileList& list,
@@ -184,9 +215,18 @@ __device__ __forceinline__ void tc_bwg_lag_loop(const TcBwgSmem& sm, const TcBwg
         if (it >= 2) TcBwgLag::wait_freed(sm, it - 2);  // both done with dQ(it - 2) on this set
         tc_bwg_stage(sm.ds + (it & 1) * BWG_DSB, pd, warp, g, t4);
         TcBwgLag::staged(sm, it);
+#if BWD_DQ_LAG == 2
+        if (it > 0) {
+            tc_bwg_lag_dq_behind(sm, dq, op, src, ent_nx, it, n, qt_prev, wg, warp, T, g, t4);
+        } else {
+            wg_wait<0>();
+            TcBwgLag::release(sm, src, ent_nx, T, it, n, wg);
+        }
+#else
         wg_wait<0>();  // dV and dK done reading the stage
         TcBwgLag::release(sm, src, ent_nx, T, it, n, wg);
         if (it > 0) tc_bwg_lag_dq(sm, dq, op, it - 1, qt_prev, wg, warp, T, g, t4);
+#endif
         qt_prev = qt;
     }
     if (n > 0) tc_bwg_lag_dq(sm, dq, op, n - 1, qt_prev, wg, warp, T, g, t4);
