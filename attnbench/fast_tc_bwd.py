@@ -27,7 +27,11 @@ query tile reads one key tile of the wgmma main loop (block-diagonal up to 64 on
 ``store_shape``), the main loop stores dQ itself (``--bwd-config DQ=3``, "backward v21"): no pass, no accumulator.
 Where two warpgroups at D=128 sum dQ in the main loop (dense causal at T=131072), their panels leave by bulk tensor
 reductions from two sets of staging buffers in shared memory (``default_dq_bulk``, ``--bwd-config DQR=2``,
-"backward v23"); elsewhere by red.global.add from registers.
+"backward v23"); elsewhere by red.global.add from registers. At D=128 on unstrided patterns whose queries read
+LAG_MIN_KEYS keys or more (dense, window 4096, the three-level dilation at T=32768) dQ is summed in the main loop by
+default, its two warpgroups a tile apart (``default_lag``, ``--bwd-config LAG=1``, kernels/tc/bwd_lag.cuh: each takes
+dQ of the query tile before its current one, and they meet on barriers of their own, not at a block barrier every
+tile; "backward v24").
 
 The log-sum-exp is the natural log: ``lse[b, h, i] = log(sum_j exp(scale * q_i . k_j))`` over row
 i's allowed keys, float32 [B, H, T] (``reference.reference_forward``'s), as the forward with
