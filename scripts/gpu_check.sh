@@ -10,7 +10,8 @@
 #   compare: the seeds' comparison, naive dense vs naive streaming (16+64) for T = 128..4096
 #   profile: Nsight Compute (--set full) on one launch per case of PROFILE_CASES (';'-separated
 #            option lists of `attnbench profile`, e.g. "--pattern window --window 256;--pattern dense
-#            --D 128"): every section, and the SASS with counters; PROFILE_COUNT launches (default 1; a
+#            --D 128"): every section, and the SASS with counters (profile_N.sass.csv, summed by
+#            scripts/sass_stalls.py into profile_N.stalls.txt); PROFILE_COUNT launches (default 1; a
 #            backward, `--pass bwd`, makes up to four) with ncu's section set PROFILE_SET (default full;
 #            basic: the duration and throughputs of each launch, quickly) and clocks PROFILE_CLOCK (default
 #            base, ncu's; none: as the sweep runs them)
@@ -167,6 +168,8 @@ for s in $steps; do
                # the report as text: every section, then the SASS with per-instruction counters
                ncu -i "$work/profile_$n.ncu-rep" --page details > "$work/profile_$n.txt" 2>&1
                ncu -i "$work/profile_$n.ncu-rep" --page source --print-source sass --csv > "$work/profile_$n.sass.csv" 2>&1
+               # where each launch's warps wait, summed from that CSV (scripts/sass_stalls.py)
+               python3 scripts/sass_stalls.py "$work/profile_$n.sass.csv" > "$work/profile_$n.stalls.txt" 2>&1
                rm -f "$work/profile_$n.ncu-rep"
                pack
            done ;;
