@@ -19,7 +19,9 @@
 // Q and dO tiles by bulk tensor copies (tc/bwd_wgmma.cuh's TcBwgWalk), their maps after the main
 // kernel's parameters; with BWD_DQ_BULK dQ's sums by bulk tensor reductions from shared memory (tc_bwg_dq_out; 2:
 // from two sets of staging buffers in turn), the map of its float32 accumulator after them. BWD_DQ_STORE: where one work item holds all of
-// each query tile's keys, dQ stored by it (tc_bwg_dq_out), its pointer in dQacc's place; no accumulator.
+// each query tile's keys, dQ stored by it (tc_bwg_dq_out), its pointer in dQacc's place; no accumulator. BWD_DQ_LAG
+// (two warpgroups, TMA, dQ summed here): tc/bwd_lag.cuh's walk instead, each warpgroup taking dQ of the tile before its
+// current one, the two meeting on mbarriers of their own, no block barrier a tile.
 #include "tc/config.cuh"
 #include "tc/common.cuh"
 #include "tc/scheduler.cuh"

@@ -23,7 +23,8 @@
 //   TcBwgLag::issue_first(sm, src, list, T, wg): tiles 0 .. STAGES - 1 (commit groups one a tile); wait_first():
 //     the group before them (K and V's), then a block barrier.
 //   TcBwgLag::take(sm, it, wg): tile it's (lse2, delta) rows and its Q and dO landed; -> its stage.
-//   TcBwgLag::release(sm, src, list, T, it, n, wg): tile it's stage done (after dK's wait): the refill as above.
+//   TcBwgLag::release(sm, src, ent_nx, T, it, n, wg): tile it's stage done (after dK's wait), ent_nx tile
+//     it + STAGES's entry: the refill as above, and this warpgroup's copy of that tile's rows.
 //   TcBwgLag::staged(sm, it) / wait_staged(sm, it): dS^T of tile it announced / waited for (both warpgroups').
 //   TcBwgLag::freed(sm, it) / wait_freed(sm, it): dQ's products on tile it's dS^T done / waited for.
 // BWD_DQ_LAG 2 (D = 128): the same, with dQ(it - 1)'s products issued behind tile it's dK (tc_bwg_lag_dq_behind).
