@@ -298,11 +298,18 @@ def choose_dq(D: int, keys_per_query: float | None, wgmma: bool = False, lag: bo
     return "pass" if keys_per_query is not None and keys_per_query < limit else "atomic"
 
 
+def lag_loop(cfg: BwdConfig, dq: str) -> bool:
+    """Whether ``cfg``'s main loop is one that LAG builds on (its query tiles not paired aside): the wgmma loop's two
+    warpgroups summing dQ (``dq`` "atomic"), Q and dO by bulk copies, a block a work item."""
+    return bool(cfg.WG and cfg.NWARPS == 8 and dq == "atomic" and cfg.TMA and not cfg.PERSIST)
+
+
 def default_lag(D: int, keys_per_query: float, cfg: BwdConfig, dq: str) -> int:
     """LAG of the wgmma main loop where no field gives it: 1 where two warpgroups sum dQ one query tile at a time by
-    bulk copies, a block a work item, and a query reads LAG_MIN_KEYS's keys for D or more; else 0."""
-    ok = cfg.WG and cfg.NWARPS == 8 and dq == "atomic" and cfg.TMA and not cfg.PERSIST and not cfg.paired(D, dq)
-    return int(bool(ok) and D in LAG_MIN_KEYS and keys_per_query >= LAG_MIN_KEYS[D])
+    bulk copies, a block a work item (``lag_loop``, not paired), and a query reads LAG_MIN_KEYS's keys for D or more;
+    else 0."""
+    ok = lag_loop(cfg, dq) and not cfg.paired(D, dq)
+    return int(ok and D in LAG_MIN_KEYS and keys_per_query >= LAG_MIN_KEYS[D])
 
 
 def bwd_config(D: int, wgmma: bool = False, keys_per_query: float | None = None, dq: str = "atomic") -> BwdConfig:
@@ -822,7 +829,7 @@ class Backward:
         if dq_bulk == 2 and cfg.paired(prob.D, dq):
             raise BadInput("DQR=2 stages dQ one query tile at a time, in two sets of buffers in turn, not a pair's: "
                            "give PAIRS=0")
-        if dq_lag and not (cfg.WG and cfg.NWARPS == 8 and dq == "atomic" and cfg.TMA and not cfg.PERSIST):
+        if dq_lag and not lag_loop(cfg, dq):
             raise BadInput(f"LAG={dq_lag} takes dQ a tile behind in the wgmma main loop's two warpgroups, dQ summed there, "
                            f"Q and dO by bulk tensor copies, a block a work item: give it with NWARPS=8, DQ=0, "
                            f"MTMA=1 and MPER=0 on an unstrided pattern (this backward: dq={dq}, main loop {cfg.spec})")

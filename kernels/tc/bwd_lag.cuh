@@ -141,18 +141,26 @@ struct TcBwgLag {
     }
 };
 
-// warpgroup wg's dQ panel of tile `it` (query tile qt) from both warpgroups' dS^T in set it % 2: waited for,
-// issued, added (BWD_DQ_BULK: its staging buffers freed first; 2: set it % 2 of them), and the set released
-template <class Dq>
-__device__ __forceinline__ void tc_bwg_lag_dq(const TcBwgSmem& sm, const Dq& dq, const TcBwgOps& op, int it, int qt,
-                                              int wg, int warp, int T, int g, int t4) {
+// before warpgroup wg's dQ products on tile `it`: both warpgroups' dS^T of it staged (set it % 2), and with
+// BWD_DQ_BULK the buffers its panel is staged in read by their last reductions; -> the set's descriptor word
+__device__ __forceinline__ u32 tc_bwg_lag_ds(const TcBwgSmem& sm, const TcBwgOps& op, int it, int wg) {
     TcBwgLag::wait_staged(sm, it);
 #if BWD_DQ_BULK
     tc_bwg_dq_free();
     TcBwgLag::wg_sync(wg);  // the buffers this panel is staged in are read
+#else
+    (void)wg;
 #endif
+    return op.ds + (u32)(((it & 1) * BWG_DSB) >> 4);
+}
+
+// warpgroup wg's dQ panel of tile `it` (query tile qt) from both warpgroups' dS^T in set it % 2: waited for,
+// issued, added (BWD_DQ_BULK 2: in set it % 2 of the staging buffers), and the set released
+template <class Dq>
+__device__ __forceinline__ void tc_bwg_lag_dq(const TcBwgSmem& sm, const Dq& dq, const TcBwgOps& op, int it, int qt,
+                                              int wg, int warp, int T, int g, int t4) {
     TcBwgOps o = op;
-    o.ds += (u32)(((it & 1) * BWG_DSB) >> 4);
+    o.ds = tc_bwg_lag_ds(sm, op, it, wg);
     tc_bwg_dq(dq, o, wg, qt * BWG_QT + (warp & 3) * 16, T, g, t4, BWD_DQ_BULK == 2 ? (it & 1) : 0);
     TcBwgLag::freed(sm, it);  // (tc_bwg_dq waited for its products)
 }
@@ -165,19 +173,8 @@ __device__ __forceinline__ void tc_bwg_lag_dq_behind(const TcBwgSmem& sm, const 
                                                      const TcBwgSrc& src, int ent_nx, int it, int n, int qt, int wg,
                                                      int warp, int T, int g, int t4) {
     const int p = it - 1;
-    TcBwgLag::wait_staged(sm, p);
-#if BWD_DQ_BULK
-    tc_bwg_dq_free();
-    TcBwgLag::wg_sync(wg);  // the buffers this panel is staged in are read
-#endif
-    const u32 ds = op.ds + (u32)(((p & 1) * BWG_DSB) >> 4);
     float c[8][4];
-    wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk)
-        wg_tt64(c, wg_desc_of(ds + ((kk * 16 * 128) >> 4)), wg_desc_of(op.kn + ((wg * BN * 128 + kk * 16 * 128) >> 4)),
-                kk);
-    wg_commit();
+    tc_bwg_dq_issue(c, op, tc_bwg_lag_ds(sm, op, p, wg), wg);
     wg_wait<1>();  // tile it's dV and dK landed (dQ's products run on)
     TcBwgLag::release(sm, src, ent_nx, T, it, n, wg);
     wg_wait<0>();
@@ -201,9 +198,9 @@ __device__ __forceinline__ void tc_bwg_lag_loop(const TcBwgSmem& sm, const TcBwg
     const int key0 = kt * BN + warp * 16;
     int qt_prev = 0;
     for (int it = 0; it < n; ++it) {
-        int ent_nx;
-        const int ent = list.next(tent, it, ent_nx);
-        ent_nx = list.ring[STAGES - 1];  // tile it + STAGES's (next() moved it there)
+        int ahead;  // (tile it + STAGES - 1's entry: the serial walk's refill, already in a stage here)
+        const int ent = list.next(tent, it, ahead);
+        const int ent_nx = list.ring[STAGES - 1];  // tile it + STAGES's, which next() has just read
         const int qt = tc_entry_tile(ent);
         const int st = TcBwgLag::take(sm, it, wg);
         const u32 so = (u32)st * (BWG_QBYTES >> 4);

@@ -48,8 +48,9 @@
 //     tc_bwg_dq_free(), tc_bwg_dq_drain(): (BWD_DQ_BULK) the staging buffers read, the reductions done.
 //   tc_bwg_dq(dq, op, wg, row0, T, g, t4): dQ's rows of the tile += dS K, a 64-column panel at a time.
 //   tc_bwg_dq_tile(dq, op, ds, wg, row0, T, g, t4): (BWG_DQ_PAIRED) one tile's dQ rows += dS K, the whole
-//     panel by warpgroup wg, from the dS^T buffer at descriptor word ds; tc_bwg_dq_issue(c, op, ds) its
-//     products alone, into c (BWG_DQ_PIPE: reduced a tile later).
+//     panel by warpgroup wg, from the dS^T buffer at descriptor word ds; tc_bwg_dq_issue(c, op, ds, p) its
+//     products alone (against K's 64-column panel p, default 0), into c (BWG_DQ_PIPE: reduced a tile later;
+//     tc/bwd_lag.cuh's LAG 2: behind the next tile's dK).
 #pragma once
 #include "tc/common.cuh"
 #include "tc/scheduler.cuh"
@@ -513,14 +514,15 @@ __device__ __forceinline__ void tc_bwg_dq(const TcBwgDq& dq, const TcBwgOps& op,
     }
 }
 
-// BWG_DQ_PAIRED: one query tile's dQ rows (this warp's 16) of dS K over the tile's BN keys into c, the
-// whole 64-column panel by this warpgroup: A = dS from the dS^T staged at descriptor word ds (M-major),
-// B = K (N-major); one commit group
-__device__ __forceinline__ void tc_bwg_dq_issue(float (&c)[8][4], const TcBwgOps& op, u32 ds) {
+// one query tile's dQ rows (this warp's 16) of dS K over the tile's BN keys into c, a whole 64-column panel by this
+// warpgroup (BWG_DQ_PAIRED: D = 64's one panel; tc/bwd_lag.cuh's LAG 2: panel p = the warpgroup): A = dS from the
+// dS^T staged at descriptor word ds (M-major), B = K's columns 64 p .. (N-major); one commit group
+__device__ __forceinline__ void tc_bwg_dq_issue(float (&c)[8][4], const TcBwgOps& op, u32 ds, int p = 0) {
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk)
-        wg_tt64(c, wg_desc_of(ds + ((kk * 16 * 128) >> 4)), wg_desc_of(op.kn + ((kk * 16 * 128) >> 4)), kk);
+        wg_tt64(c, wg_desc_of(ds + ((kk * 16 * 128) >> 4)), wg_desc_of(op.kn + ((p * BN * 128 + kk * 16 * 128) >> 4)),
+                kk);
     wg_commit();
 }
 
