@@ -98,7 +98,10 @@ class DecodeConfig:
     each), a group's rows exceed 16 and its list holds at most HEADS_MAX_KEYS keys, the fewest blocks whose rows
     fit 16, else 1 (``heads_split``: the group's blocks read its K and V again from L2, which long lists pay for).
     WG 1: on sm_90 (compute capability 9.0) kernels/decode.cu's products run on Hopper's warpgroup MMA, a warpgroup's
-    64 rows a product, where its key tiles are 32, 64 or 128 keys (``wgmma``; the sm_90a build); 0: mma.sync."""
+    64 rows a product, where its key tiles are 32, 64 or 128 keys (``wgmma``; the sm_90a build); 0: mma.sync.
+    KWG 2 (the rows kernel on warpgroup MMA, NWARPS 8): two warpgroups take the same 64 rows, each BN / 2 keys of every
+    BN-key tile with a softmax of its own, merged in shared memory after the last tile, so a split's chain of tiles
+    is walked two slices at a time (1: one warpgroup a 64 rows; the key slices' kernel ignores it)."""
     NWARPS: int = 4
     BN: int = 64
     STAGES: int = 3
@@ -125,11 +128,12 @@ class DecodeConfig:
     #                 (results/decode-heads-h200.csv, docs/PERF.md "decode v8")
     WG: int = 1  # H200, WG 1 / 0 in one process (results/decode-v9-wg-default-ab-h200.csv, docs/PERF.md "decode v9"):
     #              Tq=16 0.91-0.97 at B 1 and 8, 0.96-1.03 at B=64; Tq=1's short lists (the rows kernel) 0.89-0.97
+    KWG: int = 1
 
     @property
     def rows(self) -> int:
         """The most query rows a block takes (kernels/decode.cu's tile)."""
-        return 16 * self.NWARPS
+        return 16 * self.NWARPS // self.KWG
 
     @property
     def threads(self) -> int:
@@ -182,6 +186,10 @@ class DecodeConfig:
             if self.BN % (16 * self.NWARPS) or self.BN // self.NWARPS > 32:
                 return (f"BY_KEYS=1 cuts BN={self.BN} keys among NWARPS={self.NWARPS} warps: 16 or 32 keys "
                         "each")
+        if self.KWG > 1 and not keys and (self.NWARPS != 4 * self.KWG or self.BN // self.KWG not in (32, 64, 128)
+                                          or self.BN % self.KWG):
+            return (f"KWG={self.KWG} takes {self.KWG} warpgroups (NWARPS={4 * self.KWG}, not {self.NWARPS}) on "
+                    f"slices of BN / KWG keys, 32, 64 or 128 (BN={self.BN})")
         if self.smem_bytes(D, keys) > MAX_SMEM:
             return f"{self.smem_bytes(D, keys)} bytes of shared memory at D={D}, above {MAX_SMEM}"
         return None
@@ -225,8 +233,10 @@ class DecodeConfig:
 
     def wgmma(self, keys: bool, compute_capability: str | int) -> bool:
         """Whether kernels/decode.cu (not the key slices, ``keys``) runs its products on warpgroup MMA on a device of
-        this compute capability: WG 1, sm_90 itself (the build is sm_90a's), tiles of 32, 64 or 128 keys."""
-        return bool(self.WG) and not keys and str(compute_capability) == "90" and self.BN in (32, 64, 128)
+        this compute capability: WG 1, sm_90 itself (the build is sm_90a's), a warpgroup's slice of a tile (the
+        tile itself but with KWG 2) 32, 64 or 128 keys."""
+        return (bool(self.WG) and not keys and str(compute_capability) == "90"
+                and self.BN // self.KWG in (32, 64, 128))
 
     def by_keys(self, rows: int, D: int) -> bool:
         """Whether a group of ``rows`` query rows at head dimension D runs kernels/decode_keys.cu."""
@@ -240,7 +250,8 @@ DECODE_LIMITS = {"NWARPS": (4, 16, 4), "BN": (16, 256, 16), "STAGES": (2, 8, 1),
                  "SPLITS": (0, 4096, 1), "BLOCKS_PER_SM": (0, 64, 1), "MIN_PER_SPLIT": (1, 4096, 1),
                  "MERGE": (0, 1, 1), "BY_KEYS": (0, 2, 1), "ONE_PER_SM": (0, 1024, 1), "CLASSES": (0, 1, 1),
                  "BN_SHORT": (0, 256, 16), "PDL": (0, 1, 1), "CLUSTER": (0, 16, 1), "CLUSTER_TILES": (1, 4096, 1),
-                 "CLUSTER_ROWS": (1, 4096, 1), "BY_PAIRS": (0, 2, 1), "HEADS": (0, 16, 1), "WG": (0, 1, 1)}
+                 "CLUSTER_ROWS": (1, 4096, 1), "BY_PAIRS": (0, 2, 1), "HEADS": (0, 16, 1), "WG": (0, 1, 1),
+                 "KWG": (1, 2, 1)}
 DEFAULT = DecodeConfig()
 LONG_BN = DEFAULT.BN
 # lists of at most this many keys (in 64-key tiles) take BN_SHORT-key tiles. H100, B 1 to 64, Tq 1 and 16, BN=32 /
@@ -276,7 +287,7 @@ class DecodeSpec:
 
 def parse_decode_config(text: str, option: str = "--decode-config") -> DecodeSpec:
     """'FIELD=N,...' of NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, BY_KEYS,
-    ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES, CLUSTER_ROWS, BY_PAIRS, HEADS, WG (any case; the others at
+    ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES, CLUSTER_ROWS, BY_PAIRS, HEADS, WG, KWG (any case; the others at
     their defaults) or all by position from NWARPS,BN,STAGES; BadInput naming ``option`` and the limit."""
     given = parse_fields(text, option, DecodeConfig, DECODE_LIMITS, min_positional=3)
     return DecodeSpec(tuple((f, given[f]) for f in DECODE_FIELDS if f in given))
@@ -302,6 +313,10 @@ def kernel_defines(D: int, dtype: str, mask: Mask, cfg: DecodeConfig = DEFAULT, 
         if keys or pairs:
             raise ValueError("WG is kernels/decode.cu's (the rows kernel)")
         d.update(WG=1, LAZY=0)
+        if cfg.KWG > 1:  # two warpgroups on the rows, a slice of each tile each
+            d.update(KWG=cfg.KWG, BN=cfg.BN // cfg.KWG)
+    elif cfg.KWG > 1 and not keys and not pairs:
+        raise ValueError(f"KWG={cfg.KWG} is the rows kernel's on warpgroup MMA (WG=1, sm_90)")
     return dict(d, AB_F16=int(dtype == "float16"), **pattern_defines(mask))
 
 
@@ -508,6 +523,9 @@ class FastDecode(Impl):
         setup["decode_config"] = cfg.spec
         keys = cfg.by_keys(rows, prob.D)
         wg = setup["wgmma"] = cfg.wgmma(keys, cc)
+        if cfg.KWG > 1 and not keys and not wg:
+            raise BadInput(f"--decode-config KWG={cfg.KWG}: the rows kernel's warpgroups on key slices run on warpgroup "
+                           f"MMA (WG=1, compute capability 9.0; this device's is {cc})")
         setup["kernel"] = KEYS_KERNEL if keys else KERNEL
         setup["classes"] = stride
         setup["tiles_build_s"] = sum(x.build_s for x in lists)

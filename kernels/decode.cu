@@ -9,7 +9,9 @@
 // group. Rows past the group's (at most BM) are padding, never stored. The block runs fast_tc's
 // parts (kernels/tc/): products on mma.sync (TcMmaSync), or with WG 1 (sm_90a) on Hopper's warpgroup
 // MMA (TcMmaWgmma: a warpgroup's 64 rows a product, Q and the K/V stages in 64-column panels, the
-// 128-byte swizzle), K/V tiles by cp.async (TcLoadAsync), partial tiles masked with the pattern
+// 128-byte swizzle; with KWG 2 two warpgroups on the same rows, each on its BN keys of a stage of 2 x BN
+// and its own softmax, merged in shared memory after the last tile: decode_kwg_merge), K/V tiles by
+// cp.async (TcLoadAsync), partial tiles masked with the pattern
 // predicate at each row's own position (tc_mask_rows), the online softmax (TcSoftmax). Each split
 // stores its rows' output normalised by its own row sums, in
 // float32, with the rows' log-sum-exp (base 2); decode_merge (tc/decode_common.cuh) then weighs the
@@ -40,7 +42,50 @@ typedef TcMmaWgmma TcMma;
 #else
 typedef TcMmaSync TcMma;
 #endif
-typedef TcLoadAsync<TcMma> TcLoad;
+typedef TcLoadAsync<TcMma, KWG * BN> TcLoad;  // (KWG 2: a stage of 2 x BN keys, a warpgroup's BN each)
+
+#if KWG > 1
+// KWG 2: the second warpgroup's online-softmax state (its rows' max, each thread's partial row sums, O) merged
+// into the first's, the thread of the same lane in the same warp of its group holding the same rows; through
+// shared memory past the cluster's rows (element-major: a store or load of the 128 threads is one of 32 banks)
+#define KWG_AT ((BM * HEAD_D * 4 + BM * 4 + 15) / 16 * 16)
+#define KWG_N (HEAD_D / 8 * 4 + 4)  // a thread's floats: O's, then the two rows' max and sums
+static_assert(MT == 1 && KWG == 2, "KWG: two warpgroups, one m16 tile a warp");
+static_assert(KWG_AT + KWG_N * 128 * 4 <= (BM + 2 * STAGES * KWG * BN) * HEAD_D * 2,
+              "the exchange fits past the cluster's rows");
+__device__ __forceinline__ void decode_kwg_merge(TcAcc& acc, TcSoftmax& sf, unsigned char* smem, int slice,
+                                                 float scale_log2) {
+    float* x = reinterpret_cast<float*>(smem + KWG_AT) + threadIdx.x % 128;
+    __syncthreads();  // every warp past its last tile: Q's tile and the stages are free
+    if (slice == 1) {
+#pragma unroll
+        for (int d = 0; d < HEAD_D / 8; ++d)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) x[(d * 4 + e) * 128] = acc[0][d][e];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            x[(KWG_N - 4 + r) * 128] = sf.m[0][r];
+            x[(KWG_N - 2 + r) * 128] = sf.l[0][r];
+        }
+    }
+    __syncthreads();
+    if (slice == 0) {
+        float f0[2], f1[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const float m1 = x[(KWG_N - 4 + r) * 128], m0 = sf.m[0][r], m = fmaxf(m0, m1);
+            f0[r] = m0 == AB_NEG_INF ? 0.f : tc_exp2((m0 - m) * scale_log2);
+            f1[r] = m1 == AB_NEG_INF ? 0.f : tc_exp2((m1 - m) * scale_log2);
+            sf.m[0][r] = m;
+            sf.l[0][r] = sf.l[0][r] * f0[r] + x[(KWG_N - 2 + r) * 128] * f1[r];
+        }
+#pragma unroll
+        for (int d = 0; d < HEAD_D / 8; ++d)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[0][d][e] = acc[0][d][e] * f0[e >> 1] + x[(d * 4 + e) * 128] * f1[e >> 1];
+    }
+}
+#endif
 
 extern "C" __global__ void DECODE_CLUSTER __launch_bounds__(THREADS, MINB) decode_split(DECODE_SPLIT_PARAMS) {
     extern __shared__ __align__(1024) unsigned char smem[];
@@ -69,7 +114,8 @@ extern "C" __global__ void DECODE_CLUSTER __launch_bounds__(THREADS, MINB) decod
     tc_zero(acc);
     TcSoftmax sf;
     sf.init();
-    const int ra = warp * RW + g, rb = ra + 8;  // the thread's two rows
+    const int slice = warp / 4 % KWG;  // the warpgroup's BN keys of each stage (KWG 2)
+    const int ra = (KWG > 1 ? warp % 4 : warp) * RW + g, rb = ra + 8;  // the thread's two rows
     const int pos_a = decode_pos(ra, rows, Tb, Tq), pos_b = decode_pos(rb, rows, Tb, Tq);
 
     int st = 0, st_fill = STAGES - 1;
@@ -81,9 +127,13 @@ extern "C" __global__ void DECODE_CLUSTER __launch_bounds__(THREADS, MINB) decod
         st_fill = st_fill == STAGES - 1 ? 0 : st_fill + 1;
         const int sc = st;
         st = st == STAGES - 1 ? 0 : st + 1;
-        decode_tile<TcMma>(acc, sf, op, pat, ent, sc, tc_entry_tile(ent) * BN, pos_a, pos_b, Tb, t4, scale_log2, it);
+        decode_tile<TcMma>(acc, sf, op, pat, ent, sc, (tc_entry_tile(ent) * KWG + slice) * BN, pos_a, pos_b, Tb, t4,
+                           scale_log2, it);
     }
     TcLoad::drain();
+#if KWG > 1
+    decode_kwg_merge(acc, sf, smem, slice, scale_log2);
+#endif
 
     // this split's rows: O normalised by the split's own row sums, and the log-sum-exp (base 2); the
     // output itself when the pair has one split
@@ -107,7 +157,7 @@ extern "C" __global__ void DECODE_CLUSTER __launch_bounds__(THREADS, MINB) decod
         const int row = r ? rb : ra;
         const float x = tc_quad_sum(sf.l[0][r]);
         const float inv = x > 0.f ? tc_rcp(x) : 0.f;
-        if (row < rows) {
+        if (row < rows && slice == 0) {
 #pragma unroll
             for (int d = 0; d < HEAD_D / 8; ++d) {
                 const float y0 = acc[0][d][2 * r] * inv, y1 = acc[0][d][2 * r + 1] * inv;

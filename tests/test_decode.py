@@ -137,7 +137,7 @@ def test_the_gpu_check_step_sweeps_these_shapes():
     ("8,32,4", (("NWARPS", 8), ("BN", 32), ("STAGES", 4), ("MINB", 1), ("SPLITS", 0), ("BLOCKS_PER_SM", 0),
                 ("MIN_PER_SPLIT", 4), ("MERGE", 0), ("BY_KEYS", 2), ("ONE_PER_SM", 8), ("CLASSES", 1),
                 ("BN_SHORT", 32), ("PDL", 0), ("CLUSTER", 8), ("CLUSTER_TILES", 9), ("CLUSTER_ROWS", 64),
-                ("BY_PAIRS", 2), ("HEADS", 0), ("WG", 1))),
+                ("BY_PAIRS", 2), ("HEADS", 0), ("WG", 1), ("KWG", 1))),
     ("by_keys=0", (("BY_KEYS", 0),)),
 ])
 def test_a_decode_shape_parses_named_and_positional_forms(text, given):
@@ -151,7 +151,8 @@ def test_a_decode_shape_parses_named_and_positional_forms(text, given):
     ("STAGES=1", "STAGES=1 must be from 2 to 8"),
     ("SPLITS=-1", "SPLITS=-1 must be from 0 to 4096"),
     ("TMA=1", "unknown field 'TMA' (fields: NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, "
-              "BY_KEYS, ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES, CLUSTER_ROWS, BY_PAIRS, HEADS, WG)"),
+              "BY_KEYS, ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES, CLUSTER_ROWS, BY_PAIRS, HEADS, WG, "
+              "KWG)"),
     ("WG=2", "WG=2 must be 0 or 1"),
     ("CLUSTER=17", "CLUSTER=17 must be from 0 to 16"),
     ("CLUSTER_ROWS=0", "CLUSTER_ROWS=0 must be from 1 to 4096"),
@@ -737,10 +738,13 @@ def test_the_rows_kernel_takes_warpgroup_mma_on_sm_90_only():
 
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("pattern", ["dense", "streaming", "document", "custom"])
-@pytest.mark.parametrize("cfg_text, cluster", [("", 1), ("", 8), ("BN=32", 1), ("NWARPS=8,MERGE=1", 1)])
+@pytest.mark.parametrize("cfg_text, cluster", [("", 1), ("", 8), ("BN=32", 1), ("NWARPS=8,MERGE=1", 1),
+                                               ("NWARPS=8,KWG=2,BN=128", 8), ("NWARPS=8,KWG=2", 1),
+                                               ("NWARPS=8,KWG=2,BN=128,MERGE=1", 1)])
 def test_the_warpgroup_build_compiles_for_sm_90a_without_spills_or_serialised_products(D, pattern, cfg_text, cluster):
     """The rows kernel's WG build: no spills, and no warpgroup MMA that ptxas serialises (C7514 / C7515: a plain
-    instruction touching its accumulators in flight), with a cluster's merge, short tiles and two warpgroups."""
+    instruction touching its accumulators in flight), with a cluster's merge, short tiles and two warpgroups, on
+    different rows or (KWG=2) on the same rows and different keys."""
     from attnbench import compile as kc
 
     cfg = parse_decode_config(cfg_text).apply() if cfg_text else DEFAULT
@@ -767,6 +771,63 @@ def test_the_rows_kernel_says_whether_it_ran_on_warpgroup_mma(text):
         prob = Problem(mask, 2, 32, 128, "bfloat16", H_kv=8, Tq=tq)
         setup = impl.prepare(prob, *_gate_inputs(prob)).setup
         assert setup["wgmma"] == want and setup["kernel"] == (KERNEL if tq == 16 else KEYS_KERNEL), setup
+
+
+# ---- KWG: two warpgroups on the same rows, a slice of every tile each ---------------------------------------
+def test_two_warpgroups_on_key_slices_take_the_rows_kernels_shape_and_refuse_the_others():
+    """KWG=2: 64 rows a block (two warpgroups on them), the kernel's BN a warpgroup's slice of the shape's BN-key
+    tiles (whose lists and stages keep BN), only on warpgroup MMA; NWARPS other than 8, slices of other than 32, 64
+    or 128 keys, and the mma.sync build are refused by name."""
+    cfg = parse_decode_config("NWARPS=8,KWG=2,BN=128").apply()
+    assert cfg.rows == 64 and cfg.threads == 256 and cfg.smem_bytes(128) == (64 + 2 * 3 * 128) * 128 * 2
+    assert cfg.problem(128) is None and cfg.problem(64) is None and cfg.wgmma(False, "90")
+    assert not cfg.wgmma(False, "80") and not cfg.wgmma(True, "90")
+    m = make_mask("window", 4096, True, window=4096)
+    d = kernel_defines(128, "bfloat16", m, cfg, wg=True)
+    assert (d["KWG"], d["BN"], d["NWARPS"], d["WG"]) == (2, 64, 8, 1)
+    assert "KWG" not in kernel_defines(128, "bfloat16", m, wg=True)
+    assert kernel_defines(128, "bfloat16", m, cfg, keys=True)["BN"] == 16  # the key slices' kernel ignores it
+    with pytest.raises(ValueError, match="KWG=2"):
+        kernel_defines(128, "bfloat16", m, cfg)
+    assert "NWARPS=8, not 4" in parse_decode_config("KWG=2").apply().problem(128)
+    assert "BN=32" in parse_decode_config("NWARPS=8,KWG=2,BN=32").apply().problem(128)
+    assert parse_decode_config("NWARPS=8,KWG=2").apply().problem(128) is None  # 32-key slices
+    # a short list keeps the shape's tiles where the short ones' slices (16 keys) cannot be built
+    assert cfg.for_list(100, 64, 128, "90") == cfg
+    assert parse_decode_config("NWARPS=8,KWG=2").apply().for_list(100, 64, 128, "90").BN == 64
+    with pytest.raises(BadInput, match="KWG=3"):
+        parse_decode_config("KWG=3")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("text", ("NWARPS=8,KWG=2", "NWARPS=8,KWG=2,BN=128", "NWARPS=8,KWG=2,BN=128,SPLITS=1",
+                                  "NWARPS=8,KWG=2,SPLITS=5,CLUSTER=0", "NWARPS=8,KWG=2,BN=128,MERGE=1",
+                                  "NWARPS=8,KWG=2,BN=128,STAGES=2,BY_KEYS=0", "NWARPS=8,KWG=2,SPLITS=3,CLUSTER=8"))
+@pytest.mark.parametrize("pattern,params", [("dense", {}), ("streaming", {"sink": 4, "window": 64}),
+                                            ("window", {"window": 100}), ("dilated", {"window": 512, "dilation": 2}),
+                                            ("document", {"doc_lens": (1000, 2000, 1096)})])
+def test_gate_of_two_warpgroups_on_key_slices(text, pattern, params):
+    """KWG=2 on sm_90: the rows kernel's two warpgroups on the same rows, each on its half of every tile, merged
+    in shared memory, through the gate on groups of 64 rows (4 heads x Tq=16; 8 heads x Tq=8 at D=64, float16)
+    and of 12 rows (BY_KEYS=0), ragged, odd lengths, with a cluster's merge, the merge launch, the last split's
+    merge and a single split; the run says it ran the warpgroup build with the shape."""
+    import cupy
+
+    from attnbench.check import gate
+
+    if cupy.cuda.Device().compute_capability != "90":
+        pytest.skip("KWG runs on sm_90's warpgroup MMA")
+    impl = IMPL.decode_variant(parse_decode_config(text))
+    mask = make_mask(pattern, 4096, True, **params)
+    for prob in (Problem(mask, 1, 32, 128, "bfloat16", H_kv=8, Tq=16),
+                 Problem(mask, 2, 16, 64, "float16", H_kv=2, Tq=8),
+                 Problem(mask, 3, 8, 128, "bfloat16", H_kv=2, Tq=16, cache_lens=(4096, 1001, 3007)),
+                 Problem(mask, 2, 8, 128, "bfloat16", H_kv=2, Tq=3, cache_lens=(4095, 77))):
+        keys = impl.shape().by_keys(prob.H // prob.kv_heads * prob.q_len, prob.D)
+        setup = impl.prepare(prob, *_gate_inputs(prob)).setup
+        assert setup["wgmma"] != keys and ",KWG=2" in setup["decode_config"], (text, setup)
+        res = gate(impl, prob)
+        assert res.ok, (text, prob.q_len, res)
 
 
 # ---- HEADS: a group's query heads dealt to blocks --------------------------------------------------------

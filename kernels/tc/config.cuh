@@ -1,6 +1,6 @@
 // fast_tc's compile-time constants (-D, with their defaults) and the shapes derived from them.
 //
-// HEAD_D (64 or 128), BN (keys per tile, multiple of 16), STRIDE, QREG, WG, NWARPS, MT, MINB
+// HEAD_D (64 or 128), BN (keys per tile, multiple of 16), STRIDE, QREG, WG, NWARPS, MT, KWG, MINB
 // (blocks per SM for __launch_bounds__), STAGES (>= 2), TMA, OV, REL, KVS, PP, AB_F16 (1: float16, 0: bfloat16),
 // KV_GROUP (query heads per key/value head, H / H_kv: grouped-query heads; default 1),
 // LAZY (default WG), FWD_LSE (default 0), and the pattern itself: CAUSAL, AB_PATTERN_T and AB_PATTERN_ARGS
@@ -77,11 +77,17 @@
 #define FWD_LSE 0
 #endif
 
+// KWG: warpgroups that share a block's rows, each taking its BN keys of every stage of KWG x BN (kernels/decode.cu's
+// rows kernel on warpgroup MMA: 1 or 2; default 1, every other kernel)
+#ifndef KWG
+#define KWG 1
+#endif
+
 #define THREADS (NWARPS * 32)
 #define RW (MT * 16)  // query rows per warp
-#define BM (NWARPS * RW)
+#define BM (NWARPS / KWG * RW)
 #define CH (HEAD_D / 8)  // 16-byte chunks per row
-#define TILE_BYTES (BN * HEAD_D * 2)
+#define TILE_BYTES (KWG * BN * HEAD_D * 2)  // a stage's K (or V) tile
 
 static_assert(HEAD_D % 64 == 0, "HEAD_D must be a multiple of 64");
 static_assert(BN % 16 == 0, "BN must be a multiple of 16");
@@ -91,6 +97,8 @@ static_assert(KV_GROUP >= 1, "KV_GROUP must be at least 1");
 static_assert(MT == 1 && NWARPS % 4 == 0, "WG: one m16 tile per warp, whole warpgroups");
 static_assert(BN == 32 || BN == 64 || BN == 128, "WG: BN 32, 64 or 128");
 #endif
+static_assert(KWG == 1 || (KWG == 2 && WG && NWARPS == 4 * KWG && !TMA),
+              "KWG 2: two warpgroups on the same rows, wgmma, cp.async");
 #if TMA
 static_assert(WG && STRIDE == 1, "TMA: with WG, on unstrided patterns");
 #endif

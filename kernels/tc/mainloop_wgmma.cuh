@@ -41,10 +41,12 @@ struct TcMmaWgmma {
         u32 q, k, v;
     };
 
+    // (KWG 2: warpgroup w takes rows (w / KWG) * 64.. and keys (w % KWG) * BN.. of a stage of KWG * BN)
     static __device__ __forceinline__ void init(Ops& op, const TcSmem& sm, int warp, int lane) {
-        op.q = wg_desc_lo(sm.q + (u32)((warp >> 2) * 64 * 128), 0);
-        op.k = wg_desc_lo(sm.k, 0);
-        op.v = wg_desc_lo(sm.v, BN * 128);
+        const int w = warp >> 2;
+        op.q = wg_desc_lo(sm.q + (u32)((w / KWG) * 64 * 128), 0);
+        op.k = wg_desc_lo(sm.k + (u32)((w % KWG) * BN * 128), 0);
+        op.v = wg_desc_lo(sm.v + (u32)((w % KWG) * BN * 128), KWG * BN * 128);
     }
 
     // S = Q K^T for this warpgroup's 64 rows, one batch, K from stage st
@@ -71,7 +73,7 @@ struct TcMmaWgmma {
         wg_fence();
 #pragma unroll
         for (int ks = 0; ks < HEAD_D / 16; ++ks)
-            WG_CAT(wg_ss, BN)(s[0], wg_desc_of(op.q + tc_wg_kstep<BM>(ks)), wg_desc_of(op.k + so + tc_wg_kstep<BN>(ks)),
+            WG_CAT(wg_ss, BN)(s[0], wg_desc_of(op.q + tc_wg_kstep<BM>(ks)), wg_desc_of(op.k + so + tc_wg_kstep<KWG * BN>(ks)),
                               ks);
         wg_commit();
     }
