@@ -101,7 +101,10 @@ class DecodeConfig:
     64 rows a product, where its key tiles are 32, 64 or 128 keys (``wgmma``; the sm_90a build); 0: mma.sync.
     KWG 2 (the rows kernel on warpgroup MMA, NWARPS 8): two warpgroups take the same 64 rows, each BN / 2 keys of every
     BN-key tile with a softmax of its own, merged in shared memory after the last tile, so a split's chain of tiles
-    is walked two slices at a time (1: one warpgroup a 64 rows; the key slices' kernel ignores it)."""
+    is walked two slices at a time (1: one warpgroup a 64 rows; the key slices' kernel ignores it); 0: KWG 2 with
+    NWARPS 8 (BN's tiles, not BN_SHORT's) where the rows kernel runs on warpgroup MMA, a block's rows exceed 16, the pairs
+    are neither few nor more than the SMs and the list holds more than WG_SHORT_LIST_KEYS keys, else 1
+    (``for_list``)."""
     NWARPS: int = 4
     BN: int = 64
     STAGES: int = 3
@@ -128,12 +131,19 @@ class DecodeConfig:
     #                 (results/decode-heads-h200.csv, docs/PERF.md "decode v8")
     WG: int = 1  # H200, WG 1 / 0 in one process (results/decode-v9-wg-default-ab-h200.csv, docs/PERF.md "decode v9"):
     #              Tq=16 0.91-0.97 at B 1 and 8, 0.96-1.03 at B=64; Tq=1's short lists (the rows kernel) 0.89-0.97
-    KWG: int = 1
+    KWG: int = 0  # H200, T=32768, Tq=16, B=8, NWARPS=8,KWG=2 / the default then (results/decode-kwg-shapes-h200.csv,
+    #               docs/PERF.md "decode v10"): bigbird 0.96, dilated 0.95, streaming 4+1024 0.95, window 4096 0.96,
+    #               streaming 16+64 (about 100 keys) 1.14; B=1 1.01-1.13, B=64 1.03-1.53
 
     @property
     def rows(self) -> int:
         """The most query rows a block takes (kernels/decode.cu's tile)."""
-        return 16 * self.NWARPS // self.KWG
+        return 16 * self.NWARPS // self.kwg
+
+    @property
+    def kwg(self) -> int:
+        """The warpgroups on a block's rows (KWG 0, not yet chosen by ``for_list``: 1)."""
+        return max(self.KWG, 1)
 
     @property
     def threads(self) -> int:
@@ -186,23 +196,30 @@ class DecodeConfig:
             if self.BN % (16 * self.NWARPS) or self.BN // self.NWARPS > 32:
                 return (f"BY_KEYS=1 cuts BN={self.BN} keys among NWARPS={self.NWARPS} warps: 16 or 32 keys "
                         "each")
-        if self.KWG > 1 and not keys and (self.NWARPS != 4 * self.KWG or self.BN // self.KWG not in (32, 64, 128)
-                                          or self.BN % self.KWG):
-            return (f"KWG={self.KWG} takes {self.KWG} warpgroups (NWARPS={4 * self.KWG}, not {self.NWARPS}) on "
+        k = self.kwg
+        if k > 1 and not keys and (self.NWARPS != 4 * k or self.BN // k not in (32, 64, 128) or self.BN % k):
+            return (f"KWG={k} takes {k} warpgroups (NWARPS={4 * k}, not {self.NWARPS}) on "
                     f"slices of BN / KWG keys, 32, 64 or 128 (BN={self.BN})")
         if self.smem_bytes(D, keys) > MAX_SMEM:
             return f"{self.smem_bytes(D, keys)} bytes of shared memory at D={D}, above {MAX_SMEM}"
         return None
 
     def for_list(self, longest_keys: int, rows: int, D: int, compute_capability: str | int = "",
-                 many_pairs: bool = False) -> "DecodeConfig":
+                 many_pairs: bool = False, middle_pairs: bool = False) -> "DecodeConfig":
         """The shape a problem of ``rows`` query rows a key/value head at head dimension D runs whose
-        longest list holds ``longest_keys`` keys in BN-key tiles: BN_SHORT-key tiles where BN is the
+        longest list holds ``longest_keys`` keys in BN-key tiles: with KWG 0, two warpgroups on the rows
+        (``kwg_for``), else KWG 1; then BN_SHORT-key tiles where BN is the
         default's, BN_SHORT is set, the list is short and that shape builds for the rows; else this one.
         Where both shapes run the rows kernel on warpgroup MMA (``wgmma`` on ``compute_capability``) and the
         pairs outnumber the SMs (``many_pairs``: a split a pair, each block walks its whole list), only lists of
         at most WG_SHORT_LIST_KEYS keys take the short tiles (where the long tiles would take the key slices, the
         short ones stay: Tq=1)."""
+        if not self.KWG:
+            two = replace(self, KWG=2, NWARPS=8)
+            if (middle_pairs and rows > 16 and longest_keys > WG_SHORT_LIST_KEYS and rows <= two.rows
+                    and two.problem(D) is None and two.wgmma(False, compute_capability)):
+                return two
+            return replace(self, KWG=1).for_list(longest_keys, rows, D, compute_capability, many_pairs)
         if not (self.BN_SHORT and self.BN == LONG_BN and longest_keys <= SHORT_LIST_KEYS):
             return self
         short = replace(self, BN=self.BN_SHORT)
@@ -236,7 +253,7 @@ class DecodeConfig:
         this compute capability: WG 1, sm_90 itself (the build is sm_90a's), a warpgroup's slice of a tile (the
         tile itself but with KWG 2) 32, 64 or 128 keys."""
         return (bool(self.WG) and not keys and str(compute_capability) == "90"
-                and self.BN // self.KWG in (32, 64, 128))
+                and self.BN // self.kwg in (32, 64, 128))
 
     def by_keys(self, rows: int, D: int) -> bool:
         """Whether a group of ``rows`` query rows at head dimension D runs kernels/decode_keys.cu."""
@@ -251,7 +268,7 @@ DECODE_LIMITS = {"NWARPS": (4, 16, 4), "BN": (16, 256, 16), "STAGES": (2, 8, 1),
                  "MERGE": (0, 1, 1), "BY_KEYS": (0, 2, 1), "ONE_PER_SM": (0, 1024, 1), "CLASSES": (0, 1, 1),
                  "BN_SHORT": (0, 256, 16), "PDL": (0, 1, 1), "CLUSTER": (0, 16, 1), "CLUSTER_TILES": (1, 4096, 1),
                  "CLUSTER_ROWS": (1, 4096, 1), "BY_PAIRS": (0, 2, 1), "HEADS": (0, 16, 1), "WG": (0, 1, 1),
-                 "KWG": (1, 2, 1)}
+                 "KWG": (0, 2, 1)}
 DEFAULT = DecodeConfig()
 LONG_BN = DEFAULT.BN
 # lists of at most this many keys (in 64-key tiles) take BN_SHORT-key tiles. H100, B 1 to 64, Tq 1 and 16, BN=32 /
@@ -313,10 +330,10 @@ def kernel_defines(D: int, dtype: str, mask: Mask, cfg: DecodeConfig = DEFAULT, 
         if keys or pairs:
             raise ValueError("WG is kernels/decode.cu's (the rows kernel)")
         d.update(WG=1, LAZY=0)
-        if cfg.KWG > 1:  # two warpgroups on the rows, a slice of each tile each
-            d.update(KWG=cfg.KWG, BN=cfg.BN // cfg.KWG)
-    elif cfg.KWG > 1 and not keys and not pairs:
-        raise ValueError(f"KWG={cfg.KWG} is the rows kernel's on warpgroup MMA (WG=1, sm_90)")
+        if cfg.kwg > 1:  # two warpgroups on the rows, a slice of each tile each
+            d.update(KWG=cfg.kwg, BN=cfg.BN // cfg.kwg)
+    elif cfg.kwg > 1 and not keys and not pairs:
+        raise ValueError(f"KWG={cfg.kwg} is the rows kernel's on warpgroup MMA (WG=1, sm_90)")
     return dict(d, AB_F16=int(dtype == "float16"), **pattern_defines(mask))
 
 
@@ -422,9 +439,11 @@ def plan_lists(prob: Problem, cfg: DecodeConfig, order: list[int], rows: int | N
         return [decode_list(mask.at(class_len(t, stride)), prob.q_len, bn) for t in order]
 
     lists = lists_of(cfg.BN)
+    pairs = prob.B * prob.kv_heads
+    many = bool(sms) and pairs > sms
     chosen = cfg.for_list(max((x.entries.size for x in lists), default=0) * cfg.BN,
-                          rows or prob.H // prob.kv_heads * prob.q_len, prob.D, compute_capability,
-                          bool(sms) and prob.B * prob.kv_heads > sms)
+                          rows or prob.H // prob.kv_heads * prob.q_len, prob.D, compute_capability, many,
+                          bool(sms) and not many and not cfg.few_pairs(pairs, sms))
     if chosen.BN != cfg.BN:
         lists = lists_of(chosen.BN)
     return chosen, stride, mask, lists
@@ -523,8 +542,8 @@ class FastDecode(Impl):
         setup["decode_config"] = cfg.spec
         keys = cfg.by_keys(rows, prob.D)
         wg = setup["wgmma"] = cfg.wgmma(keys, cc)
-        if cfg.KWG > 1 and not keys and not wg:
-            raise BadInput(f"--decode-config KWG={cfg.KWG}: the rows kernel's warpgroups on key slices run on warpgroup "
+        if cfg.kwg > 1 and not keys and not wg:
+            raise BadInput(f"--decode-config KWG={cfg.kwg}: the rows kernel's warpgroups on key slices run on warpgroup "
                            f"MMA (WG=1, compute capability 9.0; this device's is {cc})")
         setup["kernel"] = KEYS_KERNEL if keys else KERNEL
         setup["classes"] = stride
@@ -660,6 +679,9 @@ def standard_builds() -> list[tuple[str, dict]]:
     add((KEYS_KERNEL, kernel_defines(128, "bfloat16", c.instances[0].mask(c.build_T), keys=True, heads=4)))
     # the merge in the last split (MERGE=1), on the first instance
     add((KERNEL, kernel_defines(128, "bfloat16", c.instances[0].mask(c.build_T), replace(DEFAULT, MERGE=1))))
+    # two warpgroups on the rows (KWG=2) with the splits merged in a cluster of 2, as at B=8, Tq=16
+    add((KERNEL, kernel_defines(128, "bfloat16", c.instances[0].mask(c.build_T), replace(DEFAULT, NWARPS=8, KWG=2),
+                                cluster=2, wg=True)))
     # the warpgroup build with its splits merged in a cluster of 8, and in the last split
     add((KERNEL, kernel_defines(128, "bfloat16", c.instances[0].mask(c.build_T), cluster=8, wg=True)))
     add((KERNEL, kernel_defines(128, "bfloat16", c.instances[0].mask(c.build_T), replace(DEFAULT, MERGE=1), wg=True)))

@@ -137,7 +137,7 @@ def test_the_gpu_check_step_sweeps_these_shapes():
     ("8,32,4", (("NWARPS", 8), ("BN", 32), ("STAGES", 4), ("MINB", 1), ("SPLITS", 0), ("BLOCKS_PER_SM", 0),
                 ("MIN_PER_SPLIT", 4), ("MERGE", 0), ("BY_KEYS", 2), ("ONE_PER_SM", 8), ("CLASSES", 1),
                 ("BN_SHORT", 32), ("PDL", 0), ("CLUSTER", 8), ("CLUSTER_TILES", 9), ("CLUSTER_ROWS", 64),
-                ("BY_PAIRS", 2), ("HEADS", 0), ("WG", 1), ("KWG", 1))),
+                ("BY_PAIRS", 2), ("HEADS", 0), ("WG", 1), ("KWG", 0))),
     ("by_keys=0", (("BY_KEYS", 0),)),
 ])
 def test_a_decode_shape_parses_named_and_positional_forms(text, given):
@@ -516,7 +516,10 @@ def test_short_lists_take_short_tiles_and_long_ones_keep_64():
     assert replace(DEFAULT, WG=0).for_list(WG_SHORT_LIST_KEYS + 64, 64, 128, "90", many_pairs=True).BN == 32
     prob = Problem(make_mask("streaming", 32768, True, sink=4, window=1024), 64, 32, 128, "bfloat16", H_kv=8, Tq=16)
     assert plan_lists(prob, DEFAULT, [prob.T], None, "90", 132)[0].BN == 64  # 512 pairs on 132 SMs
-    assert plan_lists(prob, DEFAULT, [prob.T], None, "90", 1024)[0].BN == 32
+    assert plan_lists(prob, replace(DEFAULT, KWG=1), [prob.T], None, "90", 1024)[0].BN == 32
+    # (where the pairs are neither few nor many, the default puts two warpgroups on the rows, on 64-key tiles)
+    two = plan_lists(prob, DEFAULT, [prob.T], None, "90", 1024)[0]
+    assert (two.KWG, two.NWARPS, two.BN) == (2, 8, 64), two.spec
     cases = {"streaming": (dict(sink=16, window=64), 32), "window": (dict(window=4096), 64),
              "dense": ({}, 64), "bigbird": ({}, 32)}
     for name, (params, bn) in cases.items():
@@ -785,7 +788,7 @@ def test_two_warpgroups_on_key_slices_take_the_rows_kernels_shape_and_refuse_the
     m = make_mask("window", 4096, True, window=4096)
     d = kernel_defines(128, "bfloat16", m, cfg, wg=True)
     assert (d["KWG"], d["BN"], d["NWARPS"], d["WG"]) == (2, 64, 8, 1)
-    assert "KWG" not in kernel_defines(128, "bfloat16", m, wg=True)
+    assert "KWG" not in kernel_defines(128, "bfloat16", m, wg=True) and DEFAULT.KWG == 0 and DEFAULT.rows == 64
     assert kernel_defines(128, "bfloat16", m, cfg, keys=True)["BN"] == 16  # the key slices' kernel ignores it
     with pytest.raises(ValueError, match="KWG=2"):
         kernel_defines(128, "bfloat16", m, cfg)
@@ -799,13 +802,37 @@ def test_two_warpgroups_on_key_slices_take_the_rows_kernels_shape_and_refuse_the
         parse_decode_config("KWG=3")
 
 
+def test_two_warpgroups_take_the_rows_where_the_pairs_are_neither_few_nor_many_and_the_list_long():
+    """KWG 0 (the default): for_list gives NWARPS=8,KWG=2 on the shape's own tiles where the rows kernel runs on
+    warpgroup MMA (sm_90), a block has more than 16 rows, the pairs are neither few (B=1 against 8 key/value heads)
+    nor more than the SMs, and the list is longer than WG_SHORT_LIST_KEYS; else KWG=1 and the tiles as before."""
+    from attnbench.decode import WG_SHORT_LIST_KEYS, plan_lists
+
+    two = DEFAULT.for_list(4111, 64, 128, "90", many_pairs=False, middle_pairs=True)
+    assert (two.KWG, two.NWARPS, two.BN) == (2, 8, 64) and two.spec.endswith(",KWG=2")
+    assert DEFAULT.for_list(1100, 64, 128, "90", middle_pairs=True).KWG == 2  # not the 32-key tiles
+    for args in ((4111, 64, 128, "80", False, True), (4111, 64, 128, "90", False, False),
+                 (4111, 64, 128, "90", True, False), (4111, 16, 128, "90", False, True),
+                 (WG_SHORT_LIST_KEYS, 64, 128, "90", False, True)):
+        got = DEFAULT.for_list(*args)
+        assert got.KWG == 1 and got.NWARPS == 4, (args, got)
+    assert DEFAULT.for_list(WG_SHORT_LIST_KEYS, 64, 128, "90", False, True).BN == 32  # the short tiles as before
+    assert replace(DEFAULT, KWG=1).for_list(4111, 64, 128, "90", False, True).KWG == 1
+    # B=8 against 8 key/value heads on 132 SMs: 64 pairs; B=1: few; B=64: many
+    mask = make_mask("window", 32768, True, window=4096)
+    for B, want in ((8, 2), (1, 1), (64, 1)):
+        prob = Problem(mask, B, 32, 128, "bfloat16", H_kv=8, Tq=16)
+        cfg, _, _, _ = plan_lists(prob, DEFAULT, [prob.T], None, "90", 132)
+        assert cfg.KWG == want, (B, cfg.spec)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("text", ("NWARPS=8,KWG=2", "NWARPS=8,KWG=2,BN=128", "NWARPS=8,KWG=2,BN=128,SPLITS=1",
                                   "NWARPS=8,KWG=2,SPLITS=5,CLUSTER=0", "NWARPS=8,KWG=2,BN=128,MERGE=1",
                                   "NWARPS=8,KWG=2,BN=128,STAGES=2,BY_KEYS=0", "NWARPS=8,KWG=2,SPLITS=3,CLUSTER=8"))
 @pytest.mark.parametrize("pattern,params", [("dense", {}), ("streaming", {"sink": 4, "window": 64}),
                                             ("window", {"window": 100}), ("dilated", {"window": 512, "dilation": 2}),
-                                            ("document", {"doc_lens": (1000, 2000, 1096)})])
+                                            ("window", {"window": 4096})])
 def test_gate_of_two_warpgroups_on_key_slices(text, pattern, params):
     """KWG=2 on sm_90: the rows kernel's two warpgroups on the same rows, each on its half of every tile, merged
     in shared memory, through the gate on groups of 64 rows (4 heads x Tq=16; 8 heads x Tq=8 at D=64, float16)
@@ -823,11 +850,31 @@ def test_gate_of_two_warpgroups_on_key_slices(text, pattern, params):
                  Problem(mask, 2, 16, 64, "float16", H_kv=2, Tq=8),
                  Problem(mask, 3, 8, 128, "bfloat16", H_kv=2, Tq=16, cache_lens=(4096, 1001, 3007)),
                  Problem(mask, 2, 8, 128, "bfloat16", H_kv=2, Tq=3, cache_lens=(4095, 77))):
-        keys = impl.shape().by_keys(prob.H // prob.kv_heads * prob.q_len, prob.D)
         setup = impl.prepare(prob, *_gate_inputs(prob)).setup
+        keys = impl.shape().by_keys(prob.H // prob.kv_heads // setup["heads"] * prob.q_len, prob.D)
         assert setup["wgmma"] != keys and ",KWG=2" in setup["decode_config"], (text, setup)
         res = gate(impl, prob)
         assert res.ok, (text, prob.q_len, res)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pattern,params", [("window", {"window": 4096}), ("dilated", {"window": 512, "dilation": 2})])
+def test_two_warpgroups_take_the_rows_by_default_where_the_pairs_are_neither_few_nor_many(pattern, params):
+    """On sm_90, B=8 against 8 key/value heads at Tq=16 (64 pairs of 64 rows, a list of over 256 keys) runs
+    NWARPS=8,KWG=2 by default and passes the gate; B=1 keeps one warpgroup."""
+    import cupy
+
+    from attnbench.check import gate
+
+    if cupy.cuda.Device().compute_capability != "90" or cupy.cuda.Device().attributes["MultiProcessorCount"] < 64:
+        pytest.skip("KWG runs on sm_90's warpgroup MMA; 64 pairs must not outnumber the SMs")
+    mask = make_mask(pattern, 8192, True, **params)
+    for B, want in ((8, ",KWG=2"), (1, ",KWG=1")):
+        prob = Problem(mask, B, 32, 128, "bfloat16", H_kv=8, Tq=16)
+        setup = IMPL.prepare(prob, *_gate_inputs(prob)).setup
+        assert setup["decode_config"].endswith(want) and setup["wgmma"], setup
+        res = gate(IMPL, prob)
+        assert res.ok, (B, res)
 
 
 # ---- HEADS: a group's query heads dealt to blocks --------------------------------------------------------
