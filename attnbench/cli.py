@@ -163,7 +163,9 @@ DECODE_CONFIG_HELP = ("a fast-decode shape: FIELD=N,... of NWARPS, BN, STAGES, M
                       "stages fit; 2: that where the pairs outnumber a wave of split blocks; 0: never), HEADS (the blocks "
                       "a group's query heads are dealt to; 0: where pairs are few, rows exceed 16 and the list holds "
                       "at most 512 keys), WG (1: the warps-on-rows kernel's products on warpgroup MMA on sm_90; 0: "
-                      "mma.sync) (the others at their defaults); each adds a row per "
+                      "mma.sync), KWG (2: that kernel's two warpgroups on the same rows, each half of every tile, "
+                      "NWARPS=8, sm_90; 1: one; 0: 2 where the pairs are neither few nor more than the SMs and the list "
+                      "holds more than 256 keys) (the others at their defaults); each adds a row per "
                       "configuration, named e.g. fast-decode[SPLITS=8], timed with the others (repeatable; the plain "
                       "fast-decode takes ATTNBENCH_DECODE_CONFIG)")
 
