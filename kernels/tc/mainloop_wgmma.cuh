@@ -6,7 +6,8 @@
 // Products: tiles are stored as 64-column panels (TcPanelLayout: the XOR swizzle of the row
 // layout within each is the 128-byte swizzle wgmma expects). S = Q K^T is wgmma m64nBNk16 with Q
 // and K read from shared memory through descriptors (Ops: their low words), O += P V is
-// m64nHEAD_Dk16 with P from registers and V read N-major; each warpgroup owns 64 rows, and each
+// m64nHEAD_Dk16 with P from registers and V read N-major; each warpgroup owns 64 rows (KWG 2, kernels/decode.cu:
+// two warpgroups own the same 64 rows, each a BN-key slice of a stage of 2 x BN keys), and each
 // product is issued, committed and waited for in one batch (the softmax between them is
 // unchanged). vote(x) is over the block (with REL over the warpgroup); fence_loads() makes
 // cp.async writes (generic proxy) visible to wgmma (async proxy).
