@@ -207,8 +207,9 @@ class DecodeConfig:
     def for_list(self, longest_keys: int, rows: int, D: int, compute_capability: str | int = "",
                  many_pairs: bool = False, middle_pairs: bool = False) -> "DecodeConfig":
         """The shape a problem of ``rows`` query rows a key/value head at head dimension D runs whose
-        longest list holds ``longest_keys`` keys in BN-key tiles: with KWG 0, two warpgroups on the rows
-        (``kwg_for``), else KWG 1; then BN_SHORT-key tiles where BN is the
+        longest list holds ``longest_keys`` keys in BN-key tiles: with KWG 0, NWARPS=8,KWG=2 where the rows kernel
+        runs on warpgroup MMA, ``rows`` exceed 16, the pairs are neither few nor many (``middle_pairs``) and the list
+        holds more than WG_SHORT_LIST_KEYS keys, else KWG 1 and then BN_SHORT-key tiles where BN is the
         default's, BN_SHORT is set, the list is short and that shape builds for the rows; else this one.
         Where both shapes run the rows kernel on warpgroup MMA (``wgmma`` on ``compute_capability``) and the
         pairs outnumber the SMs (``many_pairs``: a split a pair, each block walks its whole list), only lists of

@@ -50,7 +50,6 @@ typedef TcLoadAsync<TcMma, KWG * BN> TcLoad;  // (KWG 2: a stage of 2 x BN keys,
 // shared memory past the cluster's rows (element-major: a store or load of the 128 threads is one of 32 banks)
 #define KWG_AT ((BM * HEAD_D * 4 + BM * 4 + 15) / 16 * 16)
 #define KWG_N (HEAD_D / 8 * 4 + 4)  // a thread's floats: O's, then the two rows' max and sums
-static_assert(MT == 1 && KWG == 2, "KWG: two warpgroups, one m16 tile a warp");
 static_assert(KWG_AT + KWG_N * 128 * 4 <= (BM + 2 * STAGES * KWG * BN) * HEAD_D * 2,
               "the exchange fits past the cluster's rows");
 __device__ __forceinline__ void decode_kwg_merge(TcAcc& acc, TcSoftmax& sf, unsigned char* smem, int slice,
