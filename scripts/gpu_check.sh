@@ -41,7 +41,8 @@
 #           narrowing options; rows in OUT_DIR/decodeshapes.csv as they come (resumable)
 #   ab: this tree against an earlier one, alternating: AB_OLD names a folder holding a checkout of the
 #       earlier commit (e.g. `git archive C | tar -x -C old`, carried beside the tree) and AB_OLD_COMMIT
-#       its commit; AB_ROUNDS (default 3) rounds of `attnbench sweep --config llm $AB_ARGS` each way,
+#       its commit; AB_ROUNDS (default 3) rounds of `attnbench sweep --config $AB_CONFIG $AB_ARGS` each way
+#       (AB_CONFIG: llm unless given, e.g. decode),
 #       every row in ab.csv with the git_commit of the tree that ran it
 #   sanitizer: compute-sanitizer's tools on the kernels (tests/test_sanitizer_gpu.py), one pytest run a tool
 #           (SANITIZER_TOOLS, default "memcheck racecheck"), each a step of its own so that a run cut short by a
@@ -200,10 +201,10 @@ for s in $steps; do
     ab)    old="${AB_OLD:?AB_OLD names the earlier tree}"
            mkdir -p "$work/ab"  # the rounds' CSVs stay in the tar (a device call brings back few files)
            for r in $(seq 1 "${AB_ROUNDS:-3}"); do
-               step ab_new_$r attnbench sweep --config llm ${AB_ARGS:-} --out "$work/ab/new_$r.csv"
+               step ab_new_$r attnbench sweep --config "${AB_CONFIG:-llm}" ${AB_ARGS:-} --out "$work/ab/new_$r.csv"
                # the earlier tree's package first on the path, its commit in the rows
                step ab_old_$r env PYTHONPATH="$(cd "$old" && pwd)" ATTNBENCH_GIT_COMMIT="${AB_OLD_COMMIT:-old}" \
-                   python3 -m attnbench.cli sweep --config llm ${AB_ARGS:-} --out "$work/ab/old_$r.csv"
+                   python3 -m attnbench.cli sweep --config "${AB_CONFIG:-llm}" ${AB_ARGS:-} --out "$work/ab/old_$r.csv"
            done
            python3 - "$work" <<'PY' && pack
 import glob, sys, pandas as pd
