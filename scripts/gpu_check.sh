@@ -44,6 +44,11 @@
 #       its commit; AB_ROUNDS (default 3) rounds of `attnbench sweep --config $AB_CONFIG $AB_ARGS` each way
 #       (AB_CONFIG: llm unless given, e.g. decode),
 #       every row in ab.csv with the git_commit of the tree that ran it
+#   context: whether a row's time depends on what else the sweep times: one case (CONTEXT_ARGS, e.g.
+#           "--config decode --pattern dense --B 8 --T 32768 --Tq 1") for CONTEXT_IMPL (default fast-decode),
+#           in three processes: alone, beside CONTEXT_PEERS (default sdpa-cudnn, interleaved as sweeps time
+#           them), alone again; then the same case after CONTEXT_BEFORE's cases in the same process (default:
+#           none); rows in OUT_DIR/context_{alone,with,alone2,after}.csv
 #   sanitizer: compute-sanitizer's tools on the kernels (tests/test_sanitizer_gpu.py), one pytest run a tool
 #           (SANITIZER_TOOLS, default "memcheck racecheck"), each a step of its own so that a run cut short by a
 #           time limit keeps the verdicts of the tools it finished; SANITIZER_K narrows the tests beside the tool
@@ -212,6 +217,15 @@ w = sys.argv[1]
 pd.concat([pd.read_csv(f) for f in sorted(glob.glob(f"{w}/ab/*_*.csv"))]).to_csv(f"{w}/ab.csv", index=False)
 PY
            ;;
+    context) ca="${CONTEXT_ARGS:?CONTEXT_ARGS names one case (sweep options)}"
+           ci="${CONTEXT_IMPL:-fast-decode}"
+           cp_=(); for i in ${CONTEXT_PEERS:-sdpa-cudnn}; do cp_+=(--impl "$i"); done
+           step context_alone attnbench sweep $ca --impl "$ci" --out "$out/context_alone.csv"
+           step context_with attnbench sweep $ca --impl "$ci" "${cp_[@]}" --out "$out/context_with.csv"
+           step context_alone2 attnbench sweep $ca --impl "$ci" --out "$out/context_alone2.csv"
+           if [ -n "${CONTEXT_BEFORE:-}" ]; then
+               step context_after attnbench sweep $ca $CONTEXT_BEFORE --impl "$ci" --out "$out/context_after.csv"
+           fi ;;
     sanitizer) if ! command -v compute-sanitizer >/dev/null; then  # the tests would skip: no verdict, a failed step
                say "sanitizer: compute-sanitizer not on PATH"; status=1; continue
            fi
