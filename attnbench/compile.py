@@ -91,8 +91,15 @@ def get_module(name: str, defines: dict, arch: str | None = None):
     if mod is None:
         if arch is None:
             mod = cupy.RawModule(code=src, options=opts, backend="nvrtc")
+            try:
+                mod.compile()  # here rather than at the first get_function, so that a refusal names the shape
+            except cupy.cuda.compiler.CompileException as e:
+                refusal = registers_refusal(name, defines, str(e))
+                if refusal is not None:
+                    raise refusal from e
+                raise
         else:
-            mod = cupy.RawModule(path=str(_cached_cubin(name, src, opts, arch)))
+            mod = cupy.RawModule(path=str(_cached_cubin(name, src, opts, arch, defines)))
         _MODULES[key] = mod
     return mod
 
@@ -115,7 +122,7 @@ def cache_dir() -> Path:
     return Path(os.environ.get("ATTNBENCH_CACHE_DIR") or Path.home() / ".cache" / "attnbench")
 
 
-def _cached_cubin(name: str, src: str, opts: tuple, arch: str) -> Path:
+def _cached_cubin(name: str, src: str, opts: tuple, arch: str, defines: dict | None = None) -> Path:
     import hashlib
     import os
 
@@ -124,7 +131,7 @@ def _cached_cubin(name: str, src: str, opts: tuple, arch: str) -> Path:
     key = "\0".join((src, *opts, arch, repr(nvrtc.getVersion())))
     path = cache_dir() / f"{name}-{arch}-{hashlib.sha256(key.encode()).hexdigest()[:24]}.cubin"
     if not path.is_file():
-        cubin, _ = _nvrtc(name, src, list(opts) + [f"-arch={arch}"])
+        cubin, _ = _nvrtc(name, src, list(opts) + [f"-arch={arch}"], defines)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_bytes(cubin)
@@ -132,8 +139,27 @@ def _cached_cubin(name: str, src: str, opts: tuple, arch: str) -> Path:
     return path
 
 
-def _nvrtc(name: str, src: str, opts: list[str]) -> tuple[bytes, str]:
-    """(cubin, log) of NVRTC on this source; RuntimeError with the log when it fails."""
+_SHORT_OF_REGISTERS = re.compile(r"Insufficient registers \((\d+)\).*?register target of (\d+)", re.S)
+
+
+def registers_refusal(name: str, defines: dict, log: str) -> BadInput | None:
+    """BadInput naming the shape's warps and blocks per multiprocessor where ptxas' ``log`` says the
+    registers they leave a thread are too few for the build (e.g. 8 warps at MINB=4: 64 a thread); None
+    for any other failure."""
+    m = _SHORT_OF_REGISTERS.search(log)
+    if not m:
+        return None
+    have, need = map(int, m.groups())
+    warps, minb = defines.get("NWARPS"), defines.get("MINB")
+    shape = (f"NWARPS={warps} and MINB={minb} ({warps} x 32 threads x {minb} blocks a multiprocessor)"
+             if warps is not None and minb is not None else "its launch bounds")
+    return BadInput(f"{name}.cu: {shape} leave {have} registers a thread, and this build needs at least {need} "
+                    f"(ptxas); take fewer warps or a lower MINB")
+
+
+def _nvrtc(name: str, src: str, opts: list[str], defines: dict | None = None) -> tuple[bytes, str]:
+    """(cubin, log) of NVRTC on this source; BadInput where the shape leaves a thread too few registers
+    (``registers_refusal``), RuntimeError with the log for any other failure."""
     from cupy.cuda import nvrtc
 
     prog = nvrtc.createProgram(src, f"{name}.cu", [], [])
@@ -141,8 +167,11 @@ def _nvrtc(name: str, src: str, opts: list[str]) -> tuple[bytes, str]:
         try:
             nvrtc.compileProgram(prog, opts)
         except nvrtc.NVRTCError as e:
-            raise RuntimeError(f"{name}.cu failed with {' '.join(opts)}:\n"
-                               f"{nvrtc.getProgramLog(prog)}") from e
+            log = nvrtc.getProgramLog(prog)
+            refusal = registers_refusal(name, defines or {}, log)
+            if refusal is not None:
+                raise refusal from e
+            raise RuntimeError(f"{name}.cu failed with {' '.join(opts)}:\n{log}") from e
         return nvrtc.getCUBIN(prog), nvrtc.getProgramLog(prog)
     finally:
         nvrtc.destroyProgram(prog)
@@ -204,11 +233,13 @@ def parse_ptxas(log: str, source_name: str) -> list[KernelReport]:
 
 def compile_only(name: str, defines: dict, arch: str) -> list[KernelReport]:
     """Compile kernels/<name>.cu to a cubin for ``arch`` (e.g. sm_90) through NVRTC, with no
-    device; return ptxas' per-kernel report. Raises RuntimeError with the compiler log."""
+    device; return ptxas' per-kernel report. Raises RuntimeError with the compiler log (BadInput where the
+    shape leaves a thread too few registers: ``registers_refusal``)."""
     check_arch(arch)
     import hashlib
 
-    cubin, log = _nvrtc(name, source(name, defines), list(options(defines)) + [f"-arch={arch}", "-Xptxas=-v"])
+    cubin, log = _nvrtc(name, source(name, defines), list(options(defines)) + [f"-arch={arch}", "-Xptxas=-v"],
+                        defines)
     digest = hashlib.sha256(cubin).hexdigest()
     reports = parse_ptxas(log, name)
     for r in reports:

@@ -41,6 +41,36 @@ def test_missing_constant_is_a_compile_error():
         kc.compile_only("naive", {"MAX_KEYS": 1, "C": 64, **DENSE}, "sm_90")
 
 
+# a fast-tc shape whose warps and blocks per multiprocessor leave too few registers: 8 warps beside the short lists'
+# MINB=4 (D=128, wgmma), 65536 / (8 x 32 x 4) = 64 a thread
+_SHORT_OF_REGISTERS = dict(AB_F16=0, AB_PATTERN_ARGS="1,512", AB_PATTERN_T="ab_window", BN=64, CAUSAL=1, HEAD_D=128,
+                           MINB=4, MT=1, NWARPS=8, QREG=0, STAGES=3, STRIDE=2, WG=1)
+
+
+def test_a_shape_short_of_registers_is_refused_by_name(tmp_path, monkeypatch):
+    """ptxas' failure for lack of registers becomes BadInput naming NWARPS, MINB and both counts (a sweep's
+    `skipped` row, the CLI's exit 2), through compile_only and through the cubin cache get_module builds."""
+    with pytest.raises(BadInput) as e:
+        kc.compile_only("fast_tc", _SHORT_OF_REGISTERS, "sm_90a")
+    msg = str(e.value)
+    m = re.search(r"NWARPS=8 and MINB=4 .* leave 64 registers a thread, and this build needs at least (\d+)", msg)
+    assert m and int(m.group(1)) > 64, msg
+    monkeypatch.setenv("ATTNBENCH_CACHE_DIR", str(tmp_path))
+    with pytest.raises(BadInput, match="NWARPS=8 and MINB=4"):
+        kc._cached_cubin("fast_tc", kc.source("fast_tc", _SHORT_OF_REGISTERS), kc.options(_SHORT_OF_REGISTERS),
+                         "sm_90a", _SHORT_OF_REGISTERS)
+    assert not list(tmp_path.iterdir())  # nothing cached
+    # 4 warps at MINB=4 leave 128: the same build compiles
+    assert kc.compile_only("fast_tc", dict(_SHORT_OF_REGISTERS, NWARPS=4), "sm_90a")
+
+
+def test_other_compile_failures_keep_the_log():
+    assert kc.registers_refusal("x", {"NWARPS": 4, "MINB": 1}, "error: identifier \"y\" is undefined") is None
+    refusal = kc.registers_refusal("x", {}, "ptxas fatal : (C7602) Insufficient registers (32) to compile "
+                                            "instruction at line 9. Try to compile with register target of 40")
+    assert "its launch bounds leave 32 registers a thread" in str(refusal) and "at least 40" in str(refusal)
+
+
 def test_includes_are_expanded_into_the_source():
     src = kc.source("naive", DENSE)
     assert '#include "common.cuh"' not in src and "ab_allowed" in src
