@@ -80,7 +80,8 @@ def get_module(name: str, defines: dict, arch: str | None = None):
     """A cupy.RawModule of kernels/<name>.cu compiled with these constants, cached per
     (source, options, device). ``arch`` names a target CuPy does not pick by itself (sm_90a for
     the wgmma kernels): the cubin is then built here through NVRTC and kept on disk under
-    ``cache_dir()``."""
+    ``cache_dir()``, and a build short of registers is refused by name (``registers_refusal``; CuPy's own
+    builds report ptxas' log as its CompileException)."""
     import cupy
 
     dev = cupy.cuda.Device()
@@ -91,13 +92,6 @@ def get_module(name: str, defines: dict, arch: str | None = None):
     if mod is None:
         if arch is None:
             mod = cupy.RawModule(code=src, options=opts, backend="nvrtc")
-            try:
-                mod.compile()  # here rather than at the first get_function, so that a refusal names the shape
-            except cupy.cuda.compiler.CompileException as e:
-                refusal = registers_refusal(name, defines, str(e))
-                if refusal is not None:
-                    raise refusal from e
-                raise
         else:
             mod = cupy.RawModule(path=str(_cached_cubin(name, src, opts, arch, defines)))
         _MODULES[key] = mod
