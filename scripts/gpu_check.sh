@@ -49,6 +49,10 @@
 #           in three processes: alone, beside CONTEXT_PEERS (default sdpa-cudnn, interleaved as sweeps time
 #           them), alone again; then the same case after CONTEXT_BEFORE's cases in the same process (default:
 #           none); rows in OUT_DIR/context_{alone,with,alone2,after}.csv
+#   placement: one decode case's inputs at other places in device memory, in one process: first, behind kept pads,
+#           after a B=1 case, K and V handed over the other way round; the implementation's time beside one read of K
+#           and of V (scripts/placement_probe.py; PLACEMENT_ARGS replaces its options, default "--pattern dense --B 8
+#           --T 32768 --Tq 1"), rows in OUT_DIR/placement.csv
 #   sanitizer: compute-sanitizer's tools on the kernels (tests/test_sanitizer_gpu.py), one pytest run a tool
 #           (SANITIZER_TOOLS, default "memcheck racecheck"), each a step of its own so that a run cut short by a
 #           time limit keeps the verdicts of the tools it finished; SANITIZER_K narrows the tests beside the tool
@@ -226,6 +230,8 @@ PY
            if [ -n "${CONTEXT_BEFORE:-}" ]; then
                step context_after attnbench sweep $ca $CONTEXT_BEFORE --impl "$ci" --out "$out/context_after.csv"
            fi ;;
+    placement) step placement python3 scripts/placement_probe.py ${PLACEMENT_ARGS:---pattern dense --B 8 --T 32768 --Tq 1} \
+               --out "$out/placement.csv" ;;
     sanitizer) if ! command -v compute-sanitizer >/dev/null; then  # the tests would skip: no verdict, a failed step
                say "sanitizer: compute-sanitizer not on PATH"; status=1; continue
            fi
