@@ -49,6 +49,9 @@
 #           in three processes: alone, beside CONTEXT_PEERS (default sdpa-cudnn, interleaved as sweeps time
 #           them), alone again; then the same case after CONTEXT_BEFORE's cases in the same process (default:
 #           none); rows in OUT_DIR/context_{alone,with,alone2,after}.csv
+#   history: which part of a sweep's earlier case moves the next one's time (scripts/history_probe.py), one process a
+#           variant BEFORE:THEN of HISTORY_VARIANTS, HISTORY_ROUNDS rounds (default 2), HISTORY_ARGS adds the probe's
+#           options; rows appended to OUT_DIR/history.csv
 #   placement: one decode case's inputs at other places in device memory, in one process: first, behind kept pads,
 #           after a B=1 case, K and V handed over the other way round; the implementation's time beside one read of K
 #           and of V (scripts/placement_probe.py; PLACEMENT_ARGS replaces its options, default "--pattern dense --B 8
@@ -230,6 +233,12 @@ PY
            if [ -n "${CONTEXT_BEFORE:-}" ]; then
                step context_after attnbench sweep $ca $CONTEXT_BEFORE --impl "$ci" --out "$out/context_after.csv"
            fi ;;
+    history) for r in $(seq 1 "${HISTORY_ROUNDS:-2}"); do
+               for v in ${HISTORY_VARIANTS:-none:sweep sweep:sweep sweep-nometer:sweep gate:sweep time:sweep prepare:sweep sweep:probe none:probe}; do
+                   step history_${r}_${v/:/_} python3 scripts/history_probe.py --before "${v%%:*}" --then "${v##*:}" \
+                       ${HISTORY_ARGS:-} --out "$out/history.csv"
+               done
+           done ;;
     placement) step placement python3 scripts/placement_probe.py ${PLACEMENT_ARGS:---pattern dense --B 8 --T 32768 --Tq 1} \
                --out "$out/placement.csv" ;;
     sanitizer) if ! command -v compute-sanitizer >/dev/null; then  # the tests would skip: no verdict, a failed step

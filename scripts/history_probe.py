@@ -1,0 +1,106 @@
+"""Which part of a sweep's earlier case moves the next case's time (GPU; a development probe, one process a run).
+
+    python scripts/history_probe.py --before sweep --then sweep [--pattern dense --B 8 --T 32768 --Tq 1
+        --B-before 1 --impl fast-decode] --out history.csv
+
+In a sweep that times fast-decode alone, the dense decode at B=8, T=32768 took 288-291 us after the B=1 case and
+256-262 us as the first case (docs/PERF.md, "A row's time and what the process timed before it"). This process
+makes the sweep's device context (peaks measured, the event timer, the memory meter), does ``--before`` with the
+case at ``--B-before``, then times the case at ``--B`` the ``--then`` way, and appends one row to ``--out``:
+- ``--before``: ``none``; ``sweep`` (the sweep's own ``run_case``: inputs, prepare inside the meter's window, the
+  float64 reference, the gate, the timing, the cleanup); ``sweep-nometer`` (the same without the memory meter);
+  ``gate`` (inputs, prepare, the reference and the gate, no timing); ``time`` (inputs, prepare and the sweep's
+  timing, no gate); ``prepare`` (inputs and prepare, five runs);
+- ``--then``: ``sweep`` (``run_case``, the row's median) or ``probe`` (inputs, prepare, the median of 20 samples
+  of the sweep's timer, no gate and no meter).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+BEFORE = ("none", "sweep", "sweep-nometer", "gate", "time", "prepare")
+THEN = ("sweep", "probe")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--before", choices=BEFORE, required=True)
+    ap.add_argument("--then", choices=THEN, required=True)
+    ap.add_argument("--pattern", default="dense")
+    ap.add_argument("--B", type=int, default=8)
+    ap.add_argument("--B-before", type=int, default=1)
+    ap.add_argument("--T", type=int, default=32768)
+    ap.add_argument("--Tq", type=int, default=1)
+    ap.add_argument("--impl", default="fast-decode")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+
+    import pandas as pd
+
+    from attnbench import sweep as sw
+    from attnbench.check import judge, problem_inputs, reference_of
+    from attnbench.impls import Problem
+
+    ctx = sw.device_context(command="history_probe")
+    if a.before == "sweep-nometer":
+        ctx.memory = None
+    impls = sw.select_impls([a.impl])
+    impl = impls[0]
+
+    def case(B):
+        cases = [c for c in sw.plan("decode", patterns=(a.pattern,), T=(a.T,), B=(B,), Tq=(a.Tq,))
+                 if c.cache_lens is None]
+        assert len(cases) == 1, cases
+        return cases[0]
+
+    def problem(c):
+        from attnbench.patterns import make_mask
+
+        mask = make_mask(c.inst.pattern, c.T, c.inst.causal, **c.inst.param_dict)
+        return Problem(mask, c.B, c.H, c.D, c.dtype, H_kv=c.H_kv, Tq=c.Tq)
+
+    def prepared(c):
+        prob = problem(c)
+        q, k, v = problem_inputs(prob, sw.case_seed(c, ctx.seed))
+        return prob, (q, k, v), impl.prepare(prob, q, k, v)
+
+    first = case(a.B_before)
+    if a.before in ("sweep", "sweep-nometer"):
+        sw.run_case(first, impls, ctx)
+    elif a.before != "none":
+        prob, qkv, runner = prepared(first)
+        if a.before == "gate":
+            g = judge(impl, prob, runner, *qkv, reference_of(prob, *qkv))
+            assert g.ok, g
+        elif a.before == "time":
+            ctx.time({impl.name: runner.run}, **ctx.timing_options())
+        else:
+            for _ in range(5):
+                runner.run()
+        del prob, qkv, runner
+        ctx.cleanup()
+
+    second = case(a.B)
+    if a.then == "sweep":
+        (row,) = sw.run_case(second, impls, ctx)
+        assert row["status"] == "ok", row
+        us = 1e3 * row["median_ms"]
+    else:
+        from attnbench.timing import EventTimer
+
+        timer = EventTimer()
+        _, qkv, runner = prepared(second)
+        runner.run()
+        us = 1e3 * statistics.median(timer.sample(runner.run) for _ in range(20))
+    out = dict(before=a.before, then=a.then, pattern=a.pattern, B=a.B, B_before=a.B_before, T=a.T, Tq=a.Tq,
+               impl=a.impl, median_us=round(us, 2), git_commit=ctx.provenance.get("git_commit"))
+    print(" ".join(f"{k}={v}" for k, v in out.items()), flush=True)
+    pd.DataFrame([out]).to_csv(a.out, mode="a", header=not os.path.exists(a.out), index=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
