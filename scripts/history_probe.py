@@ -10,9 +10,11 @@ case at ``--B-before``, then times the case at ``--B`` the ``--then`` way, and a
 - ``--before``: ``none``; ``sweep`` (the sweep's own ``run_case``: inputs, prepare inside the meter's window, the
   float64 reference, the gate, the timing, the cleanup); ``sweep-nometer`` (the same without the memory meter);
   ``gate`` (inputs, prepare, the reference and the gate, no timing); ``time`` (inputs, prepare and the sweep's
-  timing, no gate); ``prepare`` (inputs and prepare, five runs);
+  timing, no gate); ``prepare`` (inputs and prepare, five runs); ``ref`` (inputs and the float64 reference alone);
 - ``--then``: ``sweep`` (``run_case``, the row's median) or ``probe`` (inputs, prepare, the median of 20 samples
   of the sweep's timer, no gate and no meter).
+Then, on the same K and V (kept), the timer's median of one read of each (``kernels/bandwidth.cu``) and of the
+implementation prepared again on them: where the slow time stays with the arrays, their memory is what differs.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import os
 import statistics
 import sys
 
-BEFORE = ("none", "sweep", "sweep-nometer", "gate", "time", "prepare")
+BEFORE = ("none", "sweep", "sweep-nometer", "gate", "time", "prepare", "ref")
 THEN = ("sweep", "probe")
 
 
@@ -45,6 +47,14 @@ def main(argv=None) -> int:
     from attnbench.impls import Problem
 
     ctx = sw.device_context(command="history_probe")
+    made = []  # every input call's arrays, the last case's kept to the end
+
+    def inputs(shape, dtype, seed):
+        arrays = sw._device_inputs(shape, dtype, seed)
+        made.append(arrays)
+        return arrays
+
+    ctx.inputs = inputs
     if a.before == "sweep-nometer":
         ctx.memory = None
     impls = sw.select_impls([a.impl])
@@ -64,12 +74,17 @@ def main(argv=None) -> int:
 
     def prepared(c):
         prob = problem(c)
-        q, k, v = problem_inputs(prob, sw.case_seed(c, ctx.seed))
+        q, k, v = problem_inputs(prob, sw.case_seed(c, ctx.seed), inputs)
         return prob, (q, k, v), impl.prepare(prob, q, k, v)
 
     first = case(a.B_before)
     if a.before in ("sweep", "sweep-nometer"):
         sw.run_case(first, impls, ctx)
+    elif a.before == "ref":
+        prob = problem(first)
+        reference_of(prob, *problem_inputs(prob, sw.case_seed(first, ctx.seed), inputs))
+        del prob
+        ctx.cleanup()
     elif a.before != "none":
         prob, qkv, runner = prepared(first)
         if a.before == "gate":
@@ -84,6 +99,7 @@ def main(argv=None) -> int:
         ctx.cleanup()
 
     second = case(a.B)
+    made.clear()
     if a.then == "sweep":
         (row,) = sw.run_case(second, impls, ctx)
         assert row["status"] == "ok", row
@@ -95,8 +111,28 @@ def main(argv=None) -> int:
         _, qkv, runner = prepared(second)
         runner.run()
         us = 1e3 * statistics.median(timer.sample(runner.run) for _ in range(20))
+        del runner
+    # the same K and V again: a read of each, and the implementation prepared anew on them
+    import cupy
+
+    from attnbench.timing import EventTimer, read_kernel
+
+    timer = EventTimer()
+    prob = problem(second)
+    q = made[-1][0] if len(made) > 1 else made[0][0]
+    _, k, v = made[0]
+
+    def median_us(fn):
+        fn()
+        return 1e3 * statistics.median(timer.sample(fn) for _ in range(20))
+
+    read_k = median_us(read_kernel(k.view(cupy.float32).ravel()))
+    read_v = median_us(read_kernel(v.view(cupy.float32).ravel()))
+    again = median_us(impl.prepare(prob, q, k, v).run)
     out = dict(before=a.before, then=a.then, pattern=a.pattern, B=a.B, B_before=a.B_before, T=a.T, Tq=a.Tq,
-               impl=a.impl, median_us=round(us, 2), git_commit=ctx.provenance.get("git_commit"))
+               impl=a.impl, median_us=round(us, 2), read_k_us=round(read_k, 2), read_v_us=round(read_v, 2),
+               again_us=round(again, 2), k_ptr=hex(k.data.ptr), v_ptr=hex(v.data.ptr),
+               git_commit=ctx.provenance.get("git_commit"))
     print(" ".join(f"{k}={v}" for k, v in out.items()), flush=True)
     pd.DataFrame([out]).to_csv(a.out, mode="a", header=not os.path.exists(a.out), index=False)
     return 0
