@@ -15,6 +15,10 @@ case at ``--B-before``, then times the case at ``--B`` the ``--then`` way, and a
   of the sweep's timer, no gate and no meter).
 Then, on the same K and V (kept), the timer's median of one read of each (``kernels/bandwidth.cu``) and of the
 implementation prepared again on them: where the slow time stays with the arrays, their memory is what differs.
+With ``--then sweep`` and fast-decode, ``--parts FILE`` also writes the sweep's own runner (kept) against the one
+prepared again: each one's split launch alone, merge launch alone and both, and the new runner with one of the kept
+runner's device buffers (q, the partials, the list heads, the list, the lengths, the output, ...) in place of its
+own, a row each: where one buffer carries the slow time, its place is what differs.
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ def main(argv=None) -> int:
     ap.add_argument("--Tq", type=int, default=1)
     ap.add_argument("--impl", default="fast-decode")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--parts", help="CSV the runners' parts are appended to (--then sweep)")
     a = ap.parse_args(argv)
 
     import pandas as pd
@@ -55,10 +60,19 @@ def main(argv=None) -> int:
         return arrays
 
     ctx.inputs = inputs
+    runners = []  # every runner the implementation prepares, the sweep's kept past its case
     if a.before == "sweep-nometer":
         ctx.memory = None
     impls = sw.select_impls([a.impl])
     impl = impls[0]
+    prepare = impl.prepare
+
+    def keeping(*args, **kw):
+        r = prepare(*args, **kw)
+        runners.append(r)
+        return r
+
+    object.__setattr__(impl, "prepare", keeping)
 
     def case(B):
         cases = [c for c in sw.plan("decode", patterns=(a.pattern,), T=(a.T,), B=(B,), Tq=(a.Tq,))
@@ -100,6 +114,7 @@ def main(argv=None) -> int:
 
     second = case(a.B)
     made.clear()
+    runners.clear()
     if a.then == "sweep":
         (row,) = sw.run_case(second, impls, ctx)
         assert row["status"] == "ok", row
@@ -135,7 +150,35 @@ def main(argv=None) -> int:
                git_commit=ctx.provenance.get("git_commit"))
     print(" ".join(f"{k}={v}" for k, v in out.items()), flush=True)
     pd.DataFrame([out]).to_csv(a.out, mode="a", header=not os.path.exists(a.out), index=False)
+    if a.parts and a.then == "sweep":
+        kept, new = runners[0], runners[-1]
+        rows = [dict(out, runner=name, part=part, part_us=round(us, 2))
+                for name, r in (("sweep", kept), ("again", new)) for part, us in parts(r, median_us).items()]
+        # the new runner with one of the kept runner's buffers: the split launch's arguments, then the merge's
+        names = {0: "q", 3: "partials_o", 4: "partials_lse", 5: "heads", 6: "list", 7: "lens", 8: "list_of",
+                 15: "table", 16: "out", 17: "tickets"}
+        for i, name in names.items():
+            hybrid = impl.prepare(prob, q, k, v)
+            own = hybrid._args[i]
+            hybrid._args = tuple(kept._args[i] if j == i else x for j, x in enumerate(hybrid._args))
+            # the merge reads the same partials and writes the same output
+            hybrid._merge_args = tuple(kept._args[i] if x is own else x for x in hybrid._merge_args)
+            rows.append(dict(out, runner=f"again with the sweep's {name}", part="both",
+                             part_us=round(median_us(hybrid.run), 2)))
+        pd.DataFrame(rows).to_csv(a.parts, mode="a", header=not os.path.exists(a.parts), index=False)
+        for r in rows:
+            print(f"{r['runner']:32s} {r['part']:6s} {r['part_us']:8.2f} us", flush=True)
     return 0
+
+
+def parts(r, median_us) -> dict:
+    """The timer's median of a decode runner's split launch, merge launch (where it has one) and both."""
+    split = lambda: r._split(r._grid, (r._threads,), r._args, shared_mem=r._smem)  # noqa: E731
+    got = {"split": median_us(split)}
+    if r._merge is not None:
+        got["merge"] = median_us(lambda: r._merge(r._merge_grid, r._merge_block, r._merge_args))
+    got["both"] = median_us(r.run)
+    return got
 
 
 if __name__ == "__main__":
