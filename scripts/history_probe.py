@@ -19,6 +19,8 @@ With ``--then sweep`` and fast-decode, ``--parts FILE`` also writes the sweep's 
 prepared again: each one's split launch alone, merge launch alone and both, and the new runner with one of the kept
 runner's device buffers (q, the partials, the list heads, the list, the lengths, the output, ...) in place of its
 own, a row each: where one buffer carries the slow time, its place is what differs.
+``--series FILE`` appends every sample the sweep's timer takes from the second case on, with its wall time: the
+case's own, then three more timings of the kept runner by the same timer, then a new timer's.
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ def main(argv=None) -> int:
     ap.add_argument("--impl", default="fast-decode")
     ap.add_argument("--out", required=True)
     ap.add_argument("--parts", help="CSV the runners' parts are appended to (--then sweep)")
+    ap.add_argument("--series", help="CSV every sample of the second case on is appended to (--then sweep)")
     a = ap.parse_args(argv)
 
     import pandas as pd
@@ -115,10 +118,37 @@ def main(argv=None) -> int:
     second = case(a.B)
     made.clear()
     runners.clear()
+    import time as _time
+
+    series, phase = [], ["sweep"]
+    timer0 = ctx.time.__self__  # the sweep's EventTimer
+    sample0 = timer0.sample
+
+    def logged(fn, hold_us=None):
+        ms = sample0(fn, hold_us)
+        series.append(dict(phase=phase[0], wall_s=round(_time.perf_counter(), 6), ms=ms))
+        return ms
+
+    if a.series:
+        timer0.sample = logged
     if a.then == "sweep":
         (row,) = sw.run_case(second, impls, ctx)
         assert row["status"] == "ok", row
         us = 1e3 * row["median_ms"]
+        if a.series:
+            for n in range(3):
+                phase[0] = f"the sweep's timer again ({n + 1})"
+                ctx.time({impl.name: runners[0].run}, **ctx.timing_options())
+            from attnbench.timing import EventTimer
+
+            fresh = EventTimer()
+            phase[0] = "a new timer"
+            for _ in range(13):
+                t = fresh.sample(runners[0].run)
+                series.append(dict(phase=phase[0], wall_s=round(_time.perf_counter(), 6), ms=t))
+            t0 = series[0]["wall_s"]
+            rows = [dict(before=a.before, round_start=t0, **r, since_s=round(r["wall_s"] - t0, 6)) for r in series]
+            pd.DataFrame(rows).to_csv(a.series, mode="a", header=not os.path.exists(a.series), index=False)
     else:
         from attnbench.timing import EventTimer
 
