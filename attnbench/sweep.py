@@ -400,6 +400,8 @@ class Context:
     memory: Callable | None = None
     # the last configuration's float64 reference, for the next pass of the same configuration
     references: "ReferenceCache" = field(default_factory=lambda: ReferenceCache())
+    # called between a configuration's gate and its timing (the device's: a pause of timing.SETTLE_S); None: none
+    settle: Callable[[], None] | None = None
 
     def timing_options(self) -> dict:
         """The keywords ``time`` takes: the budget, or the fixed sample count when one is set."""
@@ -540,6 +542,8 @@ def run_case(case: Case, impls: list[Impl], ctx: Context, done: Callable[[dict],
             else:
                 out[impl.name] = _finish(row, "failed", g.reason)
     if runners:
+        if ctx.settle is not None:
+            ctx.settle()
         timings = ctx.time({n: r.run for n, r in runners.items()}, **ctx.timing_options())
         for name, t in timings.items():
             row = rows[name]
@@ -657,7 +661,16 @@ def device_context(seed: int = 0, budget_s: float = DEFAULT_BUDGET_S, command: s
     peaks = measure_peaks()
     timer = EventTimer()
     return Context(time=timer.time, peaks=peaks, provenance=prov, seed=seed, budget_s=budget_s,
-                   command=command, progress=progress, samples=samples, memory=DeviceMemory)
+                   command=command, progress=progress, samples=samples, memory=DeviceMemory, settle=settle)
+
+
+def settle() -> None:
+    """The pause between a configuration's gate and its timing (``timing.SETTLE_S``), the device idle."""
+    import time
+
+    from .timing import SETTLE_S
+
+    time.sleep(SETTLE_S)
 
 
 __all__ = ["Instance", "Case", "Context", "ReferenceCache", "plan", "shard", "parse_shard", "case_cost", "instances", "t_values", "select_impls", "run_case",

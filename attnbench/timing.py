@@ -22,6 +22,11 @@ MAX_SAMPLES = 1000
 TARGET_SPREAD = 0.05
 WARMUP_RUNS = 3
 DEFAULT_BUDGET_S = 2.0
+# The pause between a configuration's gate and its timing. The gate's float64 reference allocates and frees
+# gigabytes; right after it, an H200 has been seen to run a 1 GB decode read 12% slower for some tens of
+# milliseconds (every sample of the row), and at full speed 50 ms later (docs/PERF.md, "A row's time and what
+# the process timed before it").
+SETTLE_S = 0.2
 
 
 @dataclass(frozen=True)

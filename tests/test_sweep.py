@@ -201,6 +201,43 @@ def test_the_reference_s_temporaries_go_back_before_the_next_implementation_prep
     assert ctx.references.computed == 1
 
 
+def test_the_device_settles_after_the_gates_and_before_the_timing():
+    log = []
+
+    class Logged(FakeImpl):
+        def prepare(self, prob, q, k, v, do=None):
+            log.append(f"prepare {self.name}")
+            return super().prepare(prob, q, k, v, do)
+
+    impls = [Logged("a"), Logged("b")]
+    timer = FakeTimer(impls)
+
+    def time(runs, **kw):
+        log.append("time " + " ".join(runs))
+        return timer(runs, **kw)
+
+    ctx = sw.Context(time=time, peaks=PEAKS, provenance=dict(PROVENANCE), inputs=host_inputs, cleanup=lambda: None,
+                     settle=lambda: log.append("settle"))
+    rows = sw.run_case(case(), impls, ctx)
+    assert {r["status"] for r in rows} == {"ok"}
+    assert log == ["prepare a", "prepare b", "settle", "time a b"]
+    # a configuration with nothing to time does not wait
+    log.clear()
+    rows = sw.run_case(case(), [FakeImpl("w", factor=2.0)], ctx)
+    assert rows[0]["status"] == "failed" and log == []
+
+
+def test_the_device_context_pauses_between_gate_and_timing(monkeypatch):
+    import time as _time
+
+    from attnbench import timing
+
+    slept = []
+    monkeypatch.setattr(_time, "sleep", slept.append)
+    sw.settle()
+    assert slept == [timing.SETTLE_S] and timing.SETTLE_S > 0
+
+
 def test_failed_inputs_fail_every_candidate():
     impls = [FakeImpl("a"), FakeImpl("b", unavailable="no")]
 
