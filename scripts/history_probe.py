@@ -45,6 +45,8 @@ def main(argv=None) -> int:
     ap.add_argument("--impl", default="fast-decode")
     ap.add_argument("--out", required=True)
     ap.add_argument("--parts", help="CSV the runners' parts are appended to (--then sweep)")
+    ap.add_argument("--settle-s", type=float, default=None,
+                    help="the pause between the gate and the timing (default: the sweep's; 0: none)")
     ap.add_argument("--series", help="CSV every sample of the second case on is appended to (--then sweep)")
     a = ap.parse_args(argv)
 
@@ -66,6 +68,10 @@ def main(argv=None) -> int:
     runners = []  # every runner the implementation prepares, the sweep's kept past its case
     if a.before == "sweep-nometer":
         ctx.memory = None
+    if a.settle_s is not None:
+        import time
+
+        ctx.settle = (lambda: time.sleep(a.settle_s)) if a.settle_s > 0 else None
     impls = sw.select_impls([a.impl])
     impl = impls[0]
     prepare = impl.prepare
@@ -174,8 +180,8 @@ def main(argv=None) -> int:
     read_k = median_us(read_kernel(k.view(cupy.float32).ravel()))
     read_v = median_us(read_kernel(v.view(cupy.float32).ravel()))
     again = median_us(impl.prepare(prob, q, k, v).run)
-    out = dict(before=a.before, then=a.then, pattern=a.pattern, B=a.B, B_before=a.B_before, T=a.T, Tq=a.Tq,
-               impl=a.impl, median_us=round(us, 2), read_k_us=round(read_k, 2), read_v_us=round(read_v, 2),
+    out = dict(before=a.before, then=a.then, settle_s=a.settle_s, pattern=a.pattern, B=a.B, B_before=a.B_before,
+               T=a.T, Tq=a.Tq, impl=a.impl, median_us=round(us, 2), read_k_us=round(read_k, 2), read_v_us=round(read_v, 2),
                again_us=round(again, 2), k_ptr=hex(k.data.ptr), v_ptr=hex(v.data.ptr),
                git_commit=ctx.provenance.get("git_commit"))
     print(" ".join(f"{k}={v}" for k, v in out.items()), flush=True)
