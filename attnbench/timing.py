@@ -22,10 +22,11 @@ MAX_SAMPLES = 1000
 TARGET_SPREAD = 0.05
 WARMUP_RUNS = 3
 DEFAULT_BUDGET_S = 2.0
-# The pause between a configuration's gate and its timing. The gate's float64 reference allocates and frees
-# gigabytes; right after it, an H200 has been seen to run a 1 GB decode read 12% slower for some tens of
-# milliseconds (every sample of the row), and at full speed 50 ms later (docs/PERF.md, "A row's time and what
-# the process timed before it").
+# The pause between a configuration's gates and its timing. Right after a gate (in a process whose earlier case
+# was gated too), an H200 ran fast-decode's 1 GB dense decode 12% slower in every sample of the row, and at full
+# speed 50 ms later with the same runner and the same timer; a pause of 50 ms before the timing removed it in 4
+# processes of 4, against 3 of 4 slow without one (docs/PERF.md, "A row's time and what the process timed before
+# it"). Four times what was seen to be enough.
 SETTLE_S = 0.2
 
 

@@ -183,15 +183,21 @@ def test_a_row_says_the_hold_only_where_its_host_path_outgrew_the_default(hold, 
     assert setup.get("hold_us") == (1400.0 if grew else None)
 
 
+class Logged(FakeImpl):
+    """A FakeImpl that appends "prepare NAME" to ``log`` as it prepares."""
+
+    def __init__(self, name, log):
+        super().__init__(name)
+        self.log = log
+
+    def prepare(self, prob, q, k, v, do=None):
+        self.log.append(f"prepare {self.name}")
+        return super().prepare(prob, q, k, v, do)
+
+
 def test_the_reference_s_temporaries_go_back_before_the_next_implementation_prepares():
     log = []
-
-    class Logged(FakeImpl):
-        def prepare(self, prob, q, k, v, do=None):
-            log.append(f"prepare {self.name}")
-            return super().prepare(prob, q, k, v, do)
-
-    impls = [Logged("a"), Logged("b")]
+    impls = [Logged("a", log), Logged("b", log)]
     ctx, _ = ctx_for(impls)
     ctx.cleanup = lambda: log.append("cleanup")
     rows = sw.run_case(case(), impls, ctx)
@@ -203,13 +209,7 @@ def test_the_reference_s_temporaries_go_back_before_the_next_implementation_prep
 
 def test_the_device_settles_after_the_gates_and_before_the_timing():
     log = []
-
-    class Logged(FakeImpl):
-        def prepare(self, prob, q, k, v, do=None):
-            log.append(f"prepare {self.name}")
-            return super().prepare(prob, q, k, v, do)
-
-    impls = [Logged("a"), Logged("b")]
+    impls = [Logged("a", log), Logged("b", log)]
     timer = FakeTimer(impls)
 
     def time(runs, **kw):
