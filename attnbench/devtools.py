@@ -223,3 +223,29 @@ def event_floor_rows(samples: int = 51) -> list[dict]:
         rows.append(dict(timestamp=now(), **prov, what=what, launches=launches, bytes=nbytes, median_ms=t.median_ms,
                          p20_ms=t.p20_ms, p80_ms=t.p80_ms, samples=t.samples))
     return rows
+
+
+# attnbench floor's one-launch rows used: the empty launch and each read alone; the first two reads must be there (a
+# floor file from before the longer reads has only those), the others are used where present
+READ_POINTS = (FLOOR_EMPTY,) + tuple(floor_read_name(n) for n in FLOOR_READ_BYTES)
+READ_NEEDED = READ_POINTS[:3]
+
+
+def read_time(floor_rows):
+    """A function of bytes and milliseconds a byte past the last point (arrays) to the milliseconds one launch that
+    reads them takes under the protocol, from ``attnbench floor``'s rows: linear between its one-launch points, past
+    the last one its time plus the rest at the given rate. ValueError when a point is missing."""
+    lacks = [c for c in ("what", "bytes", "median_ms") if c not in floor_rows]
+    if lacks:
+        raise ValueError(f"not attnbench floor's rows: no column {', '.join(lacks)}")
+    pts = floor_rows[floor_rows["what"].isin(READ_POINTS)].sort_values("bytes")
+    if not set(READ_NEEDED) <= set(pts["what"]):
+        raise ValueError(f"the floor rows lack one of {', '.join(READ_NEEDED)}")
+    import numpy as np
+
+    b, ms = pts["bytes"].to_numpy(float), pts["median_ms"].to_numpy(float)
+
+    def at(nbytes, ms_per_byte):
+        x = np.asarray(nbytes, float)
+        return np.where(x <= b[-1], np.interp(x, b, ms), ms[-1] + (x - b[-1]) * np.asarray(ms_per_byte, float))
+    return at

@@ -35,37 +35,13 @@ import sys
 import numpy as np
 import pandas as pd
 
-from attnbench.devtools import FLOOR_EMPTY, FLOOR_READ_BYTES, floor_read_name
+from attnbench.devtools import read_time  # noqa: F401 - this script's --read (tests call it here too)
 
 FLOOR_MIN_MS = 0.010  # the 10 us below which a decode's floor does not go
 SHARE = 0.9  # dense: the share of the measured bandwidth asked
 CASE = ["pattern", "label", "B", "Tq", "T", "cache_lens", "H", "H_kv", "D", "dtype"]
 SDPA = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math")
 FLAT_FROM, FLAT_AT = 4096, 1048576
-
-
-# attnbench floor's one-launch rows used: the empty launch and each read alone; the first two reads must be there (a
-# floor file from before the longer reads has only those), the others are used where present
-READ_POINTS = (FLOOR_EMPTY,) + tuple(floor_read_name(n) for n in FLOOR_READ_BYTES)
-READ_NEEDED = READ_POINTS[:3]
-
-
-def read_time(floor_rows: pd.DataFrame):
-    """A function of bytes and milliseconds a byte past the last point (arrays) to the milliseconds one launch that
-    reads them takes under the protocol, from ``attnbench floor``'s rows: linear between its one-launch points, past
-    the last one its time plus the rest at the given rate. ValueError when a point is missing."""
-    lacks = [c for c in ("what", "bytes", "median_ms") if c not in floor_rows]
-    if lacks:
-        raise ValueError(f"not attnbench floor's rows: no column {', '.join(lacks)}")
-    pts = floor_rows[floor_rows["what"].isin(READ_POINTS)].sort_values("bytes")
-    if not set(READ_NEEDED) <= set(pts["what"]):
-        raise ValueError(f"the floor rows lack one of {', '.join(READ_NEEDED)}")
-    b, ms = pts["bytes"].to_numpy(float), pts["median_ms"].to_numpy(float)
-
-    def at(nbytes, ms_per_byte):
-        x = np.asarray(nbytes, float)
-        return np.where(x <= b[-1], np.interp(x, b, ms), ms[-1] + (x - b[-1]) * np.asarray(ms_per_byte, float))
-    return at
 
 
 def table(rows: pd.DataFrame, impls=("fast-decode",), read=None) -> pd.DataFrame:

@@ -19,6 +19,10 @@ The CSVs are read as one. For every (instance, D) of ``--impl`` with fwd, bwd an
   target asks more than dense's rate per visited tile);
 - ``fwd_target``, ``fwd_need``, ``fwd_bound_over_target``: the same for the forward bar, 2x Flex, or 80% of the
   forward's floor where 2x Flex would pass it (SDPA cuDNN on dense).
+- with ``--read FLOOR.csv`` (``attnbench floor``'s rows from the same GPU): ``fwd_read`` and ``fwd_bwd_read``, what the
+  timing protocol measures for one launch that reads the pass's bytes (``bytes_floor``) and does nothing else
+  (``attnbench.devtools.read_time``, as scripts/decode_targets.py takes it), and ``fwd_target_below_read``,
+  ``target_below_read`` where the target asks less time than that; the summary counts such misses;
 - ``need_capped``, ``fwd_need_capped``: the same against the floor clause read as a cap, max(Flex / 3, 2x the floor)
   and max(Flex / 2, the floor / 0.8): the targets above ask 3x Flex wherever it lies beyond the floor, which is up to
   100% of the floor where Flex / 3 falls just beyond it, and only 50% where it falls just short. A CSV of forward rows alone (the llm
@@ -65,7 +69,8 @@ def bwd_tile(mask, D: int) -> tuple[int, int]:
     return 64, 64 * max(1, cfg.NWARPS // 4)
 
 
-def table(rows: pd.DataFrame, impl: str = "fast-tc", rate_impl: str = "fast-tc", T: int | None = None) -> pd.DataFrame:
+def table(rows: pd.DataFrame, impl: str = "fast-tc", rate_impl: str = "fast-tc", T: int | None = None,
+          read=None) -> pd.DataFrame:
     from attnbench.fast_tc import choose_config
     from attnbench.impls import get_impl
     from attnbench.patterns import make_mask
@@ -82,6 +87,8 @@ def table(rows: pd.DataFrame, impl: str = "fast-tc", rate_impl: str = "fast-tc",
     T = int(Ts[0])
     ms = ok.groupby(["label", "D", "pass", "impl"]).median_ms.min()
     floor = ok[ok.impl == impl].groupby(["label", "D", "pass"]).floor_ms.min()
+    nbytes = ok[ok.impl == impl].groupby(["label", "D", "pass"]).bytes_floor.min()
+    ms_a_byte = 1e3 / (ok[ok.impl == impl].peak_tbps.max() * 1e12)  # past the floor file's longest read
     out = []
     dense_rows = ok[(ok.impl == rate_impl) & (ok.pattern == "dense") & (ok["T"] == T)]
     for (label, D), g in pd.concat([ok[ok.impl == impl], dense_rows]).groupby(["label", "D"]):
@@ -128,6 +135,11 @@ def table(rows: pd.DataFrame, impl: str = "fast-tc", rate_impl: str = "fast-tc",
                         bound_over_target=(tf + tb) / target, fwd_target=fwd_target,
                         fwd_need=get(x.label, "fwd") / fwd_target, fwd_bound_over_target=tf / fwd_target,
                         need_capped=fb / capped, fwd_need_capped=get(x.label, "fwd") / fwd_capped))
+        if read is not None:  # one launch that reads the pass's bytes and does nothing else, under the protocol
+            fb_read = float(read(nbytes.get((x.label, x.D, "fwd+bwd"), float("nan")), ms_a_byte))
+            fwd_read = float(read(nbytes.get((x.label, x.D, "fwd"), float("nan")), ms_a_byte))
+            res[-1].update(fwd_bwd_read=fb_read, target_below_read=target < fb_read, fwd_read=fwd_read,
+                           fwd_target_below_read=fwd_target < fwd_read)
     return pd.DataFrame(res)
 
 
@@ -143,6 +155,11 @@ def summary(t: pd.DataFrame, rows: pd.DataFrame, impl: str = "fast-tc") -> list[
             met = int((x[f"{col}_capped"] <= 1).sum())
             lines.append(f"sparse {what}: {int((x[col] <= 1).sum())} of {len(x)} met "
                          f"({met} with the floor clause as a cap, {cap})")
+            below = {"need": "target_below_read", "fwd_need": "fwd_target_below_read"}[col]
+            if below in x:
+                miss = x[x[col] > 1]
+                lines.append(f"  of its {len(miss)} misses, {int(miss[below].astype(bool).sum())} ask less time than "
+                             "one launch that reads the pass's bytes")
     dense = ok[ok.pattern == "dense"].groupby(["D", "pass", "impl"]).median_ms.min()
     for D in sorted(t[t.instance == "dense"].D.unique()):
         d = lambda p, who=impl: dense.get((D, p, who), float("nan"))  # noqa: E731
@@ -162,6 +179,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rate-impl", default="fast-tc", help="whose dense rows give the rate")
     ap.add_argument("--T", type=int, help="the rows of one T (a CSV of several)")
     ap.add_argument("--csv-out", dest="out")
+    ap.add_argument("--read", metavar="FLOOR_CSV",
+                    help="attnbench floor's CSV from the same GPU: the one-launch reads (fwd_read, fwd_bwd_read)")
     a = ap.parse_args(argv)
     from attnbench.patterns import BadInput
     from attnbench.results import read_results
@@ -171,7 +190,16 @@ def main(argv=None) -> int:
     except BadInput as e:
         print(f"dense_rate_bound: {e}", file=sys.stderr)
         return 1
-    t = table(rows, a.impl, a.rate_impl, a.T)
+    read = None
+    if a.read:
+        from attnbench.devtools import read_time
+
+        try:
+            read = read_time(pd.read_csv(a.read))
+        except (OSError, ValueError) as e:
+            print(f"dense_rate_bound: --read {a.read}: {e}", file=sys.stderr)
+            return 1
+    t = table(rows, a.impl, a.rate_impl, a.T, read)
     if a.out:
         t.to_csv(a.out, index=False)
     with pd.option_context("display.width", 250, "display.max_columns", 30):

@@ -113,3 +113,22 @@ def test_the_capped_reading_never_asks_more_than_half_the_floor(bound):
     assert ((capped > sparse.target * (1 + 1e-12)) == between).all()
     dense = bound[bound.instance == "dense"]
     assert (dense.need_capped == dense.need).all()
+
+
+def test_the_targets_against_one_launch_s_read():
+    """--read: each pass's bytes read by one launch under the protocol (the floor file's points), and the targets that
+    ask less time than that: block-diagonal 16's fwd+bwd at D=64 (3x Flex, 0.185 ms, against a 0.190 ms read)."""
+    from attnbench.devtools import read_time
+
+    s = _script()
+    t = s.table(_rows("train-32768-h200.csv"), read=read_time(pd.read_csv(ROOT / "results" / "floor-h200.csv")))
+    sparse = t[t.instance != "dense"].set_index(["instance", "D"])
+    assert (sparse.fwd_bwd_read > sparse.fwd_read).all()  # the training step moves more bytes than its forward
+    assert (sparse.target_below_read == (sparse.target < sparse.fwd_bwd_read)).all()
+    assert sparse.loc[("block_diagonal(block=16)", 64), "target_below_read"]
+    assert not sparse.loc[("window(window=4096)", 64), "target_below_read"]
+    # D=128 moves twice D=64's bytes: a longer read, and less than twice as long (a launch's fixed part)
+    d64, d128 = sparse.xs(64, level="D").fwd_read.iloc[0], sparse.xs(128, level="D").fwd_read.iloc[0]
+    assert d64 < d128 < 2 * d64
+    lines = s.summary(t, _rows("train-32768-h200.csv"))
+    assert "  of its 10 misses, 1 ask less time than one launch that reads the pass's bytes" in lines
