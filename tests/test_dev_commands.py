@@ -464,3 +464,52 @@ def test_every_decode_shape_field_is_in_the_help(command):
 
     text = " ".join(CliRunner().invoke(main, [command, "--help"], terminal_width=200).output.split())
     assert all(f in text for f in DECODE_FIELDS), [f for f in DECODE_FIELDS if f not in text]
+
+
+# -- scripts/gpu_check.sh and the probes it runs ----------------------------------------------------------------------
+
+GPU_CHECK = Path(__file__).parents[1] / "scripts" / "gpu_check.sh"
+
+
+def _gpu_check_steps() -> list[str]:
+    import re
+
+    text = GPU_CHECK.read_text()
+    body = text[text.index('case "$s" in'):]
+    return re.findall(r"^    ([a-z]+)\)", body, re.M)
+
+
+def test_every_gpu_check_step_is_described_in_its_header():
+    text = GPU_CHECK.read_text()
+    header = text[:text.index("\nset ")]
+    listed = next(line for line in header.splitlines() if line.startswith("#   steps:")).split()
+    steps = _gpu_check_steps()
+    assert {"tests", "context", "history", "placement", "decode"} <= set(steps)
+    assert [s for s in steps if f"#   {s}:" not in header and s not in listed] == []
+
+
+def test_the_history_step_s_default_variants_are_the_probe_s_choices():
+    import re
+
+    from scriptmod import script
+
+    probe = script("history_probe")
+    default = re.search(r"HISTORY_VARIANTS:-([^}]*)}", GPU_CHECK.read_text()).group(1).split()
+    assert default and all(v.count(":") == 1 for v in default)
+    for v in default:
+        before, then = v.split(":")
+        assert before in probe.BEFORE and then in probe.THEN
+
+
+@pytest.mark.parametrize("name, needed", [("history_probe", ["--before", "gate", "--then", "sweep"]),
+                                          ("placement_probe", [])])
+def test_the_probes_refuse_bad_options_before_touching_a_device(name, needed, capsys):
+    from scriptmod import script
+
+    probe = script(name)
+    with pytest.raises(SystemExit) as e:
+        probe.main(needed + ["--out", "x.csv", "--no-such-option"])
+    assert e.value.code == 2 and "--no-such-option" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        probe.main(["--help"])
+    assert e.value.code == 0
