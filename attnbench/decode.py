@@ -117,8 +117,8 @@ class DecodeConfig:
     ONE_PER_SM: int = 8  # B=1: 3-4% faster than two a SM on an H200 (docs/PERF.md "decode v2")
     CLASSES: int = 1  # dilated B=64, Tq=1: 104.7 -> 61.3 us on an H100 (docs/PERF.md "decode v3")
     BN_SHORT: int = 32  # streaming 16+64 B=64, Tq=1: 25.3 -> 19.6 us on an H100 (docs/PERF.md "decode v4")
-    PDL: int = 0  # 0.3-1.3 us less on short lists, which clusters now take; under 1% on long ones (H100 and H200;
-    #               docs/PERF.md "decode v5", "decode v6")
+    PDL: int = 1  # the merge launch (long dense lists; clusters take the short ones) 0.1-1.4% faster on an H200
+    #               (docs/PERF.md "Dense decoding at Tq=1 against cuDNN: the merge launch"; "decode v5", "decode v6")
     CLUSTER: int = 8
     CLUSTER_TILES: int = 9  # window 4096 at Tq=16 (65 tiles) in a cluster: B=8 73.3 -> 70.2 us, others within
     #                          2% (H100; docs/PERF.md "decode v6")
