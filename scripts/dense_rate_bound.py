@@ -18,15 +18,15 @@ The CSVs are read as one. For every (instance, D) of ``--impl`` with fwd, bwd an
 - ``need``: measured fwd+bwd over the target; ``bound_over_target``: the dense-rate fwd+bwd over it (above 1: the
   target asks more than dense's rate per visited tile);
 - ``fwd_target``, ``fwd_need``, ``fwd_bound_over_target``: the same for the forward bar, 2x Flex, or 80% of the
-  forward's floor where 2x Flex would pass it (SDPA cuDNN on dense).
+  forward's floor where 2x Flex would pass it (SDPA cuDNN on dense). A CSV of forward rows alone (the llm
+  configuration, ``--T`` to take one size) gives these and leaves the backward's columns empty.
 - with ``--read FLOOR.csv`` (``attnbench floor``'s rows from the same GPU): ``fwd_read`` and ``fwd_bwd_read``, what the
   timing protocol measures for one launch that reads the pass's bytes (``bytes_floor``) and does nothing else
   (``attnbench.devtools.read_time``, as scripts/decode_targets.py takes it), and ``fwd_target_below_read``,
   ``target_below_read`` where the target asks less time than that; the summary counts such misses;
 - ``need_capped``, ``fwd_need_capped``: the same against the floor clause read as a cap, max(Flex / 3, 2x the floor)
   and max(Flex / 2, the floor / 0.8): the targets above ask 3x Flex wherever it lies beyond the floor, which is up to
-  100% of the floor where Flex / 3 falls just beyond it, and only 50% where it falls just short. A CSV of forward rows alone (the llm
-  configuration, ``--T`` to take one size) gives these and leaves the backward's columns empty.
+  100% of the floor where Flex / 3 falls just beyond it, and only 50% where it falls just short.
 Then the targets counted (``summary``): the sparse instances that meet the fwd+bwd and the forward targets, and per
 D dense causal's fwd+bwd against SDPA flash and cuDNN, its bwd / fwd, and its forward against cuDNN.
 """

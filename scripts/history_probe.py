@@ -28,6 +28,7 @@ import argparse
 import os
 import statistics
 import sys
+import time
 
 BEFORE = ("none", "sweep", "sweep-nometer", "gate", "time", "prepare", "ref")
 THEN = ("sweep", "probe")
@@ -69,8 +70,6 @@ def main(argv=None) -> int:
     if a.before == "sweep-nometer":
         ctx.memory = None
     if a.settle_s is not None:
-        import time
-
         ctx.settle = (lambda: time.sleep(a.settle_s)) if a.settle_s > 0 else None
     impls = sw.select_impls([a.impl])
     impl = impls[0]
@@ -124,15 +123,13 @@ def main(argv=None) -> int:
     second = case(a.B)
     made.clear()
     runners.clear()
-    import time as _time
-
     series, phase = [], ["sweep"]
     timer0 = ctx.time.__self__  # the sweep's EventTimer
     sample0 = timer0.sample
 
     def logged(fn, hold_us=None):
         ms = sample0(fn, hold_us)
-        series.append(dict(phase=phase[0], wall_s=round(_time.perf_counter(), 6), ms=ms))
+        series.append(dict(phase=phase[0], wall_s=round(time.perf_counter(), 6), ms=ms))
         return ms
 
     if a.series:
@@ -151,7 +148,7 @@ def main(argv=None) -> int:
             phase[0] = "a new timer"
             for _ in range(13):
                 t = fresh.sample(runners[0].run)
-                series.append(dict(phase=phase[0], wall_s=round(_time.perf_counter(), 6), ms=t))
+                series.append(dict(phase=phase[0], wall_s=round(time.perf_counter(), 6), ms=t))
             t0 = series[0]["wall_s"]
             rows = [dict(before=a.before, round_start=t0, **r, since_s=round(r["wall_s"] - t0, 6)) for r in series]
             pd.DataFrame(rows).to_csv(a.series, mode="a", header=not os.path.exists(a.series), index=False)
