@@ -8,10 +8,12 @@ classes is one band of a - b (``Mask.class_major``, the pattern ``class_bands``)
 full but at the band's edges: at T=32768 the 64 x 64 list visits 1.06 times the live pairs instead
 of 1.93, and 12% of its tiles are partial instead of 73%.
 
-A runner here copies Q, K and V (and dO) into the layout (kernels/classes.cu), runs fast-tc's
-kernels on the ``class_bands`` mask there, and copies O (and dQ, dK, dV) back, all inside ``run``;
-the forward's saved state of a ``bwd`` row (O and the log-sum-exp) stays in the layout, as a
-training step that kept it would.
+Where each class holds a multiple of 128 positions (T a multiple of 128 r), fast-tc's kernels run on
+the ``class_bands`` mask read in place (its ``in_place``, kernels/tc/rows.cuh): they load and store
+each layout row where it lies in the arrays, so nothing is copied (``IN_PLACE``). Elsewhere a runner
+here copies Q, K and V (and dO) into the layout (kernels/classes.cu), runs fast-tc's kernels on the
+mask there, and copies O (and dQ, dK, dV) back, all inside ``run``; the forward's saved state of a
+``bwd`` row (O and the log-sum-exp) stays in the layout, as a training step that kept it would.
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ KERNEL = "classes"
 # little gain), 1.43x at 8192, 1.81x at 32768 (H200, docs/PERF.md "fast-tc-classes v1 on an H200, and v2":
 # fwd+bwd 1.84x and 1.68x faster at D 64 and 128, the copies included), 1.88x at 131072 (1.83x and 1.63x).
 MIN_GAIN = 1.25
+# the layout read in place by the kernels where the classes' lengths allow it (False: the copies always)
+IN_PLACE = True
 ENTRY = "class_major"
 THREADS = 256
 VEC_BYTES = 16
@@ -102,6 +106,12 @@ def build(impl, prob: Problem, q, k, v, cfg=None, do=None) -> Runner:
     from .fast_tc import bind_inputs
 
     r, banded = layout_of(prob)
+    in_place = banded.in_place() if IN_PLACE else None
+    if in_place is not None:  # no copies: the kernels read and write the layout where it lies
+        sub = replace(prob, mask=in_place)
+        inner = replace(impl, classes=False).build(sub, q, k, v, cfg, do=do)
+        inner.setup = dict(inner.setup, layout=f"class-major r={r} in place")
+        return inner
     names = ("q", "k", "v") + (("do",) if do is not None else ())
     arrays = bind_inputs(prob, q, k, v, *((do,) if do is not None else ()), names=names)
     perm = [cupy.empty_like(a) for a in arrays]

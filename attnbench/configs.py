@@ -124,9 +124,12 @@ def get_config(name: str) -> Config:
 
 
 def layouts(mask) -> list:
-    """``mask``, then its class-major layout where it has one (what fast-tc and fast-tc-classes compile)."""
+    """``mask``, then its class-major layout where it has one, copied and read in place where its classes allow
+    (what fast-tc and fast-tc-classes compile)."""
     r, banded = mask.class_major()
-    return [mask] + ([banded] if r > 1 else [])
+    if r == 1:
+        return [mask]
+    return [mask, banded] + [m for m in (banded.in_place(),) if m is not None]
 
 
 __all__ = ["Instance", "Config", "CONFIGS", "SEED", "LLM", "TRAINING", "DECODE", "get_config", "layouts"]

@@ -509,7 +509,7 @@ def forward_launch(prob: Problem, cfg: TileConfig, arrays, out, lse=None, setup:
     scale_log2 = np.float32(prob.softmax_scale * LOG2E)
     if uses_tma(cfg, prob.mask):
         with timed(setup, "tma_maps_s"):  # K's and V's over their own [B * H_kv, T, D]
-            maps = head_maps(list(arrays) + [out], (cfg.BM, cfg.BN, cfg.BN, cfg.BM))
+            maps = head_maps(list(arrays) + [out], (cfg.BM, cfg.BN, cfg.BN, cfg.BM), prob.mask.rows_in_place())
     else:
         maps = [TensorMap()] * 4  # zeros, not read
     table = dev.table if dev.table is not None else table_array(inner)  # a device build wrote its own

@@ -967,7 +967,7 @@ class Backward:
         if cfg.TMA:  # then the maps of Q and dO (the wgmma main loop's bulk copies)
             from .tma import head_maps
 
-            mmaps = head_maps([q, do], (cfg.BM, cfg.BM))
+            mmaps = head_maps([q, do], (cfg.BM, cfg.BM), prob.mask.rows_in_place())
             if cfg.DQR:  # then the map of dQ's float32 accumulator (its bulk reductions)
                 from .tma import acc_map
 
@@ -998,7 +998,8 @@ class Backward:
             from .tma import TensorMap, head_maps
 
             BM, BN = self.pcfg.BM, self.pcfg.BN
-            maps = head_maps([q, k, v, do, o], (BM, BN, BN, BM, BM)) if self.pcfg.TMA else [TensorMap()] * 5
+            maps = (head_maps([q, k, v, do, o], (BM, BN, BN, BM, BM), prob.mask.rows_in_place()) if self.pcfg.TMA
+                    else [TensorMap()] * 5)
             pargs += tuple(m.arg for m in maps)
         grid = (ft.heads.shape[0], B * H, min(self.stride, T))
         if self.pcfg.PERSIST:  # about the resident blocks, the works of that grid in turn

@@ -71,13 +71,19 @@ def encode_tiled(ptr: int, dims: tuple[int, ...], strides: tuple[int, ...], box:
     return m
 
 
-def head_maps(arrays, box_rows: tuple[int, ...]) -> list[TensorMap]:
+def head_maps(arrays, box_rows: tuple[int, ...], classes: int = 1) -> list[TensorMap]:
     """One map per [B, H, T, D] array of 16-bit elements, in boxes of ``box_rows[i]`` rows by 64
-    columns of one head (dims D, T, B*H)."""
+    columns of one head (dims D, T, B*H). ``classes`` r > 1: the class-major layout read in place
+    (kernels/tc/rows.cuh): dims D, r, T / r, B*H (row a * r + c is class c's row a), boxes of rows of one
+    class, which the kernels address by (column, class, row in the class, head)."""
     maps = []
     for a, rows in zip(arrays, box_rows):
         B, H, T, D = a.shape
-        maps.append(encode_tiled(a.data.ptr, (D, T, B * H), (D * 2, T * D * 2), (64, rows, 1)))
+        if classes == 1:
+            maps.append(encode_tiled(a.data.ptr, (D, T, B * H), (D * 2, T * D * 2), (64, rows, 1)))
+        else:
+            maps.append(encode_tiled(a.data.ptr, (D, classes, T // classes, B * H),
+                                     (D * 2, classes * D * 2, T * D * 2), (64, 1, rows, 1)))
     return maps
 
 

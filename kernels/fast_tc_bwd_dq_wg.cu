@@ -173,9 +173,9 @@ __device__ __forceinline__ void tc_bwd_dq_pass_wg(unsigned char* smem, const TcW
         tma_expect(bar_o, (BWD_PASS_STATS == 2 ? 2 : 1) * BM * HEAD_D * 2);
 #pragma unroll
         for (int pn = 0; pn < HEAD_D / 64; ++pn) {
-            tma_load3(ps.o + pn * BM * 128, &mapdO, pn * 64, qt * BM, blockIdx.y, bar_o);
+            tc_tma_load_rows(ps.o + pn * BM * 128, &mapdO, pn * 64, qt * BM, blockIdx.y, bar_o);
 #if BWD_PASS_STATS == 2
-            tma_load3(ps.ot + pn * BM * 128, &mapO, pn * 64, qt * BM, blockIdx.y, bar_o);
+            tc_tma_load_rows(ps.ot + pn * BM * 128, &mapO, pn * 64, qt * BM, blockIdx.y, bar_o);
 #endif
         }
     }

@@ -47,11 +47,22 @@ __device__ __forceinline__ void tma_load3(unsigned dst, const void* map, int c0,
                  " [%0], [%1, {%2, %3, %4}], [%5];\n"
                  :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
 }
+// ... of a 4-d tensor map, at coordinates (c0, c1, c2, c3) (tc/rows.cuh: the class-major layout read in place)
+__device__ __forceinline__ void tma_load4(unsigned dst, const void* map, int c0, int c1, int c2, int c3, unsigned bar) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+                 :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
+}
 // copy a box of shared memory at `src` to coordinates (c0, c1, c2) of a 3-d tensor map (elements
 // past the tensor's extent are not written)
 __device__ __forceinline__ void tma_store3(const void* map, int c0, int c1, int c2, unsigned src) {
     asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3}], [%4];\n"
                  :: "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(src) : "memory");
+}
+// ... to coordinates (c0, c1, c2, c3) of a 4-d tensor map
+__device__ __forceinline__ void tma_store4(const void* map, int c0, int c1, int c2, int c3, unsigned src) {
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n"
+                 :: "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src) : "memory");
 }
 // close the stores issued by this thread and wait until they have read their shared memory
 __device__ __forceinline__ void tma_store_commit_and_wait() {

@@ -120,6 +120,36 @@ def test_fast_tc_takes_the_layout_where_its_lists_visit_fewer_tiles(params, T, t
     assert not IMPL.takes_classes(plain)
 
 
+@pytest.mark.parametrize("T,reads", [(32768, True), (4096, True), (512, True), (1000, False), (2000, False),
+                                     (256, False)])
+def test_the_layout_is_read_in_place_where_its_classes_hold_whole_tiles(T, reads):
+    """128 positions a class or a multiple of them (T a multiple of 512 at r = 4): the kernels take the layout where
+    it lies, their rows by LAYOUT_R and LAYOUT_N; elsewhere none, and the runner copies."""
+    _, banded = make_mask("dilated", T, True, **LEVELS).class_major()
+    placed = banded.in_place()
+    assert (placed is not None) == reads
+    assert banded.rows_in_place() == 1 and "LAYOUT_R" not in banded.device_defines()
+    if reads:
+        assert placed.rows_in_place() == 4
+        d = placed.device_defines()
+        assert (d["LAYOUT_R"], d["LAYOUT_N"]) == (4, T // 4)
+        # the same pairs: only where the rows lie changes
+        if T <= 4096:
+            np.testing.assert_array_equal(placed.dense(), banded.dense())
+        assert build(placed, 64, 64).n_visited == build(banded, 64, 64).n_visited
+
+
+def test_in_place_is_refused_where_a_class_holds_no_whole_tiles():
+    from attnbench.patterns.class_bands import ClassBands
+
+    _, banded = make_mask("dilated", 1000, True, **LEVELS).class_major()
+    with pytest.raises(BadInput, match="in_place=1 needs length=250"):
+        ClassBands().validate(1000, dict(banded.params, in_place=1))
+    with pytest.raises(BadInput, match="in_place=2 must be 0 or 1"):
+        ClassBands().validate(1000, dict(banded.params, in_place=2))
+    assert make_mask("dilated", 4096, True).in_place() is None  # not a class_bands mask
+
+
 def test_the_label_of_a_mask_outside_the_registry():
     _, banded = make_mask("dilated", 16, True, **SMALL).class_major()
     assert banded.label().startswith("class_bands(classes=4,length=4,bands=")
@@ -176,16 +206,42 @@ def test_the_device_predicate_is_the_band(params, T, causal):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("in_place", [True, False], ids=["in_place", "copies"])
 @pytest.mark.parametrize("pass_name,D", [("fwd", 64), ("fwd+bwd", 64), ("fwd", 128), ("bwd", 128)])
-def test_fast_tc_on_its_own_layout_passes_the_gate(pass_name, D):
+def test_fast_tc_on_its_own_layout_passes_the_gate(pass_name, D, in_place, monkeypatch):
+    """T=2048: 512 positions a class, so the kernels read the layout in place, or (IN_PLACE off) copy it."""
+    from attnbench import classes
     from attnbench.arrays import random_inputs
     from attnbench.check import gate
 
+    monkeypatch.setattr(classes, "IN_PLACE", in_place)
     prob = Problem(make_mask("dilated", 2048, True, **WIDE), 1, 3, D, "bfloat16", pass_name=pass_name)
     q, k, v = random_inputs(prob.shape, prob.dtype, seed=4)
     fwd = Problem(prob.mask, 1, 3, D, "bfloat16")  # a backward's runner takes do= as well
-    assert IMPL.prepare(fwd, q, k, v).setup["layout"] == "class-major r=4"
+    want = "class-major r=4" + (" in place" if in_place else "")
+    assert IMPL.prepare(fwd, q, k, v).setup["layout"] == want
     res = gate(IMPL, prob)
+    assert res.ok, res
+
+
+def _in_place_cases():
+    for T in (512, 4096):  # 128 and 1024 positions a class
+        for n, pass_name in enumerate(("fwd", "bwd", "fwd+bwd")):
+            for D in (64, 128):
+                dtype = ("bfloat16", "float16")[(n + D // 64) % 2]
+                yield pytest.param(T, pass_name, D, dtype, id=f"T{T}-{pass_name}-D{D}-{dtype}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,pass_name,D,dtype", list(_in_place_cases()))
+def test_the_layout_read_in_place_passes_the_gate(T, pass_name, D, dtype):
+    """fast-tc-classes with no copies (kernels/tc/rows.cuh): the gate on the pattern in its own order, every pass,
+    both D and dtypes, the llm configuration's levels; B=2 and three heads, so a row's head and class both move."""
+    from attnbench.check import gate
+
+    prob = Problem(make_mask("dilated", T, True, **LEVELS), 2, 3, D, dtype, pass_name=pass_name)
+    assert prob.mask.class_major()[1].in_place() is not None
+    res = gate(CLASSES_IMPL, prob)
     assert res.ok, res
 
 
@@ -233,4 +289,13 @@ def test_the_runner_reports_its_layout():
     prob = Problem(make_mask("dilated", 1000, True, **LEVELS), 1, 2, 64, "bfloat16")
     q, k, v = random_inputs(prob.shape, prob.dtype, seed=3)
     runner = CLASSES_IMPL.prepare(prob, q, k, v)
-    assert runner.setup["layout"] == "class-major r=4"
+    assert runner.setup["layout"] == "class-major r=4"  # 250 positions a class: copied
+
+
+@pytest.mark.gpu
+def test_the_runner_reports_its_layout_read_in_place():
+    from attnbench.arrays import random_inputs
+
+    prob = Problem(make_mask("dilated", 1024, True, **LEVELS), 1, 2, 64, "bfloat16")
+    q, k, v = random_inputs(prob.shape, prob.dtype, seed=3)
+    assert CLASSES_IMPL.prepare(prob, q, k, v).setup["layout"] == "class-major r=4 in place"

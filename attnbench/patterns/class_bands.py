@@ -5,7 +5,8 @@ original position ``a * r + c``. A pattern whose live pairs, in those coordinate
 ``lo <= a - b <= hi`` for each pair of classes (cq, ck) of query and key (``Mask.class_major``:
 dilated with several levels) is this pattern with those bands; its causal clause, if any, is in the
 bands, so the mask itself is not causal. Every band is exact, so its tile lists come from the
-intervals, and a tile is partial only where a band's edge crosses it.
+intervals, and a tile is partial only where a band's edge crosses it. With ``in_place`` 1 the kernels
+read and write the arrays in the sequence's order, each layout row where it lies (kernels/tc/rows.cuh).
 Device predicate: kernels/patterns/class_bands.cuh."""
 import numpy as np
 
@@ -13,6 +14,7 @@ from .base import BadInput, Param, Pattern
 
 MAX_CLASSES = 8  # the device struct holds the bands of up to MAX_CLASSES x MAX_CLASSES class pairs
 EMPTY = (1, 0)   # a band no pair lies in (lo > hi)
+IN_PLACE_ROWS = 128  # in_place 1: the classes' lengths a multiple of the tallest tile (kernels/tc/rows.cuh)
 
 
 class ClassBands(Pattern):
@@ -20,6 +22,8 @@ class ClassBands(Pattern):
     params = (Param("classes", 1, 1, "residue classes r"),
               Param("length", 1, 1, "positions per class, n = T / r"),
               Param("bands", (), -(1 << 30), "(lo, hi) of a - b per class pair, query class major", kind="pairs",
+                    column=False),
+              Param("in_place", 0, 0, "1: the kernels read and write the layout in the sequence's order (no copies)",
                     column=False))
     summary = "class-major bands: position c * (T / r) + a is a * r + c; lo <= a - b <= hi per class pair"
 
@@ -31,6 +35,11 @@ class ClassBands(Pattern):
             raise BadInput(f"classes={r} x length={p['length']} is not T={T}")
         if len(p["bands"]) != r * r:
             raise BadInput(f"bands holds {len(p['bands'])} pairs; classes={r} needs {r * r}")
+        if p.get("in_place", 0) not in (0, 1):
+            raise BadInput(f"in_place={p['in_place']} must be 0 or 1")
+        if p.get("in_place") and p["length"] % IN_PLACE_ROWS:
+            raise BadInput(f"in_place=1 needs length={p['length']} (positions per class) to be a multiple of "
+                           f"{IN_PLACE_ROWS}: a tile of the kernels must lie in one class")
 
     @staticmethod
     def _split(x, T, r):
@@ -87,7 +96,10 @@ class ClassBands(Pattern):
 
     def extra_defines(self, T, p):
         """The bands as a constant-memory table (kernels/patterns/class_bands.cuh), read by index."""
-        return {"AB_CLASS_BANDS_TABLE": ",".join(str(int(x)) for band in p["bands"] for x in band)}
+        d = {"AB_CLASS_BANDS_TABLE": ",".join(str(int(x)) for band in p["bands"] for x in band)}
+        if p.get("in_place"):  # the kernels' rows where they lie in the arrays (kernels/tc/rows.cuh)
+            d.update(LAYOUT_R=int(p["classes"]), LAYOUT_N=int(p["length"]))
+        return d
 
     def device_args(self, p):
         return (p["classes"], p["length"]) + tuple(x for band in p["bands"] for x in band)

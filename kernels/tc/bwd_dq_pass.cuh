@@ -71,7 +71,7 @@ __device__ __forceinline__ void tc_bwd_pass_stats(const u16* __restrict__ o, con
             d = tc_dot8(tc_lds16(sOt + at), tc_lds16(sdO + at), d);
         }
 #else
-        const size_t at = (size_t)r * STRIDE * HEAD_D + h * (HEAD_D / 2);
+        const size_t at = (size_t)tc_seq_row(r) * STRIDE * HEAD_D + h * (HEAD_D / 2);
 #pragma unroll
         for (int c = 0; c < HEAD_D / 2; c += 8)
             d = tc_dot8(*reinterpret_cast<const uint4*>(o + at + c), *reinterpret_cast<const uint4*>(dO + at + c), d);

@@ -108,7 +108,7 @@ __device__ __forceinline__ void tc_bwd_store_part(u16* __restrict__ o, const flo
     for (int h = 0; h < 2; ++h) {
         const int row = row0 + g + 8 * h;
         if (row < T) {
-            u32* p = reinterpret_cast<u32*>(o + (size_t)row * (STRIDE * HEAD_D) + c0 + 2 * t4);
+            u32* p = reinterpret_cast<u32*>(o + (size_t)tc_seq_row(row) * (STRIDE * HEAD_D) + c0 + 2 * t4);
 #pragma unroll
             for (int j = 0; j < C / 8; ++j) p[4 * j] = tc_pack(acc[j][2 * h] * scale, acc[j][2 * h + 1] * scale);
         }

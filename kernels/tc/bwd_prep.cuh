@@ -39,8 +39,9 @@ fast_tc_bwd_prep(const u16* __restrict__ Og, const u16* __restrict__ dOg, const 
     }
     float d = 0.f;
     if (ok) {
-        const size_t at = (size_t)row * HEAD_D + c * 8;
-        d = tc_dot8(*reinterpret_cast<const uint4*>(Og + at), *reinterpret_cast<const uint4*>(dOg + at), d);
+        const size_t at = (size_t)row * HEAD_D + c * 8;  // the layout's row (rows of all heads, T_all each) ...
+        const size_t in = LAYOUT_R == 1 ? at : (size_t)tc_flat_row(row) * HEAD_D + c * 8;  // ... where it lies in O, dO
+        d = tc_dot8(*reinterpret_cast<const uint4*>(Og + in), *reinterpret_cast<const uint4*>(dOg + in), d);
 #if !BWD_DQ_PASS && !BWD_DQ_STORE
         float4* z = reinterpret_cast<float4*>(dQacc + at);
         z[0] = z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -65,7 +66,9 @@ fast_tc_bwd_dq(const float* __restrict__ dQacc, u16* __restrict__ dQg, float sca
                u16* __restrict__ dVg, int BH, int T_all, long long s8) {
     const long long i = (long long)blockIdx.x * BWD_PREP_THREADS + threadIdx.x;  // 8 elements each
     if (i < n8) {
-        reinterpret_cast<uint4*>(dQg)[i] = tc_bwd_pack8(dQacc + 8 * i, scale);
+        // the accumulator's rows are the layout's, dQ's where they lie (tc/rows.cuh)
+        const long long to = LAYOUT_R == 1 ? i : tc_flat_row(i / CH) * CH + i % CH;
+        reinterpret_cast<uint4*>(dQg)[to] = tc_bwd_pack8(dQacc + 8 * i, scale);
         return;
     }
     // past dQ: the split key tiles' dK (times the scale) and dV, 8 columns of a row of each
@@ -78,7 +81,7 @@ fast_tc_bwd_dq(const float* __restrict__ dQacc, u16* __restrict__ dQg, float sca
     const int cls = (int)(sbc % C), bh = (int)(sbc / C % BH), slot = (int)(sbc / C / BH);
     const int a = split_kt[slot] * BN + key;  // the key's position in its class
     if (a >= (T_all - cls + STRIDE - 1) / STRIDE) return;
-    const size_t at = ((size_t)bh * T_all + cls + (size_t)a * STRIDE) * HEAD_D + ch * 8;
+    const size_t at = ((size_t)bh * T_all + cls + (size_t)tc_seq_row(a) * STRIDE) * HEAD_D + ch * 8;
     const float* src = dKVacc + row * (2 * HEAD_D) + ch * 8;
     *reinterpret_cast<uint4*>(dKg + at) = tc_bwd_pack8(src, scale);
     *reinterpret_cast<uint4*>(dVg + at) = tc_bwd_pack8(src + HEAD_D, 1.f);

@@ -189,8 +189,8 @@ __device__ __forceinline__ void tc_bwg_copy(const TcBwgSmem& sm, const TcBwgSrc&
     tma_expect(bar, 2 * BWG_QBYTES);
 #pragma unroll
     for (int pn = 0; pn < HEAD_D / 64; ++pn) {
-        tma_load3(sm.q + s * BWG_QBYTES + pn * BWG_QT * 128, src.mq, pn * 64, qt * BWG_QT, src.bh, bar);
-        tma_load3(sm.o + s * BWG_QBYTES + pn * BWG_QT * 128, src.mo, pn * 64, qt * BWG_QT, src.bh, bar);
+        tc_tma_load_rows(sm.q + s * BWG_QBYTES + pn * BWG_QT * 128, src.mq, pn * 64, qt * BWG_QT, src.bh, bar);
+        tc_tma_load_rows(sm.o + s * BWG_QBYTES + pn * BWG_QT * 128, src.mo, pn * 64, qt * BWG_QT, src.bh, bar);
     }
 }
 #endif

@@ -3,9 +3,9 @@
 // tile layouts (TcRowLayout, TcPanelLayout), cp.async, ldmatrix, mma.sync m16n8k16, packing to
 // 16-bit pairs, the P fragment, zeroing accumulators, exp2 / rcp. Includes what every part relies
 // on: the pattern predicate and conversions (common.cuh), the PTX wrappers of wgmma (wgmma.cuh)
-// and of the bulk tensor copies (tma.cuh), and the compile-time constants (tc/config.cuh); inline
-// functions cost nothing in the builds that do not call them. Include paths are relative to
-// kernels/ (attnbench.compile expands them textually).
+// and of the bulk tensor copies (tma.cuh), the compile-time constants (tc/config.cuh), and where a row lies
+// in the arrays (tc/rows.cuh); inline functions cost nothing in the builds that do not call them. Include
+// paths are relative to kernels/ (attnbench.compile expands them textually).
 //
 // The parts are __forceinline__ functions and small structs with fixed interfaces (each header says
 // its own), so a backward or a decoding kernel can compose the same ones. (Until v15 the tile
@@ -17,6 +17,7 @@
 #include "tc/config.cuh"
 #include "wgmma.cuh"
 #include "tma.cuh"
+#include "tc/rows.cuh"
 
 
 typedef unsigned short u16;

@@ -55,7 +55,7 @@ __device__ __forceinline__ void tc_store_rows(u16* __restrict__ o, u32 sQ, int q
             asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
                          : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3) : "r"(sQ + Layout::template swz<BM>(warp * RW + r, c)));
             asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};\n"
-                         :: "l"(o + (size_t)grow * (STRIDE * HEAD_D) + c * 8), "r"(x0), "r"(x1), "r"(x2), "r"(x3));
+                         :: "l"(o + (size_t)tc_seq_row(grow) * (STRIDE * HEAD_D) + c * 8), "r"(x0), "r"(x1), "r"(x2), "r"(x3));
         }
     }
 }
@@ -65,7 +65,7 @@ __device__ __forceinline__ void tc_store_tma(const void* mapO, u32 sQ, int qt) {
     __syncthreads();
     if (threadIdx.x == 0) {
 #pragma unroll
-        for (int pn = 0; pn < HEAD_D / 64; ++pn) tma_store3(mapO, pn * 64, qt * BM, blockIdx.y, sQ + pn * BM * 128);
+        for (int pn = 0; pn < HEAD_D / 64; ++pn) tc_tma_store_rows(mapO, pn * 64, qt * BM, blockIdx.y, sQ + pn * BM * 128);
         tma_store_commit_and_wait();  // the block's shared memory must outlive the copy's reads
     }
 }

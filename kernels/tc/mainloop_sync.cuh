@@ -126,11 +126,12 @@ __device__ __forceinline__ void tc_load_tile(u32 dst, const u16* __restrict__ sr
                   "a tile's chunks must divide evenly among the threads, 8 rows apart");
     const int r0 = threadIdx.x / CH, c = threadIdx.x % CH;
     const u32 d0 = dst + Layout::template swz<ROWS>(r0, c);
-    const u16* g0 = src + (size_t)(row0 + r0) * (RS * HEAD_D) + c * 8;
+    const u16* g0 = src + (size_t)tc_seq_row(row0 + r0) * (RS * HEAD_D) + c * 8;  // (tc/rows.cuh)
 #pragma unroll
     for (int i = 0; i < ROWS / RSTEP; ++i) {
         const bool ok = row0 + r0 + i * RSTEP < T;
-        tc_cp_async16(d0 + i * RSTEP * Layout::ROWB, ok ? g0 + (size_t)i * RSTEP * RS * HEAD_D : src, ok ? 16 : 0);
+        tc_cp_async16(d0 + i * RSTEP * Layout::ROWB, ok ? g0 + (size_t)i * RSTEP * RS * TC_ROW_STEP * HEAD_D : src,
+                      ok ? 16 : 0);
     }
 }
 

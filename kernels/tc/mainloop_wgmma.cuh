@@ -115,8 +115,8 @@ __device__ __forceinline__ void tma_load_kv(u32 dK, u32 dV, const void* mapK, co
     tma_expect(bar, 2 * TILE_BYTES);
 #pragma unroll
     for (int pn = 0; pn < HEAD_D / 64; ++pn) {
-        tma_load3(dK + pn * BN * 128, mapK, pn * 64, row0, tc_kv_bh(), bar);
-        tma_load3(dV + pn * BN * 128, mapV, pn * 64, row0, tc_kv_bh(), bar);
+        tc_tma_load_rows(dK + pn * BN * 128, mapK, pn * 64, row0, tc_kv_bh(), bar);
+        tc_tma_load_rows(dV + pn * BN * 128, mapV, pn * 64, row0, tc_kv_bh(), bar);
     }
 }
 
@@ -125,7 +125,7 @@ __device__ __forceinline__ void tma_load_kv(u32 dK, u32 dV, const void* mapK, co
 __device__ __forceinline__ void tma_load_rows(u32 dst, const void* map, int row0, u32 bar) {
     tma_expect(bar, TILE_BYTES);
 #pragma unroll
-    for (int pn = 0; pn < HEAD_D / 64; ++pn) tma_load3(dst + pn * BN * 128, map, pn * 64, row0, tc_kv_bh(), bar);
+    for (int pn = 0; pn < HEAD_D / 64; ++pn) tc_tma_load_rows(dst + pn * BN * 128, map, pn * 64, row0, tc_kv_bh(), bar);
 }
 
 struct TcLoadTma {
@@ -160,7 +160,7 @@ struct TcLoadTma {
             tma_expect(bar, BM * HEAD_D * 2);
 #pragma unroll
             for (int pn = 0; pn < HEAD_D / 64; ++pn)
-                tma_load3(sm.q + pn * BM * 128, gm.mq, pn * 64, qt * BM, blockIdx.y, bar);
+                tc_tma_load_rows(sm.q + pn * BM * 128, gm.mq, pn * 64, qt * BM, blockIdx.y, bar);
 #pragma unroll
             for (int s = 0; s < STAGES - 1; ++s)
                 if (s < list.n) Load::load_stage(sm, gm, bar, s, tc_entry_tile(list.ring[s]) * BN);
