@@ -210,13 +210,20 @@ for s in $steps; do
            step decodeshapes attnbench sweep --config decode --impl fast-decode "${dc[@]}" --impl sdpa-cudnn \
                --impl sdpa-flash --samples 25 ${DECODESHAPES_ARGS:---pattern dense --pattern streaming --sink 4 --window 1024 --Tq 1 --T 4096 --T 32768 --T 131072} \
                --resume --out "$out/decodeshapes.csv" ;;
-    ab)    old="${AB_OLD:?AB_OLD names the earlier tree}"
+    ab)    old="$(cd "${AB_OLD:?AB_OLD names the earlier tree}" && pwd)" || { status=1; continue; }
            mkdir -p "$work/ab"  # the rounds' CSVs stay in the tar (a device call brings back few files)
+           # the earlier tree's package, run from its own directory: python -m puts the working directory first on
+           # the path, ahead of PYTHONPATH, so run from this tree it imported this tree's package (every A/B of this
+           # step before the fix compared this tree with itself: docs/PERF.md "The ab step ran one tree twice")
+           ab_old() { (cd "$old" && PYTHONPATH="$old" ATTNBENCH_GIT_COMMIT="${AB_OLD_COMMIT:-old}" python3 "$@"); }
+           if ! ab_old -c 'import attnbench, os, sys; p = os.path.dirname(os.path.realpath(attnbench.__file__))
+sys.exit(0 if p.startswith(os.getcwd()) else f"ab: attnbench comes from {p}, not the earlier tree")'; then
+               say "ab: the earlier tree's package does not import from $old"; status=1; continue
+           fi
            for r in $(seq 1 "${AB_ROUNDS:-3}"); do
                step ab_new_$r attnbench sweep --config "${AB_CONFIG:-llm}" ${AB_ARGS:-} --out "$work/ab/new_$r.csv"
-               # the earlier tree's package first on the path, its commit in the rows
-               step ab_old_$r env PYTHONPATH="$(cd "$old" && pwd)" ATTNBENCH_GIT_COMMIT="${AB_OLD_COMMIT:-old}" \
-                   python3 -m attnbench.cli sweep --config "${AB_CONFIG:-llm}" ${AB_ARGS:-} --out "$work/ab/old_$r.csv"
+               step ab_old_$r ab_old -m attnbench.cli sweep --config "${AB_CONFIG:-llm}" ${AB_ARGS:-} \
+                   --out "$work/ab/old_$r.csv"
            done
            python3 - "$work" <<'PY' && pack
 import glob, sys, pandas as pd

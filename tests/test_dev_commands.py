@@ -513,3 +513,19 @@ def test_the_probes_refuse_bad_options_before_touching_a_device(name, needed, ca
     with pytest.raises(SystemExit) as e:
         probe.main(["--help"])
     assert e.value.code == 0
+
+
+def test_the_ab_step_runs_the_earlier_tree_s_package(tmp_path):
+    """The ab step's ab_old, run from this repository's root (where gpu_check.sh runs), imports the package of the
+    earlier tree AB_OLD names, not this tree's (python -m puts the working directory ahead of PYTHONPATH)."""
+    import re
+    import subprocess
+
+    fn = re.search(r"^ *(ab_old\(\) \{.*\})$", GPU_CHECK.read_text(), re.M).group(1)
+    old = tmp_path / "old"
+    (old / "attnbench").mkdir(parents=True)
+    (old / "attnbench" / "__init__.py").write_text("")
+    repo = GPU_CHECK.parents[1]
+    script = f'old="{old}"\n{fn}\nab_old -c "import attnbench, os; print(os.path.realpath(attnbench.__file__))"'
+    out = subprocess.run(["bash", "-c", script], cwd=repo, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == str((old / "attnbench" / "__init__.py").resolve())
