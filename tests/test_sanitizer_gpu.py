@@ -73,13 +73,14 @@ def test_the_overlapped_walk_is_sanitizer_clean(tool):
 @pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer not on PATH")
 @pytest.mark.parametrize("pass_name", ["fwd", "fwd+bwd"])
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
-def test_fast_tc_classes_is_sanitizer_clean(tool, pass_name):
-    """fast-tc-classes (the copies into and out of the class-major layout, fast-tc's kernels on the bands)
-    through the gate: dilated with three levels, T 64 and 100 (a class of 25 positions: words across
-    classes), D=64."""
+@pytest.mark.parametrize("shapes", [["--T", "64", "--T", "100", "--D", "64"], ["--T", "512", "--D", "64", "--D", "128"]],
+                         ids=["copies", "in_place"])
+def test_fast_tc_classes_is_sanitizer_clean(tool, pass_name, shapes):
+    """fast-tc-classes (fast-tc's kernels on the bands) through the gate: dilated with three levels; T 64 and 100
+    (the copies into and out of the class-major layout; a class of 25 positions: words across classes), D=64; T=512
+    (128 positions a class: the layout read in place, kernels/tc/rows.cuh), D 64 and 128."""
     _check_is_clean(tool, ["--impl", "fast-tc-classes", "--pattern", "dilated", "--window", "8", "--dilation", "1",
-                           "--levels", "6:2,4:4", "--T", "64", "--T", "100", "--D", "64", "--B", "1", "--H", "2",
-                           "--pass", pass_name], 400)
+                           "--levels", "6:2,4:4", *shapes, "--B", "1", "--H", "2", "--pass", pass_name], 400)
 
 
 @pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer not on PATH")
