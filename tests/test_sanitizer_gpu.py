@@ -73,8 +73,8 @@ def test_the_overlapped_walk_is_sanitizer_clean(tool):
 @pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer not on PATH")
 @pytest.mark.parametrize("pass_name", ["fwd", "fwd+bwd"])
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
-@pytest.mark.parametrize("shapes", [["--T", "64", "--T", "100", "--D", "64"], ["--T", "512", "--D", "64", "--D", "128"]],
-                         ids=["copies", "in_place"])
+@pytest.mark.parametrize("shapes", [["--T", "64", "--T", "100", "--D", "64"], ["--T", "512", "--D", "64"],
+                                    ["--T", "512", "--D", "128"]], ids=["copies", "in_place_d64", "in_place_d128"])
 def test_fast_tc_classes_is_sanitizer_clean(tool, pass_name, shapes):
     """fast-tc-classes (fast-tc's kernels on the bands) through the gate: dilated with three levels; T 64 and 100
     (the copies into and out of the class-major layout; a class of 25 positions: words across classes), D=64; T=512
