@@ -2,10 +2,9 @@
 // bulk tensor copies, dQ summed in the loop one query tile at a time): no block barrier inside a work item.
 //
 // Each warpgroup takes dQ of the tile before its current one. At tile `it` it issues S^T and dP^T, P^T, dV and
-// dK as the serial loop does and stages its 64 keys' rows of dS^T in set it % 2 of two. Once its dK has landed it
-// announces them on that set's "full" barrier (the other warpgroup takes them a tile on, and the proxy fence finds
-// the stores landed), releases the Q / dO stage, then waits for both warpgroups' dS^T of tile it - 1 and adds its
-// panel of dQ(it - 1) = dS K. A warpgroup that reaches a tile early runs its softmax
+// dK as the serial loop does, stages its 64 keys' rows of dS^T in set it % 2 of two and announces them on that
+// set's "full" barrier; once its dK has landed it releases the Q / dO stage, then waits for both warpgroups' dS^T
+// of tile it - 1 and adds its panel of dQ(it - 1) = dS K. A warpgroup that reaches a tile early runs its softmax
 // and dS while the other's products hold the tensor pipe. What meets, and how:
 // - Q and dO: STAGES stages, tile t in stage t % STAGES, all of them filled before the loop (TcBwgWalk's first
 //   STAGES - 1 and one more). A warpgroup whose dK of tile t has landed releases the stage: its first thread adds 1
@@ -28,8 +27,7 @@
 //     it + STAGES's entry: the refill as above, and this warpgroup's copy of that tile's rows.
 //   TcBwgLag::staged(sm, it) / wait_staged(sm, it): dS^T of tile it announced / waited for (both warpgroups').
 //   TcBwgLag::freed(sm, it) / wait_freed(sm, it): dQ's products on tile it's dS^T done / waited for.
-// BWD_DQ_LAG 2 (D = 128): the same, with dQ(it - 1)'s products issued behind tile it's dK (tc_bwg_lag_dq_behind),
-// so dS^T of tile it is announced before them.
+// BWD_DQ_LAG 2 (D = 128): the same, with dQ(it - 1)'s products issued behind tile it's dK (tc_bwg_lag_dq_behind).
 #pragma once
 #include "tc/bwd_wgmma.cuh"
 
@@ -214,8 +212,8 @@ __device__ __forceinline__ void tc_bwg_lag_loop(const TcBwgSmem& sm, const TcBwg
         TC_BWG_PRODUCTS(s, dp, pd, dk, dv, op, so, lds, scale_log2);  // dV and dK issued, dS^T packed in pd
         if (it >= 2) TcBwgLag::wait_freed(sm, it - 2);  // both done with dQ(it - 2) on this set
         tc_bwg_stage(sm.ds + (it & 1) * BWG_DSB, pd, warp, g, t4);
-#if BWD_DQ_LAG == 2
         TcBwgLag::staged(sm, it);
+#if BWD_DQ_LAG == 2
         if (it > 0) {
             tc_bwg_lag_dq_behind(sm, dq, op, src, ent_nx, it, n, qt_prev, wg, warp, T, g, t4);
         } else {
@@ -223,8 +221,7 @@ __device__ __forceinline__ void tc_bwg_lag_loop(const TcBwgSmem& sm, const TcBwg
             TcBwgLag::release(sm, src, ent_nx, T, it, n, wg);
         }
 #else
-        wg_wait<0>();             // dV and dK done reading the stage
-        TcBwgLag::staged(sm, it);  // (the other warpgroup takes the set a tile on; the stores have landed by now)
+        wg_wait<0>();  // dV and dK done reading the stage
         TcBwgLag::release(sm, src, ent_nx, T, it, n, wg);
         if (it > 0) tc_bwg_lag_dq(sm, dq, op, it - 1, qt_prev, wg, warp, T, g, t4);
 #endif
