@@ -54,12 +54,16 @@ def from_classes(x: torch.Tensor, r: int) -> torch.Tensor:
 
 def attention(q, k, v, mask: Mask, scale: float | None, wgmma: bool = True):
     """Attention whose backward runs fast-tc's kernels (inputs made contiguous inside the graph). fast-tc
-    (``wgmma``) runs a mask on its class-major layout where ``classes.prefers`` it, as its runner does: the
-    inputs permuted into it and the output out of it by torch, so that the gradients go back the same way."""
-    from .classes import prefers
+    (``wgmma``) runs a mask on its class-major layout where ``classes.prefers`` it, as its runner does: read in
+    place by the kernels where its classes allow (``Mask.in_place``), else the inputs permuted into it and the
+    output out of it by torch, so that the gradients go back the same way."""
+    from .classes import IN_PLACE, prefers
 
     if wgmma and prefers(mask):
         r, banded = mask.class_major()
+        placed = banded.in_place() if IN_PLACE else None
+        if placed is not None:  # the kernels take each layout row where it lies: nothing to permute
+            return FastTCAttention.apply(q.contiguous(), k.contiguous(), v.contiguous(), placed, scale, wgmma)
         q, k, v = (to_classes(x, r).contiguous() for x in (q, k, v))
         return from_classes(FastTCAttention.apply(q, k, v, banded, scale, wgmma), r)
     return FastTCAttention.apply(q.contiguous(), k.contiguous(), v.contiguous(), mask, scale, wgmma)

@@ -259,16 +259,18 @@ def test_fast_tc_on_its_own_layout_with_grouped_heads(D):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("D", [64, 128])
-def test_attention_with_grad_goes_through_the_layout_and_back(D):
-    """attnbench.attention on tensors that need a gradient: the permutation by torch, the gradients
-    against float32 SDPA with the pattern as a boolean mask."""
+@pytest.mark.parametrize("T", [2048, 2304], ids=["in_place", "permuted"])
+def test_attention_with_grad_goes_through_the_layout_and_back(D, T):
+    """attnbench.attention on tensors that need a gradient: the layout read in place (T=2048: 512 positions a
+    class) or the permutation by torch (T=2304: 576, no whole number of 128-row tiles), the gradients against
+    float32 SDPA with the pattern as a boolean mask."""
     torch = pytest.importorskip("torch")
     import attnbench
 
-    mask = make_mask("dilated", 2048, True, **WIDE)
-    assert prefers(mask)
+    mask = make_mask("dilated", T, True, **WIDE)
+    assert prefers(mask) and (mask.class_major()[1].in_place() is not None) == (T == 2048)
     gen = torch.Generator(device="cuda").manual_seed(D)
-    q, k, v = (torch.randn(1, 2, 2048, D, device="cuda", generator=gen).bfloat16().requires_grad_()
+    q, k, v = (torch.randn(1, 2, T, D, device="cuda", generator=gen).bfloat16().requires_grad_()
                for _ in range(3))
     out = attnbench.attention(q, k, v, pattern="dilated", **WIDE)
     do = torch.randn(out.shape, device="cuda", generator=gen).bfloat16()
