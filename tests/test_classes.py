@@ -301,3 +301,22 @@ def test_the_runner_reports_its_layout_read_in_place():
     prob = Problem(make_mask("dilated", 1024, True, **LEVELS), 1, 2, 64, "bfloat16")
     q, k, v = random_inputs(prob.shape, prob.dtype, seed=3)
     assert CLASSES_IMPL.prepare(prob, q, k, v).setup["layout"] == "class-major r=4 in place"
+
+
+def test_the_maps_of_the_layout_read_in_place_take_one_class_s_rows_a_box(monkeypatch):
+    """head_maps with classes r: a 4-d view [B*H][T/r][r][D] of the array as it lies (row a r + c is class c's row
+    a), boxes of 64 columns by the tile's rows of one class; with r = 1 the 3-d map of before."""
+    from types import SimpleNamespace
+
+    from attnbench import tma
+
+    seen = []
+    monkeypatch.setattr(tma, "encode_tiled", lambda *a, **k: seen.append(a) or object())
+    arr = SimpleNamespace(shape=(2, 3, 4096, 128), data=SimpleNamespace(ptr=1 << 20))
+    tma.head_maps([arr, arr], (64, 128), classes=4)
+    tma.head_maps([arr], (64,))
+    (p0, dims, strides, box), (_, _, _, box1), (_, dims3, strides3, box3) = seen
+    assert p0 == 1 << 20
+    assert dims == (128, 4, 1024, 6) and strides == (256, 4 * 256, 4096 * 256) and box == (64, 1, 64, 1)
+    assert box1 == (64, 1, 128, 1)
+    assert dims3 == (128, 4096, 6) and strides3 == (256, 4096 * 256) and box3 == (64, 64, 1)
