@@ -23,7 +23,8 @@
 //   release(bar, st) (static): a warp done with stage st (nothing here; TcLoadTmaReleased's arrival, REL 1).
 //   drain(): waits for what is left.
 //   tc_load_tile<Layout, ROWS[, RS]>(dst, src, row0, T): rows [row0, row0 + ROWS) of a [T][HEAD_D]
-//     matrix whose rows lie RS (default STRIDE) rows apart into a swizzled tile (any rows: Q, K or V).
+//     matrix whose rows lie RS (default STRIDE) rows apart into a swizzled tile (any rows: Q, K or V); with
+//     LAYOUT_R > 1 each layout row where it lies in the arrays (tc/rows.cuh: the tile's rows LAYOUT_R apart).
 #pragma once
 #include "tc/scheduler.cuh"
 
