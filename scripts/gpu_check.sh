@@ -42,8 +42,8 @@
 #   ab: this tree against an earlier one, alternating: AB_OLD names a folder holding a checkout of the
 #       earlier commit (e.g. `git archive C | tar -x -C old`, carried beside the tree) and AB_OLD_COMMIT
 #       its commit; AB_ROUNDS (default 3) rounds of `attnbench sweep --config $AB_CONFIG $AB_ARGS` each way
-#       (AB_CONFIG: llm unless given, e.g. decode),
-#       every row in ab.csv with the git_commit of the tree that ran it
+#       (AB_CONFIG: llm unless given, e.g. decode), the earlier tree's from its own folder (refused unless its
+#       package imports from there), every row in ab.csv with the git_commit of the tree that ran it
 #   context: whether a row's time depends on what else the sweep times: one case (CONTEXT_ARGS, e.g.
 #           "--config decode --pattern dense --B 8 --T 32768 --Tq 1") for CONTEXT_IMPL (default fast-decode),
 #           in three processes: alone, beside CONTEXT_PEERS (default sdpa-cudnn, interleaved as sweeps time
