@@ -57,11 +57,11 @@ def attention(q, k, v, mask: Mask, scale: float | None, wgmma: bool = True):
     (``wgmma``) runs a mask on its class-major layout where ``classes.prefers`` it, as its runner does: read in
     place by the kernels where its classes allow (``Mask.in_place``), else the inputs permuted into it and the
     output out of it by torch, so that the gradients go back the same way."""
-    from .classes import IN_PLACE, prefers
+    from .classes import prefers, read_in_place
 
     if wgmma and prefers(mask):
         r, banded = mask.class_major()
-        placed = banded.in_place() if IN_PLACE else None
+        placed = read_in_place(banded)
         if placed is not None:  # the kernels take each layout row where it lies: nothing to permute
             return FastTCAttention.apply(q.contiguous(), k.contiguous(), v.contiguous(), placed, scale, wgmma)
         q, k, v = (to_classes(x, r).contiguous() for x in (q, k, v))

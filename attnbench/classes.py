@@ -45,6 +45,12 @@ def layout_of(prob: Problem) -> tuple[int, object]:
     return r, banded
 
 
+def read_in_place(banded):
+    """``banded`` (the layout's mask) as the kernels read it in place (``Mask.in_place``) where IN_PLACE is on and its
+    classes allow, else None: the copies."""
+    return banded.in_place() if IN_PLACE else None
+
+
 def prefers(mask) -> bool:
     """Whether fast-tc runs ``mask`` on its class-major layout: it has one, and the positional 64 x 64 list
     visits at least MIN_GAIN times the tiles of the layout's (host counts of the cached lists)."""
@@ -106,7 +112,7 @@ def build(impl, prob: Problem, q, k, v, cfg=None, do=None) -> Runner:
     from .fast_tc import bind_inputs
 
     r, banded = layout_of(prob)
-    in_place = banded.in_place() if IN_PLACE else None
+    in_place = read_in_place(banded)
     if in_place is not None:  # no copies: the kernels read and write the layout where it lies
         sub = replace(prob, mask=in_place)
         inner = replace(impl, classes=False).build(sub, q, k, v, cfg, do=do)
@@ -137,4 +143,4 @@ def standard_builds() -> list[tuple[str, dict]]:
     return [(KERNEL, {})]
 
 
-__all__ = ["MIN_GAIN", "prefers", "layout_of", "copy_launch", "ClassMajorRunner", "build", "standard_builds"]
+__all__ = ["MIN_GAIN", "IN_PLACE", "read_in_place", "prefers", "layout_of", "copy_launch", "ClassMajorRunner", "build", "standard_builds"]

@@ -253,6 +253,15 @@ class Pattern:
         with every band's tiles full but at its edges."""
         return None
 
+    def in_place(self, p: dict) -> dict | None:
+        """The parameters of this layout pattern read in place by the kernels (its rows where they lie in the
+        arrays, kernels/tc/rows.cuh), where its rows allow it; None: not a layout, or one that must be copied."""
+        return None
+
+    def rows_in_place(self, p: dict) -> int:
+        """LAYOUT_R of the kernels: the classes of a layout read in place (``in_place``'s parameters), else 1."""
+        return 1
+
     def torch_table(self, T: int, p: dict, table, device):
         """What ``allowed`` reads in place of ``table`` when the indices are torch tensors."""
         return None

@@ -101,6 +101,13 @@ class ClassBands(Pattern):
             d.update(LAYOUT_R=int(p["classes"]), LAYOUT_N=int(p["length"]))
         return d
 
+    def in_place(self, p):
+        # a tile of the kernels (up to 128 rows) must lie in one class
+        return None if p["length"] % IN_PLACE_ROWS else dict(p, in_place=1)
+
+    def rows_in_place(self, p):
+        return int(p["classes"]) if p.get("in_place") else 1
+
     def device_args(self, p):
         return (p["classes"], p["length"]) + tuple(x for band in p["bands"] for x in band)
 

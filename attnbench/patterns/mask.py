@@ -140,18 +140,15 @@ class Mask:
         return r, Mask(pat, self.T, False, params)
 
     def in_place(self) -> "Mask | None":
-        """This ``class_bands`` mask read in place by the kernels (its ``in_place`` 1), where each class holds a
-        multiple of 128 positions (a tile of the kernels lies in one class), else None."""
-        from .class_bands import IN_PLACE_ROWS
-
-        if self.pattern.name != "class_bands" or self.params["length"] % IN_PLACE_ROWS:
-            return None
-        return Mask(self.pattern, self.T, self.causal, dict(self.params, in_place=1))
+        """This layout mask (``class_bands``) read in place by the kernels (``Pattern.in_place``: each class holds
+        a multiple of 128 positions), else None."""
+        p = self.pattern.in_place(self.params)
+        return None if p is None else Mask(self.pattern, self.T, self.causal, p)
 
     def rows_in_place(self) -> int:
-        """The classes r of a ``class_bands`` mask whose layout the kernels read in place (its ``in_place``: the
-        arrays stay in the sequence's order, kernels/tc/rows.cuh), else 1."""
-        return int(self.params["classes"]) if self.params.get("in_place") else 1
+        """The classes r of a layout the kernels read in place (the arrays in the sequence's order,
+        kernels/tc/rows.cuh), else 1."""
+        return self.pattern.rows_in_place(self.params)
 
     # -- the device predicate --------------------------------------------------------
     def device_args(self) -> np.ndarray:
