@@ -57,6 +57,10 @@ KERNEL, KEYS_KERNEL, PAIRS_KERNEL = "decode", "decode_keys", "decode_pairs"  # w
 SPLIT, KEYS_SPLIT, PAIRS_SPLIT, MERGE = "decode_split", "decode_keys_split", "decode_pairs", "decode_merge"
 HEAD_DS = (64, 128)
 ENV = "ATTNBENCH_DECODE_CONFIG"
+# the list's first entries passed with the split launch, a kernel parameter (kernels/tc/decode_common.cuh: DecodeHead),
+# so that a block's first K/V loads wait on no read of them from global memory
+HEAD_ENTRIES = 128
+HEAD_DTYPE = np.dtype([("e", np.int32, (HEAD_ENTRIES,))])
 MAX_SMEM = 227 * 1024  # dynamic shared memory a block may ask for (sm_80 163 KiB: refused there at launch)
 
 
@@ -320,7 +324,8 @@ def kernel_defines(D: int, dtype: str, mask: Mask, cfg: DecodeConfig = DEFAULT, 
     launch: sm_90 only; with ``heads`` > 1, each group's query heads dealt to that many blocks: HSPLIT; with ``wg``,
     kernels/decode.cu's products on warpgroup MMA: WG 1, an sm_90a build, the softmax's max taken on every tile)."""
     bn = cfg.BN // cfg.NWARPS if keys else cfg.BN
-    d = dict(HEAD_D=D, BN=bn, NWARPS=cfg.NWARPS, STAGES=cfg.STAGES, MT=1, MINB=cfg.MINB, QREG=1, STRIDE=stride)
+    d = dict(HEAD_D=D, BN=bn, NWARPS=cfg.NWARPS, STAGES=cfg.STAGES, MT=1, MINB=cfg.MINB, QREG=1, STRIDE=stride,
+             DECODE_HEAD_N=HEAD_ENTRIES)
     if not keys and not pairs:
         d["MERGE_LAST"] = cfg.MERGE
     if cluster > 1:
@@ -448,6 +453,15 @@ def plan_lists(prob: Problem, cfg: DecodeConfig, order: list[int], rows: int | N
     if chosen.BN != cfg.BN:
         lists = lists_of(chosen.BN)
     return chosen, stride, mask, lists
+
+
+def list_head(tent: np.ndarray) -> np.ndarray:
+    """The split launch's last argument: tent's first HEAD_ENTRIES entries (zeros past its end) as one
+    structure passed by value (kernels/tc/decode_common.cuh: DecodeHead)."""
+    head = np.zeros(HEAD_ENTRIES, np.int32)
+    n = min(HEAD_ENTRIES, tent.size)
+    head[:n] = tent[:n]
+    return head.view(HEAD_DTYPE)
 
 
 class DecodeRunner(Runner):
@@ -623,7 +637,7 @@ class FastDecode(Impl):
         one_len = len(order) == 1 and order[0] == prob.T  # every sequence at T: the list head as arguments
         args = (qa, ka, va, op, lp, heads_d, tent_d, lens_d, list_of, np.int32(prob.H), np.int32(groups),
                 np.int32(prob.q_len), np.int32(prob.T), np.int32(per_split), scale_log2, table, out, tickets,
-                np.int32(one_len), np.int32(counts[0] if one_len else 0))
+                np.int32(one_len), np.int32(counts[0] if one_len else 0), list_head(tent))
         merge_args = (op, lp, out, np.int32(prob.H), np.int32(groups), np.int32(prob.q_len),
                       np.int32(splits))
         # no merge launch when the last split merges, when each pair has one split (it stores the output), or

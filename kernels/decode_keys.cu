@@ -53,7 +53,8 @@ extern "C" __global__ void DECODE_CLUSTER __launch_bounds__(THREADS, MINB) decod
     tc_load_tile<TcRowLayout, RW, 1>(sm.q, blk.q, 0, rows);  // rows past the group's zero-filled
     tc_commit();
     TcTileList list;
-    list.init_range(tent, blk.first, count);
+    const DecodeEntries ents = decode_entries(tent, head);
+    list.init_range(ents, blk.first, count);
     ld.first_tiles(list);
     TcMma::Ops op;
     TcMma::init(op, sm, 0, lane);  // every warp: rows 0..15
@@ -69,7 +70,7 @@ extern "C" __global__ void DECODE_CLUSTER __launch_bounds__(THREADS, MINB) decod
     for (int it = 0; it < count; ++it) {
         const int nx = it + STAGES - 1;
         int ent_nx;
-        const int ent = list.next(tent, it, ent_nx);
+        const int ent = list.next(ents, it, ent_nx);
         TcLoad::refill(sm, gm, Tb, ld.bar, st, st_fill, 0, ent_nx, nx, count);
         st_fill = st_fill == STAGES - 1 ? 0 : st_fill + 1;
         const int slice = st * NWARPS + warp;  // this warp's BN keys of stage st

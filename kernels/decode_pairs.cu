@@ -73,7 +73,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) decode_pairs(DECODE_
     decode_warp_load<RW, 1>(sm.q, blk.q, 0, rows, lane);  // rows past the group's zero-filled
     tc_commit();
     TcTileList list;
-    list.init_range(tent, blk.first, count);
+    const DecodeEntries ents = decode_entries(tent, head);
+    list.init_range(ents, blk.first, count);
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < count) decode_warp_tile(sm, blk, tc_entry_tile(list.ring[s]), s, lane);
@@ -95,7 +96,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) decode_pairs(DECODE_
     for (int it = 0; it < count; ++it) {
         const int nx = it + STAGES - 1;
         int ent_nx;
-        const int ent = list.next(tent, it, ent_nx);
+        const int ent = list.next(ents, it, ent_nx);
         tc_wait<STAGES - 2>();
         __syncwarp();  // tile `it` is visible to every lane; the stage refilled below was read last tile
         if (nx < count) decode_warp_tile(sm, blk, tc_entry_tile(ent_nx), st_fill, lane);

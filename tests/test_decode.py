@@ -74,6 +74,35 @@ def test_compiles_without_spills(arch, D, pattern, keys):
         assert 0 < r.registers <= 255 and (r.spill_stores, r.spill_loads) == (0, 0), r
 
 
+@pytest.mark.parametrize("kernel,entry", [("decode", "decode_split"), ("decode_keys", "decode_keys_split"),
+                                          ("decode_pairs", "decode_pairs")])
+def test_the_split_launch_takes_the_list_head_the_host_packs(kernel, entry):
+    """The split kernels' last parameter is the structure ``list_head`` packs: tent's first HEAD_ENTRIES
+    entries, zeros past a shorter list, by value (its size in the PTX is the host's), and the kernels read
+    entries there below HEAD_ENTRIES (a parameter load at a computed address) and from tent above."""
+    import re
+
+    from attnbench.compile import ptx
+    from attnbench.decode import HEAD_DTYPE, HEAD_ENTRIES, list_head
+
+    tent = np.arange(1, 300, dtype=np.int32)
+    head = list_head(tent)
+    assert head.dtype == HEAD_DTYPE and head.shape == (1,) and head.nbytes == 4 * HEAD_ENTRIES
+    assert list(head["e"][0]) == list(tent[:HEAD_ENTRIES])
+    short = list_head(np.array([6, 9, 0], np.int32))["e"][0]
+    assert list(short[:3]) == [6, 9, 0] and not short[3:].any()
+
+    mask = make_mask("streaming", 4096, True)
+    text = ptx(kernel, kernel_defines(128, "bfloat16", mask, keys=kernel == "decode_keys",
+                                      pairs=kernel == "decode_pairs"), "sm_80")
+    split = text[text.index(".entry " + entry + "("):]
+    params = re.findall(r"\.param (.*?)" + entry + r"_param_(\d+)(\[\d+\])?", split[:split.index(")")])
+    last = params[-1]
+    assert ".b8" in last[0] and last[2] == f"[{HEAD_DTYPE.itemsize}]", params
+    at = f"{entry}_param_{last[1]}"
+    assert re.search(r"mov\.b64\s+%rd\d+, " + at, split) and "ld.param.u32" in split
+
+
 def _gate_cases():
     for pat in REGISTERED:
         for T in (100, 1000, 4096):

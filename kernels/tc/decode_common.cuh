@@ -13,6 +13,8 @@
 //
 // Interface:
 //   DECODE_SPLIT_PARAMS: the split kernels' parameters (the host launches either alike);
+//   decode_entries(tent, head) -> DecodeEntries: the list's entries (TcTileList's init_range and next read
+//     them), the first DECODE_HEAD_N from the launch's parameter `head`;
 //   decode_block(...) -> DecodeBlock: the block's pair, split, rows, keys, Q slab, K/V and its stretch of
 //     the list (first entry in tent, count); from the arguments alone when the batch is not ragged;
 //     with STRIDE > 1 (one query a sequence) the keys and K/V of the query's residue class;
@@ -38,7 +40,27 @@
         float *__restrict__ Lp, const int2 *__restrict__ lists, const int *__restrict__ tent,                      \
         const int *__restrict__ lens, const int *__restrict__ list_of, int H, int H_kv, int Tq, int Tk,           \
         int per_split, float scale_log2, const int *__restrict__ table, u16 *__restrict__ Og,                     \
-        int *__restrict__ tickets, int one_len, int list_count
+        int *__restrict__ tickets, int one_len, int list_count, const __grid_constant__ DecodeHead head
+
+// The list's first DECODE_HEAD_N entries (tent[0 ..), zeros past its end) come with the launch as well, a kernel
+// parameter: a block reads its first entries, and every one of a short list, from the launch's constant bank,
+// so its first K/V loads wait on no read of global memory for them (the host passes tent[:DECODE_HEAD_N] as the
+// structure; attnbench/decode.py HEAD_ENTRIES sets the count). DecodeEntries reads tent[i] from there below
+// DECODE_HEAD_N, from tent itself above.
+#ifndef DECODE_HEAD_N
+#error "DECODE_HEAD_N: the list's entries passed with the launch (attnbench/decode.py: HEAD_ENTRIES)"
+#endif
+struct DecodeHead {
+    int e[DECODE_HEAD_N];
+};
+struct DecodeEntries {
+    const int* tent;
+    const DecodeHead* head;
+    __device__ __forceinline__ int operator[](int i) const { return i < DECODE_HEAD_N ? head->e[i] : __ldg(tent + i); }
+};
+__device__ __forceinline__ DecodeEntries decode_entries(const int* tent, const DecodeHead& head) {
+    return DecodeEntries{tent, &head};
+}
 
 // CLUSTER > 1 (sm_90; the host sets it to the pair's split count, at most 16): the splits of a pair are one
 // thread-block cluster along x (grid.x == CLUSTER) and merge through distributed shared memory in the

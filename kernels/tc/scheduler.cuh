@@ -110,15 +110,18 @@ struct TcTileList {
         for (int s = 2; s < STAGES; ++s) ring[s] = s < n ? tent[e0 + s] : 0;
     }
 
-    // a stretch of a list instead (a split of a decode's list): its n entries from tent[e0]
-    __device__ __forceinline__ void init_range(const int* __restrict__ tent, int first, int count) {
+    // a stretch of a list instead (a split of a decode's list): its n entries from tent[e0] (tent: the
+    // entries' pointer, or anything indexed so: a decode's DecodeEntries)
+    template <class Entries>
+    __device__ __forceinline__ void init_range(const Entries& tent, int first, int count) {
         e0 = first;
         n = count;
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) ring[s] = s < n ? tent[e0 + s] : 0;
     }
 
-    __device__ __forceinline__ int next(const int* __restrict__ tent, int it, int& ahead) {
+    template <class Entries>
+    __device__ __forceinline__ int next(const Entries& tent, int it, int& ahead) {
         const int nx = it + STAGES - 1;
         const int ent = ring[0];
         ahead = ring[STAGES - 1];
