@@ -132,19 +132,8 @@ pack() {  # after every step, so a run cut short still leaves what it finished
     for f in "$work"/*.csv "$work"/*.txt; do [ -e "$f" ] && cp "$f" "$out/"; done
 }
 
-# provenance: ATTNBENCH_GIT_COMMIT when set (set it where the copy's git metadata may be stale: a
-# copied working tree can carry an older .git than its files), else the commit from git, else (a copy of the tree
-# without its git metadata) a file .provenance written beside it before the copy (one line)
-if [ -n "${ATTNBENCH_GIT_COMMIT:-}" ]; then
-    commit="$ATTNBENCH_GIT_COMMIT"
-elif git rev-parse --short=12 HEAD >/dev/null 2>&1; then
-    commit="$(git rev-parse --short=12 HEAD)"
-    [ -n "$(git status --porcelain --untracked-files=no)" ] && commit="$commit-dirty"
-elif [ -f .provenance ]; then
-    commit="$(head -n 1 .provenance)"
-else
-    commit="unknown"
-fi
+# provenance: the commit the rows name (scripts/provenance.sh: ATTNBENCH_GIT_COMMIT when set, else git, else .provenance)
+commit="$(bash scripts/provenance.sh)"  # (run from the repository root, as every step is)
 export ATTNBENCH_GIT_COMMIT="$commit"
 say "attnbench gpu_check $commit steps: $steps"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$work/install.log" 2>&1 \

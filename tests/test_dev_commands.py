@@ -1,6 +1,7 @@
 """What the development scripts did, as package options and commands, without a GPU:
 ``sweep --tile-config`` and ``--samples``, ``attnbench profile`` and ``attnbench tiles``."""
 import json
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -529,3 +530,37 @@ def test_the_ab_step_runs_the_earlier_tree_s_package(tmp_path):
     script = f'old="{old}"\n{fn}\nab_old -c "import attnbench, os; print(os.path.realpath(attnbench.__file__))"'
     out = subprocess.run(["bash", "-c", script], cwd=repo, capture_output=True, text=True, check=True).stdout
     assert out.strip() == str((old / "attnbench" / "__init__.py").resolve())
+
+
+def test_provenance_names_the_tree_the_files_are(tmp_path):
+    """scripts/provenance.sh (gpu_check's commit): a given commit stands as given, except where it is the copy's own
+    git HEAD while the tracked files differ from it (a copy whose .git is older than its files, the commit read from
+    that .git): then it says -dirty. Without a given commit: git's, -dirty when modified; without git, .provenance."""
+    import subprocess
+
+    script = GPU_CHECK.parent / "provenance.sh"
+    env = {k: v for k, v in os.environ.items() if k != "ATTNBENCH_GIT_COMMIT"}
+    env.update(GIT_AUTHOR_NAME="a", GIT_AUTHOR_EMAIL="a@b", GIT_COMMITTER_NAME="a", GIT_COMMITTER_EMAIL="a@b")
+
+    def label(given=None):
+        e = dict(env, ATTNBENCH_GIT_COMMIT=given) if given else env
+        return subprocess.run(["bash", str(script)], cwd=tmp_path, env=e, capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    (tmp_path / ".provenance").write_text("abc1234\n")
+    assert label() == "abc1234"  # no git metadata
+    assert label("feed123") == "feed123"
+    git = ["git", "-c", "init.defaultBranch=main"]
+    subprocess.run(git + ["init", "-q"], cwd=tmp_path, check=True, env=env)
+    (tmp_path / "k.cu").write_text("old\n")
+    subprocess.run(["git", "add", "k.cu"], cwd=tmp_path, check=True, env=env)
+    subprocess.run(["git", "commit", "-qm", "x"], cwd=tmp_path, check=True, env=env)
+    head = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=tmp_path, capture_output=True, text=True,
+                          check=True).stdout.strip()
+    assert label().startswith(head) and not label().endswith("-dirty")
+    assert label(head) == head  # the files are that commit
+    (tmp_path / "k.cu").write_text("new\n")  # the files moved on; the metadata did not
+    assert label().endswith("-dirty")
+    assert label(head) == head + "-dirty"
+    assert label(head + "-dirty") == head + "-dirty"
+    assert label("feed123") == "feed123"  # another commit given: the files are that one, as the caller says
