@@ -8,7 +8,8 @@ masks it with the predicate). The lists are cut into splits of equal length so t
 splits blocks fill the GPU whatever B; ``decode_split`` leaves each split's rows normalised with
 their log-sum-exp and ``decode_merge`` weighs them. A block holds the H / H_kv query heads of its
 key/value head times the Tq positions as its rows (at most ``ROWS``); longer query stretches are
-prefill's (fast-tc).
+prefill's (fast-tc). The list's first HEAD_ENTRIES entries come with the split launch as a parameter
+(``list_head``), so a block's first K/V loads wait on no read of them (docs/PERF.md "decode v11").
 
 Two kernels share the lists, the splits and the merge: kernels/decode.cu gives each warp 16 of the
 block's rows; kernels/decode_keys.cu, for groups whose rows fit 16 (one query against 4 heads, the
