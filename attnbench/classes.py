@@ -52,17 +52,14 @@ def read_in_place(banded):
 
 
 def prefers(mask) -> bool:
-    """Whether fast-tc runs ``mask`` on its class-major layout: it has one, and the 64 x 64 list fast-tc walks
-    without it visits at least MIN_GAIN times the tiles of the layout's (host counts of the cached lists). A
-    strided pattern's walk is its inner pattern's list on each of its r residue classes (``Mask.strided``), so a
-    single dilated level, already a window on each class, is no gain."""
+    """Whether fast-tc runs ``mask`` on its class-major layout: it has one, and the positional 64 x 64 list
+    visits at least MIN_GAIN times the tiles of the layout's (host counts of the cached lists)."""
     from .tiles import tile_list
 
     r, banded = mask.class_major()
     if r == 1:
         return False
-    stride, inner = mask.strided()
-    return stride * tile_list(inner, 64, 64).n_visited >= MIN_GAIN * tile_list(banded, 64, 64).n_visited
+    return tile_list(mask, 64, 64).n_visited >= MIN_GAIN * tile_list(banded, 64, 64).n_visited
 
 
 def copy_launch(src, dst, r: int, inverse: bool):

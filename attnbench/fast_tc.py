@@ -532,10 +532,9 @@ CLASSES_IMPL = register(FastTC(
     name="fast-tc-classes",
     family="attnbench",
     description="fast-tc on the class-major layout, for patterns whose pairs of residue classes are bands "
-                "(dilated: several levels, or one, each class then a band with itself), the pattern run as one "
-                "band per class pair: read in place by the kernels where each class holds whole 128-row tiles "
-                "(T a multiple of 128 r), else Q, K, V (and dO) copied class by class and O (and dQ, dK, dV) "
-                "copied back, all timed",
+                "(dilated with several levels), the pattern run as one band per class pair: read in place by "
+                "the kernels where each class holds whole 128-row tiles (T a multiple of 128 r), else Q, K, V "
+                "(and dO) copied class by class and O (and dQ, dK, dV) copied back, all timed",
     dtypes=("bfloat16", "float16"),
     classes=True,
 ))

@@ -9,7 +9,7 @@ from attnbench.fast_tc import CLASSES_IMPL, IMPL, SYNC_IMPL
 from attnbench.impls import Problem
 from attnbench.patterns import BadInput, make_mask
 from attnbench.patterns.class_bands import bands_of
-from attnbench.tiles import build, tile_list
+from attnbench.tiles import build
 
 LEVELS = {"window": 2048, "dilation": 1, "levels": ((2048, 2), (2048, 4))}  # the llm configuration's
 SMALL = {"window": 8, "dilation": 1, "levels": ((6, 2), (4, 4))}           # dilated's own example
@@ -71,24 +71,9 @@ def test_the_banded_lists_visit_exactly_the_tiles_with_pairs(params, T, tile):
     assert not ((vis == 2) & ~full).any(), "a full tile holds a masked pair"
 
 
-def test_one_dilated_level_has_its_classes_layout_which_fast_tc_leaves_to_fast_tc_classes():
-    """One level of dilation r is a window on each residue class: its layout has r classes, each a band with
-    itself only. fast-tc's strided walk already visits those tiles, so it does not prefer the layout
-    (``classes.prefers``); fast-tc-classes runs it."""
-    for T in (4096, 32768):
-        mask = make_mask("dilated", T, window=512, dilation=2)
-        r, banded = mask.class_major()
-        assert r == 2 and banded.params["bands"] == ((0, 511), (1, 0), (1, 0), (0, 511))
-        assert not prefers(mask)
-        assert CLASSES_IMPL.unsupported(Problem(mask, 1, 1, 64, "bfloat16")) is None
-        stride, inner = mask.strided()
-        assert stride * tile_list(inner, 64, 64).n_visited == tile_list(banded, 64, 64).n_visited
-    assert prefers(make_mask("dilated", 32768, **LEVELS))
-
-
 def test_patterns_without_bands_keep_their_order():
     for mask in (make_mask("dense", 64), make_mask("window", 64, window=8),
-                 make_mask("dilated", 65, window=8, dilation=2),  # T no multiple of the 2 classes
+                 make_mask("dilated", 64, window=8, dilation=2),  # one level: strided instead
                  make_mask("dilated", 66, **SMALL)):              # T no multiple of the 4 classes
         r, same = mask.class_major()
         assert r == 1 and same is mask

@@ -79,13 +79,12 @@ class Dilated(Pattern):
         return None
 
     def class_major(self, p, causal):
-        # levels whose dilations all divide r: i - j = r * (a - b) + (cq - ck) is a multiple of a level's
-        # dilation s for every pair of a class pair or for none, and the distances a level allows are a
-        # ball around 0, so each class pair is one band (one level of dilation r > 1: each class a band
-        # with itself, the window fast-tc's strided walk already takes; classes.prefers leaves it there)
+        # several levels whose dilations all divide r: i - j = r * (a - b) + (cq - ck) is a multiple of
+        # a level's dilation s for every pair of a class pair or for none, and the distances a level
+        # allows are a ball around 0, so each class pair is one band
         lv = self.all_levels(p)
         r = lcm(*(s for _, s in lv))
-        if r < 2 or r > MAX_CLASSES:
+        if len(lv) < 2 or r < 2 or r > MAX_CLASSES:
             return None
 
         def allowed_d(dist):
