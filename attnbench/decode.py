@@ -109,7 +109,9 @@ class DecodeConfig:
     is walked two slices at a time (1: one warpgroup a 64 rows; the key slices' kernel ignores it); 0: KWG 2 with
     NWARPS 8 (BN's tiles, not BN_SHORT's) where the rows kernel runs on warpgroup MMA, a block's rows exceed 16, the pairs
     are neither few nor more than the SMs and the list holds more than WG_SHORT_LIST_KEYS keys, else 1
-    (``for_list``)."""
+    (``for_list``).
+    EVICT 1: K and V loaded with L2's evict-first policy (each key is read once a launch; a launch that streams more
+    than L2 holds then replaces its own lines, not the ones L2 held before it); 0: plain loads."""
     NWARPS: int = 4
     BN: int = 64
     STAGES: int = 3
@@ -139,6 +141,7 @@ class DecodeConfig:
     KWG: int = 0  # H200, T=32768, Tq=16, B=8, NWARPS=8,KWG=2 / the default then (results/decode-kwg-shapes-h200.csv,
     #               docs/PERF.md "decode v10"): bigbird 0.96, dilated 0.95, streaming 4+1024 0.95, window 4096 0.96,
     #               streaming 16+64 (about 100 keys) 1.14; B=1 1.01-1.13, B=64 1.03-1.53
+    EVICT: int = 0
 
     @property
     def rows(self) -> int:
@@ -274,7 +277,7 @@ DECODE_LIMITS = {"NWARPS": (4, 16, 4), "BN": (16, 256, 16), "STAGES": (2, 8, 1),
                  "MERGE": (0, 1, 1), "BY_KEYS": (0, 2, 1), "ONE_PER_SM": (0, 1024, 1), "CLASSES": (0, 1, 1),
                  "BN_SHORT": (0, 256, 16), "PDL": (0, 1, 1), "CLUSTER": (0, 16, 1), "CLUSTER_TILES": (1, 4096, 1),
                  "CLUSTER_ROWS": (1, 4096, 1), "BY_PAIRS": (0, 2, 1), "HEADS": (0, 16, 1), "WG": (0, 1, 1),
-                 "KWG": (0, 2, 1)}
+                 "KWG": (0, 2, 1), "EVICT": (0, 1, 1)}
 DEFAULT = DecodeConfig()
 LONG_BN = DEFAULT.BN
 # lists of at most this many keys (in 64-key tiles) take BN_SHORT-key tiles. H100, B 1 to 64, Tq 1 and 16, BN=32 /
@@ -310,8 +313,8 @@ class DecodeSpec:
 
 def parse_decode_config(text: str, option: str = "--decode-config") -> DecodeSpec:
     """'FIELD=N,...' of NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, BY_KEYS,
-    ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES, CLUSTER_ROWS, BY_PAIRS, HEADS, WG, KWG (any case; the others at
-    their defaults) or all by position from NWARPS,BN,STAGES; BadInput naming ``option`` and the limit."""
+    ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES, CLUSTER_ROWS, BY_PAIRS, HEADS, WG, KWG, EVICT (any case;
+    the others at their defaults) or all by position from NWARPS,BN,STAGES; BadInput naming ``option`` and the limit."""
     given = parse_fields(text, option, DecodeConfig, DECODE_LIMITS, min_positional=3)
     return DecodeSpec(tuple((f, given[f]) for f in DECODE_FIELDS if f in given))
 
@@ -341,6 +344,8 @@ def kernel_defines(D: int, dtype: str, mask: Mask, cfg: DecodeConfig = DEFAULT, 
             d.update(KWG=cfg.kwg, BN=cfg.BN // cfg.kwg)
     elif cfg.kwg > 1 and not keys and not pairs:
         raise ValueError(f"KWG={cfg.kwg} is the rows kernel's on warpgroup MMA (WG=1, sm_90)")
+    if cfg.EVICT:
+        d["KV_EVICT"] = 1
     return dict(d, AB_F16=int(dtype == "float16"), **pattern_defines(mask))
 
 

@@ -197,7 +197,9 @@ def event_floor_rows(samples: int = 51) -> list[dict]:
     """What the timing protocol (``timing.EventTimer``: the L2 flushed, a blocking kernel, CUDA events
     around the launches) measures for launches that do next to nothing: one and two launches of a
     one-thread kernel that returns at once, and a read of FLOOR_READ_BYTES by kernels/bandwidth.cu
-    alone and followed by such a launch (a split kernel and its merge). No implementation's row can
+    alone and followed by such a launch (a split kernel and its merge), and alone with L2's evict-first policy (the
+    protocol's flush leaves L2 full of written lines; a read that evicts its own lines first leaves them to be written
+    back after it, as fast-decode's EVICT=1 does). No implementation's row can
     go below the matching one; a row per case, medians in ms, with the run's provenance."""
     import cupy
 
@@ -213,6 +215,7 @@ def event_floor_rows(samples: int = 51) -> list[dict]:
         read = read_kernel(bufs[-1])
         cases.append((floor_read_name(n), 1, n, read))
         cases.append((f"{floor_read_name(n)}, then an empty launch", 2, n, lambda read=read: (read(), launch())))
+        cases.append((f"{floor_read_name(n)}, L2 evict-first", 1, n, read_kernel(bufs[-1], evict_first=True)))
     prov = provenance()
     rows = []
     for what, launches, nbytes, fn in cases:

@@ -314,13 +314,14 @@ def measure_peaks(matmul_n: int = 8192, f32_n: int = 4096, copy_bytes: int = 1 <
                  read_tbps=copy_bytes / (read_ms * 1e-3) / 1e12)
 
 
-def read_kernel(src, blocks_per_sm: int = 8, threads: int = 256):
-    """A launch of kernels/bandwidth.cu's read_sum over ``src`` (float32, a multiple of 4)."""
+def read_kernel(src, blocks_per_sm: int = 8, threads: int = 256, evict_first: bool = False):
+    """A launch of kernels/bandwidth.cu's read_sum over ``src`` (float32, a multiple of 4); with ``evict_first``
+    read_sum_evict_first (the same reads under L2's evict-first policy)."""
     import cupy
 
     from .compile import get_module
 
-    fn = get_module("bandwidth", {}).get_function("read_sum")
+    fn = get_module("bandwidth", {}).get_function("read_sum_evict_first" if evict_first else "read_sum")
     sink = cupy.zeros(1, dtype=cupy.float32)
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
     args = (src, np.int64(src.size // 4), sink)

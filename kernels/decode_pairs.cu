@@ -35,7 +35,7 @@ typedef TcMmaSync TcMma;
 // rows [row0, row0 + ROWS) of a [T][HEAD_D] matrix whose rows lie RS rows of HEAD_D apart into a swizzled
 // tile (TcRowLayout), by the warp's lanes alone: lane copies chunk lane % CH of rows lane / CH + i * RSTEP
 // (rows >= T zero-filled)
-template <int ROWS, int RS>
+template <int ROWS, int RS, int EVF = 0>
 __device__ __forceinline__ void decode_warp_load(u32 dst, const u16* __restrict__ src, int row0, int T, int lane) {
     constexpr int RSTEP = 32 / CH;
     static_assert(32 % CH == 0 && ROWS % RSTEP == 0, "a tile's chunks must divide evenly among a warp's lanes");
@@ -44,15 +44,15 @@ __device__ __forceinline__ void decode_warp_load(u32 dst, const u16* __restrict_
     for (int i = 0; i < ROWS / RSTEP; ++i) {
         const int r = r0 + i * RSTEP;
         const bool ok = row0 + r < T;
-        tc_cp_async16(dst + TcRowLayout::swz<ROWS>(r, c), ok ? src + (size_t)(row0 + r) * (RS * HEAD_D) + c * 8 : src,
-                      ok ? 16 : 0);
+        tc_cp_async16_kv<EVF>(dst + TcRowLayout::swz<ROWS>(r, c),
+                              ok ? src + (size_t)(row0 + r) * (RS * HEAD_D) + c * 8 : src, ok ? 16 : 0);
     }
 }
 
 // key tile kt of the pair's K and V into stage st
 __device__ __forceinline__ void decode_warp_tile(const TcSmem& sm, const DecodeBlock& blk, int kt, int st, int lane) {
-    decode_warp_load<BN, STRIDE>(sm.k + st * TILE_BYTES, blk.k, kt * BN, blk.Tb, lane);
-    decode_warp_load<BN, STRIDE>(sm.v + st * TILE_BYTES, blk.v, kt * BN, blk.Tb, lane);
+    decode_warp_load<BN, STRIDE, KV_EVICT>(sm.k + st * TILE_BYTES, blk.k, kt * BN, blk.Tb, lane);
+    decode_warp_load<BN, STRIDE, KV_EVICT>(sm.v + st * TILE_BYTES, blk.v, kt * BN, blk.Tb, lane);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, MINB) decode_pairs(DECODE_SPLIT_PARAMS) {

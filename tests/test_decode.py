@@ -166,7 +166,7 @@ def test_the_gpu_check_step_sweeps_these_shapes():
     ("8,32,4", (("NWARPS", 8), ("BN", 32), ("STAGES", 4), ("MINB", 1), ("SPLITS", 0), ("BLOCKS_PER_SM", 0),
                 ("MIN_PER_SPLIT", 4), ("MERGE", 0), ("BY_KEYS", 2), ("ONE_PER_SM", 8), ("CLASSES", 1),
                 ("BN_SHORT", 32), ("PDL", 1), ("CLUSTER", 8), ("CLUSTER_TILES", 9), ("CLUSTER_ROWS", 64),
-                ("BY_PAIRS", 2), ("HEADS", 0), ("WG", 1), ("KWG", 0))),
+                ("BY_PAIRS", 2), ("HEADS", 0), ("WG", 1), ("KWG", 0), ("EVICT", 0))),
     ("by_keys=0", (("BY_KEYS", 0),)),
 ])
 def test_a_decode_shape_parses_named_and_positional_forms(text, given):
@@ -181,7 +181,7 @@ def test_a_decode_shape_parses_named_and_positional_forms(text, given):
     ("SPLITS=-1", "SPLITS=-1 must be from 0 to 4096"),
     ("TMA=1", "unknown field 'TMA' (fields: NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, "
               "BY_KEYS, ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES, CLUSTER_ROWS, BY_PAIRS, HEADS, WG, "
-              "KWG)"),
+              "KWG, EVICT)"),
     ("WG=2", "WG=2 must be 0 or 1"),
     ("CLUSTER=17", "CLUSTER=17 must be from 0 to 16"),
     ("CLUSTER_ROWS=0", "CLUSTER_ROWS=0 must be from 1 to 4096"),
@@ -302,7 +302,8 @@ def test_the_shapes_the_gpu_check_tries_compile_without_spills(arch, text):
 @pytest.mark.parametrize("text", ("SPLITS=1", "SPLITS=16", "BLOCKS_PER_SM=0", "BN=32,STAGES=4", "BN=128,STAGES=2",
                                   "NWARPS=8", "MERGE=1", "SPLITS=16,MERGE=1", "NWARPS=8,SPLITS=7,MERGE=1",
                                   "SPLITS=3,CLUSTER=8,BY_KEYS=0", "SPLITS=8,CLUSTER=8", "SPLITS=2,CLUSTER=2,BN=32",
-                                  "WG=0", "WG=0,SPLITS=16", "WG=0,BY_KEYS=0,SPLITS=3", "BN=16,STAGES=2"))
+                                  "WG=0", "WG=0,SPLITS=16", "WG=0,BY_KEYS=0,SPLITS=3", "BN=16,STAGES=2", "EVICT=1",
+                                  "EVICT=1,BY_KEYS=0,SPLITS=3", "EVICT=1,NWARPS=8,KWG=2,BN=128"))
 @pytest.mark.parametrize("pattern,params", [("dense", {}), ("streaming", {"sink": 4, "window": 64})])
 def test_gate_of_other_shapes(text, pattern, params):
     from attnbench.check import gate
@@ -319,7 +320,7 @@ def test_gate_of_other_shapes(text, pattern, params):
 @pytest.mark.gpu
 @pytest.mark.parametrize("text", ("BY_KEYS=1", "BY_KEYS=1,SPLITS=1", "BY_KEYS=1,SPLITS=16", "BY_KEYS=1,BN=128,STAGES=2",
                                   "BY_KEYS=1,STAGES=2,MINB=3", "BY_KEYS=1,STAGES=4", "BY_KEYS=1,NWARPS=8,BN=128",
-                                  "BY_KEYS=0,SPLITS=1", "BY_KEYS=1,SPLITS=5,CLUSTER=8"))
+                                  "BY_KEYS=0,SPLITS=1", "BY_KEYS=1,SPLITS=5,CLUSTER=8", "BY_KEYS=1,EVICT=1"))
 @pytest.mark.parametrize("pattern,params", [("dense", {}), ("streaming", {"sink": 4, "window": 64}),
                                             ("window", {"window": 100}), ("dilated", {"window": 512, "dilation": 2})])
 def test_gate_of_the_key_slices_kernel(text, pattern, params):
@@ -659,7 +660,8 @@ def test_the_pairs_kernel_compiles_without_spills(arch, D, pattern):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("text", ("BY_PAIRS=1", "BY_PAIRS=1,STAGES=2", "BY_PAIRS=1,BN_SHORT=16", "BY_PAIRS=1,NWARPS=8,STAGES=2"))
+@pytest.mark.parametrize("text", ("BY_PAIRS=1", "BY_PAIRS=1,STAGES=2", "BY_PAIRS=1,BN_SHORT=16", "BY_PAIRS=1,NWARPS=8,STAGES=2",
+                                  "BY_PAIRS=1,EVICT=1"))
 @pytest.mark.parametrize("pattern,params", [("dense", {}), ("streaming", {"sink": 16, "window": 64}),
                                             ("window", {"window": 100}), ("dilated", {"window": 512, "dilation": 2}),
                                             ("bigbird", {})])
@@ -805,6 +807,33 @@ def test_the_rows_kernel_says_whether_it_ran_on_warpgroup_mma(text):
         assert setup["wgmma"] == want and setup["kernel"] == (KERNEL if tq == 16 else KEYS_KERNEL), setup
 
 
+# ---- EVICT: K and V under L2's evict-first policy ----------------------------------------------------------
+@pytest.mark.parametrize("kernel, kw, arch", [(KERNEL, dict(wg=True), "sm_90a"), (KERNEL, {}, "sm_80"),
+                                              (KEYS_KERNEL, dict(keys=True), "sm_90"), ("decode_pairs", dict(pairs=True), "sm_80")])
+def test_evict_first_loads_k_and_v_with_an_l2_policy_and_nothing_else(kernel, kw, arch):
+    """EVICT=1 compiles KV_EVICT into every decode kernel: its K and V copies carry createpolicy's evict-first
+    policy (cp.async with an L2 cache hint), Q's copies and the merge stay plain, and nothing spills; EVICT=0 (the
+    default) has no cache hint anywhere, and neither has the forward, which shares the loader."""
+    from attnbench import compile as kc
+    from attnbench import fast_tc
+
+    m = make_mask("window", 4096, True, window=1024)
+    on = kernel_defines(128, "bfloat16", m, parse_decode_config("EVICT=1").apply(), **kw)
+    off = kernel_defines(128, "bfloat16", m, DEFAULT, **kw)
+    assert on["KV_EVICT"] == 1 and "KV_EVICT" not in off and DEFAULT.EVICT == 0
+    ptx_on, ptx_off = kc.ptx(kernel, on, arch), kc.ptx(kernel, off, arch)
+    hinted = [ln for ln in ptx_on.splitlines() if "cp.async.cg.shared.global.L2::cache_hint" in ln]
+    plain = [ln for ln in ptx_on.splitlines() if "cp.async.cg.shared.global" in ln and "cache_hint" not in ln]
+    assert "createpolicy.fractional.L2::evict_first" in ptx_on and hinted and plain  # K and V hinted, Q plain
+    assert "cache_hint" not in ptx_off and "createpolicy" not in ptx_off
+    fwd = fast_tc.kernel_defines(128, "bfloat16", m)
+    assert "cache_hint" not in kc.ptx("fast_tc", fwd, "sm_80")
+    for r in compile_only(kernel, on, arch):
+        assert (r.spill_stores, r.spill_loads) == (0, 0), r
+    with pytest.raises(BadInput, match="EVICT"):
+        parse_decode_config("EVICT=2")
+
+
 # ---- KWG: two warpgroups on the same rows, a slice of every tile each ---------------------------------------
 def test_two_warpgroups_on_key_slices_take_the_rows_kernels_shape_and_refuse_the_others():
     """KWG=2: 64 rows a block (two warpgroups on them), the kernel's BN a warpgroup's slice of the shape's BN-key
@@ -838,7 +867,7 @@ def test_two_warpgroups_take_the_rows_where_the_pairs_are_neither_few_nor_many_a
     from attnbench.decode import WG_SHORT_LIST_KEYS, plan_lists
 
     two = DEFAULT.for_list(4111, 64, 128, "90", many_pairs=False, middle_pairs=True)
-    assert (two.KWG, two.NWARPS, two.BN) == (2, 8, 64) and two.spec.endswith(",KWG=2")
+    assert (two.KWG, two.NWARPS, two.BN) == (2, 8, 64) and ",KWG=2," in two.spec
     assert DEFAULT.for_list(1100, 64, 128, "90", middle_pairs=True).KWG == 2  # not the 32-key tiles
     for args in ((4111, 64, 128, "80", False, True), (4111, 64, 128, "90", False, False),
                  (4111, 64, 128, "90", True, False), (4111, 16, 128, "90", False, True),

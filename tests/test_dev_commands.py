@@ -446,12 +446,31 @@ def test_floor_rows_say_what_the_protocol_measures_for_next_to_nothing(tmp_path)
     r = CliRunner().invoke(main, ["floor", "--samples", "15", "--out", str(out)])
     assert r.exit_code == 0, r.output
     rows = pd.read_csv(out).set_index("what")
-    assert len(rows) == 10 and rows["gpu"].notna().all() and rows["git_commit"].notna().all()
+    assert len(rows) == 14 and rows["gpu"].notna().all() and rows["git_commit"].notna().all()
     assert (rows["median_ms"] > 0).all() and (rows["samples"] == 15).all()
     # a second launch and a bigger read each cost something on top
     assert rows.loc["two empty launches", "median_ms"] > rows.loc["one empty launch", "median_ms"]
-    reads = rows.loc[["read 4 MiB", "read 32 MiB", "read 128 MiB", "read 1024 MiB"], "median_ms"]
-    assert reads.is_monotonic_increasing and reads.is_unique
+    for tail in ("", ", L2 evict-first"):
+        reads = rows.loc[[f"read {n} MiB{tail}" for n in (4, 32, 128, 1024)], "median_ms"]
+        assert reads.is_monotonic_increasing and reads.is_unique
+
+
+def test_the_evict_first_read_differs_from_the_plain_one_by_its_l2_policy_alone():
+    """kernels/bandwidth.cu's two reads: the same loop, read_sum_evict_first's loads with createpolicy's evict-first
+    L2 policy, read_sum's plain."""
+    import re
+
+    from attnbench import compile as kc
+
+    text = kc.ptx("bandwidth", {}, "sm_80")
+    bodies = dict(re.findall(r"\.entry (read_sum\w*)\((.*?)\n}", text, re.S))
+    assert set(bodies) == {"read_sum", "read_sum_evict_first"}
+    assert "cache_hint" not in bodies["read_sum"] and "createpolicy" not in bodies["read_sum"]
+    hinted = bodies["read_sum_evict_first"]
+    assert "createpolicy.fractional.L2::evict_first" in hinted
+    loads = [ln for ln in hinted.splitlines() if "ld.global" in ln]
+    assert loads and all("ld.global.nc.L2::cache_hint.v4.f32" in ln for ln in loads)
+    assert all("ld.global.nc.v4.f32" in ln for ln in bodies["read_sum"].splitlines() if "ld.global" in ln)
 
 
 def test_floor_refuses_an_unwritable_out_before_any_device(tmp_path):

@@ -120,7 +120,7 @@ struct TcMmaSync {
 // A thread copies chunk c = tid % CH of rows r0 + i * RSTEP (RSTEP = THREADS / CH, a multiple of 8,
 // so every one of its rows has the same swizzle and the addresses differ by constants). RS: the
 // matrix's rows lie RS rows of HEAD_D apart (STRIDE: a residue class's; 1: rows that are not).
-template <class Layout, int ROWS, int RS = STRIDE>
+template <class Layout, int ROWS, int RS = STRIDE, int EVF = 0>
 __device__ __forceinline__ void tc_load_tile(u32 dst, const u16* __restrict__ src, int row0, int T) {
     constexpr int RSTEP = THREADS / CH;
     static_assert(THREADS % CH == 0 && RSTEP % 8 == 0 && ROWS % RSTEP == 0,
@@ -131,8 +131,8 @@ __device__ __forceinline__ void tc_load_tile(u32 dst, const u16* __restrict__ sr
 #pragma unroll
     for (int i = 0; i < ROWS / RSTEP; ++i) {
         const bool ok = row0 + r0 + i * RSTEP < T;
-        tc_cp_async16(d0 + i * RSTEP * Layout::ROWB, ok ? g0 + (size_t)i * RSTEP * RS * TC_ROW_STEP * HEAD_D : src,
-                      ok ? 16 : 0);
+        tc_cp_async16_kv<EVF>(d0 + i * RSTEP * Layout::ROWB,
+                              ok ? g0 + (size_t)i * RSTEP * RS * TC_ROW_STEP * HEAD_D : src, ok ? 16 : 0);
     }
 }
 
@@ -173,8 +173,8 @@ struct TcLoadAsync {
         for (int s = 0; s < STAGES - 1; ++s) {
             if (s < list.n) {
                 const int kt = tc_entry_tile(list.ring[s]);
-                tc_load_tile<Layout, TROWS>(sm.k + s * STAGE_BYTES, gm.k, kt * TROWS, T);
-                tc_load_tile<Layout, TROWS>(sm.v + s * STAGE_BYTES, gm.v, kt * TROWS, T);
+                tc_load_tile<Layout, TROWS, STRIDE, KV_EVICT>(sm.k + s * STAGE_BYTES, gm.k, kt * TROWS, T);
+                tc_load_tile<Layout, TROWS, STRIDE, KV_EVICT>(sm.v + s * STAGE_BYTES, gm.v, kt * TROWS, T);
             }
             tc_commit();
         }
@@ -196,8 +196,8 @@ struct TcLoadAsync {
         __syncthreads();  // tile `it` is visible to all; the stage refilled below is free
         if (nx < n) {
             const int ktn = tc_entry_tile(ent_nx);
-            tc_load_tile<Layout, TROWS>(sm.k + st_fill * STAGE_BYTES, gm.k, ktn * TROWS, T);
-            tc_load_tile<Layout, TROWS>(sm.v + st_fill * STAGE_BYTES, gm.v, ktn * TROWS, T);
+            tc_load_tile<Layout, TROWS, STRIDE, KV_EVICT>(sm.k + st_fill * STAGE_BYTES, gm.k, ktn * TROWS, T);
+            tc_load_tile<Layout, TROWS, STRIDE, KV_EVICT>(sm.v + st_fill * STAGE_BYTES, gm.v, ktn * TROWS, T);
         }
         tc_commit();
     }
