@@ -111,7 +111,8 @@ class DecodeConfig:
     are neither few nor more than the SMs and the list holds more than WG_SHORT_LIST_KEYS keys, else 1
     (``for_list``).
     EVICT 1: K and V loaded with L2's evict-first policy (each key is read once a launch; a launch that streams more
-    than L2 holds then replaces its own lines, not the ones L2 held before it); 0: plain loads."""
+    than L2 holds then replaces its own lines, not the ones L2 held before it; 2: the same policy as a constant, no
+    createpolicy instruction); 0: plain loads."""
     NWARPS: int = 4
     BN: int = 64
     STAGES: int = 3
@@ -277,7 +278,7 @@ DECODE_LIMITS = {"NWARPS": (4, 16, 4), "BN": (16, 256, 16), "STAGES": (2, 8, 1),
                  "MERGE": (0, 1, 1), "BY_KEYS": (0, 2, 1), "ONE_PER_SM": (0, 1024, 1), "CLASSES": (0, 1, 1),
                  "BN_SHORT": (0, 256, 16), "PDL": (0, 1, 1), "CLUSTER": (0, 16, 1), "CLUSTER_TILES": (1, 4096, 1),
                  "CLUSTER_ROWS": (1, 4096, 1), "BY_PAIRS": (0, 2, 1), "HEADS": (0, 16, 1), "WG": (0, 1, 1),
-                 "KWG": (0, 2, 1), "EVICT": (0, 1, 1)}
+                 "KWG": (0, 2, 1), "EVICT": (0, 2, 1)}
 DEFAULT = DecodeConfig()
 LONG_BN = DEFAULT.BN
 # lists of at most this many keys (in 64-key tiles) take BN_SHORT-key tiles. H100, B 1 to 64, Tq 1 and 16, BN=32 /
@@ -345,7 +346,7 @@ def kernel_defines(D: int, dtype: str, mask: Mask, cfg: DecodeConfig = DEFAULT, 
     elif cfg.kwg > 1 and not keys and not pairs:
         raise ValueError(f"KWG={cfg.kwg} is the rows kernel's on warpgroup MMA (WG=1, sm_90)")
     if cfg.EVICT:
-        d["KV_EVICT"] = 1
+        d["KV_EVICT"] = cfg.EVICT
     return dict(d, AB_F16=int(dtype == "float16"), **pattern_defines(mask))
 
 

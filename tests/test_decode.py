@@ -826,12 +826,14 @@ def test_evict_first_loads_k_and_v_with_an_l2_policy_and_nothing_else(kernel, kw
     plain = [ln for ln in ptx_on.splitlines() if "cp.async.cg.shared.global" in ln and "cache_hint" not in ln]
     assert "createpolicy.fractional.L2::evict_first" in ptx_on and hinted and plain  # K and V hinted, Q plain
     assert "cache_hint" not in ptx_off and "createpolicy" not in ptx_off
+    const = kc.ptx(kernel, kernel_defines(128, "bfloat16", m, parse_decode_config("EVICT=2").apply(), **kw), arch)
+    assert "createpolicy" not in const and const.count("L2::cache_hint") == len(hinted)  # the policy as a constant
     fwd = fast_tc.kernel_defines(128, "bfloat16", m)
     assert "cache_hint" not in kc.ptx("fast_tc", fwd, "sm_80")
     for r in compile_only(kernel, on, arch):
         assert (r.spill_stores, r.spill_loads) == (0, 0), r
     with pytest.raises(BadInput, match="EVICT"):
-        parse_decode_config("EVICT=2")
+        parse_decode_config("EVICT=3")
 
 
 # ---- KWG: two warpgroups on the same rows, a slice of every tile each ---------------------------------------

@@ -128,11 +128,16 @@ __device__ __forceinline__ void tc_load_tile(u32 dst, const u16* __restrict__ sr
     const int r0 = threadIdx.x / CH, c = threadIdx.x % CH;
     const u32 d0 = dst + Layout::template swz<ROWS>(r0, c);
     const u16* g0 = src + (size_t)tc_seq_row(row0 + r0) * (RS * HEAD_D) + c * 8;  // (tc/rows.cuh)
+    const unsigned long long policy = EVF ? tc_evict_first_policy() : 0ull;  // EVF: K and V under KV_EVICT's policy
 #pragma unroll
     for (int i = 0; i < ROWS / RSTEP; ++i) {
         const bool ok = row0 + r0 + i * RSTEP < T;
-        tc_cp_async16_kv<EVF>(d0 + i * RSTEP * Layout::ROWB,
-                              ok ? g0 + (size_t)i * RSTEP * RS * TC_ROW_STEP * HEAD_D : src, ok ? 16 : 0);
+        if (EVF)
+            tc_cp_async16_hint(d0 + i * RSTEP * Layout::ROWB,
+                               ok ? g0 + (size_t)i * RSTEP * RS * TC_ROW_STEP * HEAD_D : src, ok ? 16 : 0, policy);
+        else
+            tc_cp_async16(d0 + i * RSTEP * Layout::ROWB, ok ? g0 + (size_t)i * RSTEP * RS * TC_ROW_STEP * HEAD_D : src,
+                          ok ? 16 : 0);
     }
 }
 
