@@ -112,7 +112,9 @@ class DecodeConfig:
     (``for_list``).
     EVICT 1: K and V loaded with L2's evict-first policy (each key is read once a launch; a launch that streams more
     than L2 holds then replaces its own lines, not the ones L2 held before it; 2: the same policy as a constant, no
-    createpolicy instruction); 0: plain loads."""
+    createpolicy instruction); 0: plain loads. Not on the rows kernel's warpgroup-MMA build (WG, sm_90a), whose hinted
+    loads stopped on an H200 with an illegal instruction (docs/PERF.md "decode: K and V under L2's evict-first
+    policy")."""
     NWARPS: int = 4
     BN: int = 64
     STAGES: int = 3
@@ -345,7 +347,7 @@ def kernel_defines(D: int, dtype: str, mask: Mask, cfg: DecodeConfig = DEFAULT, 
             d.update(KWG=cfg.kwg, BN=cfg.BN // cfg.kwg)
     elif cfg.kwg > 1 and not keys and not pairs:
         raise ValueError(f"KWG={cfg.kwg} is the rows kernel's on warpgroup MMA (WG=1, sm_90)")
-    if cfg.EVICT:
+    if cfg.EVICT and not wg:  # the rows kernel's sm_90a build faulted (an illegal instruction) with the hinted loads
         d["KV_EVICT"] = cfg.EVICT
     return dict(d, AB_F16=int(dtype == "float16"), **pattern_defines(mask))
 

@@ -808,12 +808,13 @@ def test_the_rows_kernel_says_whether_it_ran_on_warpgroup_mma(text):
 
 
 # ---- EVICT: K and V under L2's evict-first policy ----------------------------------------------------------
-@pytest.mark.parametrize("kernel, kw, arch", [(KERNEL, dict(wg=True), "sm_90a"), (KERNEL, {}, "sm_80"),
+@pytest.mark.parametrize("kernel, kw, arch", [(KERNEL, {}, "sm_80"), (KERNEL, {}, "sm_90"),
                                               (KEYS_KERNEL, dict(keys=True), "sm_90"), ("decode_pairs", dict(pairs=True), "sm_80")])
 def test_evict_first_loads_k_and_v_with_an_l2_policy_and_nothing_else(kernel, kw, arch):
-    """EVICT=1 compiles KV_EVICT into every decode kernel: its K and V copies carry createpolicy's evict-first
-    policy (cp.async with an L2 cache hint), Q's copies and the merge stay plain, and nothing spills; EVICT=0 (the
-    default) has no cache hint anywhere, and neither has the forward, which shares the loader."""
+    """EVICT=1 compiles KV_EVICT into the decode kernels on mma.sync: their K and V copies carry createpolicy's
+    evict-first policy (cp.async with an L2 cache hint), Q's copies and the merge stay plain, and nothing spills;
+    EVICT=2 the same policy as a constant; EVICT=0 (the default) has no cache hint anywhere, and neither has the
+    forward, which shares the loader, nor the rows kernel's warpgroup-MMA build, which keeps plain loads."""
     from attnbench import compile as kc
     from attnbench import fast_tc
 
@@ -832,6 +833,8 @@ def test_evict_first_loads_k_and_v_with_an_l2_policy_and_nothing_else(kernel, kw
     assert "cache_hint" not in kc.ptx("fast_tc", fwd, "sm_80")
     for r in compile_only(kernel, on, arch):
         assert (r.spill_stores, r.spill_loads) == (0, 0), r
+    wg = kernel_defines(128, "bfloat16", m, parse_decode_config("EVICT=1").apply(), wg=True)
+    assert "KV_EVICT" not in wg and "cache_hint" not in kc.ptx(KERNEL, wg, "sm_90a")
     with pytest.raises(BadInput, match="EVICT"):
         parse_decode_config("EVICT=3")
 
