@@ -111,10 +111,10 @@ class DecodeConfig:
     are neither few nor more than the SMs and the list holds more than WG_SHORT_LIST_KEYS keys, else 1
     (``for_list``).
     EVICT 1: K and V loaded with L2's evict-first policy (each key is read once a launch; a launch that streams more
-    than L2 holds then replaces its own lines, not the ones L2 held before it; 2: the same policy as a constant, no
-    createpolicy instruction); 0: plain loads. Not on the rows kernel's warpgroup-MMA build (WG, sm_90a), whose hinted
-    loads stopped on an H200 with an illegal instruction (docs/PERF.md "decode: K and V under L2's evict-first
-    policy")."""
+    than L2 holds then replaces its own lines, not the ones L2 held before it); 0: plain loads; 2: the first where the
+    launch's K and V bytes are at most EVICT_L2 times the device's L2 (``evict_for``), else the second. Never on the
+    rows kernel's warpgroup-MMA build (WG, sm_90a), whose hinted loads stopped on an H200 with an illegal instruction
+    (docs/PERF.md "decode: K and V under L2's evict-first policy")."""
     NWARPS: int = 4
     BN: int = 64
     STAGES: int = 3
@@ -144,7 +144,8 @@ class DecodeConfig:
     KWG: int = 0  # H200, T=32768, Tq=16, B=8, NWARPS=8,KWG=2 / the default then (results/decode-kwg-shapes-h200.csv,
     #               docs/PERF.md "decode v10"): bigbird 0.96, dilated 0.95, streaming 4+1024 0.95, window 4096 0.96,
     #               streaming 16+64 (about 100 keys) 1.14; B=1 1.01-1.13, B=64 1.03-1.53
-    EVICT: int = 0
+    EVICT: int = 2  # H200, Tq=1, one process (results/decode-evict-shapes-h200.csv): 101-135 MB of K and V 0.91-0.95,
+    #                 17 MB 0.97-1.00, 270 MB 1.01-1.02, 1 GB 1.03-1.05
 
     @property
     def rows(self) -> int:
@@ -243,6 +244,15 @@ class DecodeConfig:
             return self
         return short
 
+    def evict_for(self, kv_bytes: int, l2_bytes: int, heads: int = 1) -> "DecodeConfig":
+        """The shape with EVICT decided for a launch that reads ``kv_bytes`` of K and V on a device whose L2 holds
+        ``l2_bytes``, a group's query heads dealt to ``heads`` blocks: EVICT 2 becomes 1 where kv_bytes <= EVICT_L2 x
+        l2_bytes and each K and V byte is read by one block (heads 1; with more, the others read it again from L2),
+        else 0; 0 and 1 stay."""
+        if self.EVICT != 2:
+            return self
+        return replace(self, EVICT=int(heads == 1 and kv_bytes <= EVICT_L2 * l2_bytes))
+
     def few_pairs(self, pairs: int, sms: int) -> bool:
         """Whether ``pairs`` (sequence, key/value head) pairs are few on ``sms`` multiprocessors: ONE_PER_SM set and
         at least that many SMs for each (one block per SM instead of the wave's; HEADS 0's groups dealt out)."""
@@ -295,6 +305,10 @@ WG_SHORT_LIST_KEYS = 256
 # HEADS 0 deals a group's heads to several blocks only where its list holds at most this many keys (in its tiles):
 # each block reads the list's K and V, so L2's bytes grow with the blocks (results/decode-heads-h200.csv)
 HEADS_MAX_KEYS = 512
+# EVICT 2 loads K and V evict-first where a launch reads at most this many times L2's bytes of them. H200 (50 MiB of
+# L2), Tq=1: 101-135 MB 0.91-0.95 of plain loads, 270 MB (streaming 4+1024, B=64) 1.01-1.02, 1 GB and more 1.01-1.05
+# (results/decode-evict-shapes-h200.csv); one read of 128 MiB 0.92, of 1 GiB 1.05 (results/floor-evict-h200.csv)
+EVICT_L2 = 3
 NWARPS, BN, STAGES = DEFAULT.NWARPS, DEFAULT.BN, DEFAULT.STAGES
 ROWS = DEFAULT.rows  # query rows of a block: query heads of a group x Tq
 BLOCKS_PER_SM = DEFAULT.BLOCKS_PER_SM  # the splits aim at this many blocks per multiprocessor (0: one wave)
@@ -347,8 +361,8 @@ def kernel_defines(D: int, dtype: str, mask: Mask, cfg: DecodeConfig = DEFAULT, 
             d.update(KWG=cfg.kwg, BN=cfg.BN // cfg.kwg)
     elif cfg.kwg > 1 and not keys and not pairs:
         raise ValueError(f"KWG={cfg.kwg} is the rows kernel's on warpgroup MMA (WG=1, sm_90)")
-    if cfg.EVICT and not wg:  # the rows kernel's sm_90a build faulted (an illegal instruction) with the hinted loads
-        d["KV_EVICT"] = cfg.EVICT
+    if cfg.EVICT == 1 and not wg:  # (2: not yet decided, ``evict_for``; the rows kernel's sm_90a build faulted with
+        d["KV_EVICT"] = 1          # the hinted loads, an illegal instruction, so it keeps plain ones)
     return dict(d, AB_F16=int(dtype == "float16"), **pattern_defines(mask))
 
 
@@ -563,6 +577,10 @@ class FastDecode(Impl):
         groups, rows = prob.kv_heads * heads, prob.H // prob.kv_heads // heads * prob.q_len
         if heads > 1:  # the shape (short lists' tiles) for the block's rows
             cfg, stride, mask, lists = plan_lists(prob, given, order, rows, cc, sms)
+        # K's and V's bytes the launch reads from memory (each sequence's list, every key/value head once)
+        kv_bytes = setup["kv_bytes"] = (sum(lists[order.index(t)].entries.size for t in lens) * cfg.BN * prob.D * 4
+                                        * prob.kv_heads)
+        cfg = cfg.evict_for(kv_bytes, cupy.cuda.Device().attributes["L2CacheSize"], heads)
         setup["decode_config"] = cfg.spec
         keys = cfg.by_keys(rows, prob.D)
         wg = setup["wgmma"] = cfg.wgmma(keys, cc)
@@ -709,6 +727,12 @@ def standard_builds() -> list[tuple[str, dict]]:
     # the warpgroup build with its splits merged in a cluster of 8, and in the last split
     add((KERNEL, kernel_defines(128, "bfloat16", c.instances[0].mask(c.build_T), cluster=8, wg=True)))
     add((KERNEL, kernel_defines(128, "bfloat16", c.instances[0].mask(c.build_T), replace(DEFAULT, MERGE=1), wg=True)))
+    # K and V evict-first (EVICT=1) on the kernels that take it, on the first instance
+    evict = replace(DEFAULT, EVICT=1)
+    first = c.instances[0].mask(c.build_T)
+    for kw in (dict(), dict(keys=True), dict(pairs=True)):
+        add((KEYS_KERNEL if kw.get("keys") else PAIRS_KERNEL if kw.get("pairs") else KERNEL,
+             kernel_defines(128, "bfloat16", first, replace(evict, BN=32) if kw.get("pairs") else evict, **kw)))
     # a residue class's keys (CLASSES=1) for the strided instances, both kernels
     for inst in c.instances:
         r, inner = inst.mask(c.build_T).strided()

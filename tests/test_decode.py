@@ -166,7 +166,7 @@ def test_the_gpu_check_step_sweeps_these_shapes():
     ("8,32,4", (("NWARPS", 8), ("BN", 32), ("STAGES", 4), ("MINB", 1), ("SPLITS", 0), ("BLOCKS_PER_SM", 0),
                 ("MIN_PER_SPLIT", 4), ("MERGE", 0), ("BY_KEYS", 2), ("ONE_PER_SM", 8), ("CLASSES", 1),
                 ("BN_SHORT", 32), ("PDL", 1), ("CLUSTER", 8), ("CLUSTER_TILES", 9), ("CLUSTER_ROWS", 64),
-                ("BY_PAIRS", 2), ("HEADS", 0), ("WG", 1), ("KWG", 0), ("EVICT", 0))),
+                ("BY_PAIRS", 2), ("HEADS", 0), ("WG", 1), ("KWG", 0), ("EVICT", 2))),
     ("by_keys=0", (("BY_KEYS", 0),)),
 ])
 def test_a_decode_shape_parses_named_and_positional_forms(text, given):
@@ -813,7 +813,7 @@ def test_the_rows_kernel_says_whether_it_ran_on_warpgroup_mma(text):
 def test_evict_first_loads_k_and_v_with_an_l2_policy_and_nothing_else(kernel, kw, arch):
     """EVICT=1 compiles KV_EVICT into the decode kernels on mma.sync: their K and V copies carry createpolicy's
     evict-first policy (cp.async with an L2 cache hint), Q's copies and the merge stay plain, and nothing spills;
-    EVICT=2 the same policy as a constant; EVICT=0 (the default) has no cache hint anywhere, and neither has the
+    EVICT=0 and the default's 2 (not yet decided for a launch) have no cache hint anywhere, and neither has the
     forward, which shares the loader, nor the rows kernel's warpgroup-MMA build, which keeps plain loads."""
     from attnbench import compile as kc
     from attnbench import fast_tc
@@ -821,14 +821,14 @@ def test_evict_first_loads_k_and_v_with_an_l2_policy_and_nothing_else(kernel, kw
     m = make_mask("window", 4096, True, window=1024)
     on = kernel_defines(128, "bfloat16", m, parse_decode_config("EVICT=1").apply(), **kw)
     off = kernel_defines(128, "bfloat16", m, DEFAULT, **kw)
-    assert on["KV_EVICT"] == 1 and "KV_EVICT" not in off and DEFAULT.EVICT == 0
+    assert on["KV_EVICT"] == 1 and "KV_EVICT" not in off and DEFAULT.EVICT == 2  # (2: decided by the runner)
     ptx_on, ptx_off = kc.ptx(kernel, on, arch), kc.ptx(kernel, off, arch)
     hinted = [ln for ln in ptx_on.splitlines() if "cp.async.cg.shared.global.L2::cache_hint" in ln]
     plain = [ln for ln in ptx_on.splitlines() if "cp.async.cg.shared.global" in ln and "cache_hint" not in ln]
     assert "createpolicy.fractional.L2::evict_first" in ptx_on and hinted and plain  # K and V hinted, Q plain
     assert "cache_hint" not in ptx_off and "createpolicy" not in ptx_off
-    const = kc.ptx(kernel, kernel_defines(128, "bfloat16", m, parse_decode_config("EVICT=2").apply(), **kw), arch)
-    assert "createpolicy" not in const and const.count("L2::cache_hint") == len(hinted)  # the policy as a constant
+    zero = kernel_defines(128, "bfloat16", m, parse_decode_config("EVICT=0").apply(), **kw)
+    assert zero == off
     fwd = fast_tc.kernel_defines(128, "bfloat16", m)
     assert "cache_hint" not in kc.ptx("fast_tc", fwd, "sm_80")
     for r in compile_only(kernel, on, arch):
@@ -837,6 +837,33 @@ def test_evict_first_loads_k_and_v_with_an_l2_policy_and_nothing_else(kernel, kw
     assert "KV_EVICT" not in wg and "cache_hint" not in kc.ptx(KERNEL, wg, "sm_90a")
     with pytest.raises(BadInput, match="EVICT"):
         parse_decode_config("EVICT=3")
+
+
+def test_evict_is_decided_by_the_bytes_a_launch_reads_against_l2():
+    """EVICT 2 (the default): evict-first where K and V weigh at most EVICT_L2 times L2 and each byte is read by one
+    block; 0 and 1 as given."""
+    from attnbench.decode import EVICT_L2
+
+    l2 = 50 << 20
+    assert DEFAULT.evict_for(EVICT_L2 * l2, l2).EVICT == 1 and DEFAULT.evict_for(EVICT_L2 * l2 + 1, l2).EVICT == 0
+    assert DEFAULT.evict_for(1 << 20, l2, heads=4).EVICT == 0  # a group's other blocks read it again from L2
+    for given in (0, 1):
+        cfg = parse_decode_config(f"EVICT={given}").apply()
+        assert cfg.evict_for(1 << 20, l2).EVICT == given and cfg.evict_for(1 << 40, l2).EVICT == given
+
+
+@pytest.mark.gpu
+def test_the_runner_loads_evict_first_where_a_launch_reads_little():
+    """The default runner's shape (its row's decode_config): EVICT=1 for B=1, Tq=1 at T=4096 (17 MB of K and V), 0
+    for dense at B=4, T=32768 (537 MB, past three L2s on any device here), and the byte count it went by."""
+    import cupy
+
+    l2 = cupy.cuda.Device().attributes["L2CacheSize"]
+    for B, T, want in ((1, 4096, 1), (4, 32768, 0)):
+        prob = Problem(make_mask("dense", T, True), B, 32, 128, "bfloat16", H_kv=8, Tq=1)
+        setup = IMPL.prepare(prob, *_gate_inputs(prob)).setup
+        assert setup["kv_bytes"] == B * 8 * T * 128 * 4
+        assert f",EVICT={want}" in setup["decode_config"] and (setup["kv_bytes"] <= 3 * l2) == bool(want), setup
 
 
 # ---- KWG: two warpgroups on the same rows, a slice of every tile each ---------------------------------------

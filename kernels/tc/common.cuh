@@ -83,18 +83,14 @@ __device__ __forceinline__ void tc_cp_async16(u32 dst, const void* src, int byte
 
 // KV_EVICT 1 (fast-decode's EVICT): K and V, read once a launch, ask L2 to evict their own lines first
 // (an L2 cache policy, createpolicy's evict_first), so that a launch streaming more than L2 holds replaces
-// its own lines instead of every line L2 held before it (dirty ones are written back as they go); 2: the
-// same policy as a constant (the encoding CUTLASS names EVICT_FIRST), no createpolicy. 0: plain loads, the
-// builds as before.
+// its own lines instead of every line L2 held before it (dirty ones are written back as they go). 0: plain
+// loads, the builds as before.
 #ifndef KV_EVICT
 #define KV_EVICT 0
 #endif
 __device__ __forceinline__ unsigned long long tc_evict_first_policy() {
     unsigned long long p;
-    if (KV_EVICT == 2)
-        p = 0x12F0000000000000ull;
-    else
-        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
     return p;
 }
 // tc_cp_async16 with an L2 cache policy (tc_evict_first_policy's)
