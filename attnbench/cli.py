@@ -165,7 +165,8 @@ DECODE_CONFIG_HELP = ("a fast-decode shape: FIELD=N,... of NWARPS, BN, STAGES, M
                       "at most 512 keys), WG (1: the warps-on-rows kernel's products on warpgroup MMA on sm_90; 0: "
                       "mma.sync), KWG (2: that kernel's two warpgroups on the same rows, each half of every tile, "
                       "NWARPS=8, sm_90; 1: one; 0: 2 where the pairs are neither few nor more than the SMs and the list "
-                      "holds more than 256 keys), EVICT (1: K and V loaded with L2's evict-first policy; 0: plain) "
+                      "holds more than 256 keys), EVICT (1: K and V loaded with L2's evict-first policy on the mma.sync kernels; 0: plain; 2: the first "
+                      "where a launch reads at most three L2s of K and V) "
                       "(the others at their defaults); each adds a row per "
                       "configuration, named e.g. fast-decode[SPLITS=8], timed with the others (repeatable; the plain "
                       "fast-decode takes ATTNBENCH_DECODE_CONFIG)")
@@ -742,8 +743,9 @@ def write_rows(rows: list[dict], out: str) -> None:
 @friendly
 def floor_cmd(samples, out):
     """The least a timed sample measures here: launches that do next to nothing (one and two of an
-    empty kernel; a small read alone and followed by an empty launch) under the sweep's timing
-    protocol (L2 flushed, a blocking kernel, CUDA events). No row of a sweep can go below these."""
+    empty kernel; reads alone, followed by an empty launch, and alone under L2's evict-first policy)
+    under the sweep's timing protocol (L2 flushed, a blocking kernel, CUDA events). No row of a sweep
+    can go below these."""
     from .devtools import event_floor_rows
     from .impls import device_problem
 
