@@ -188,6 +188,9 @@ FLOOR_READ_BYTES = (4 << 20, 32 << 20, 128 << 20, 1 << 30)
 FLOOR_EMPTY = "one empty launch"  # the `what` of event_floor_rows' one-launch cases (scripts/decode_targets.py reads them)
 
 
+FLOOR_EVICT = ", L2 evict-first"  # the `what` of a read under L2's evict-first policy: floor_read_name + this
+
+
 def floor_read_name(nbytes: int) -> str:
     """The `what` of event_floor_rows' read of ``nbytes`` alone."""
     return f"read {nbytes >> 20} MiB"
@@ -215,7 +218,7 @@ def event_floor_rows(samples: int = 51) -> list[dict]:
         read = read_kernel(bufs[-1])
         cases.append((floor_read_name(n), 1, n, read))
         cases.append((f"{floor_read_name(n)}, then an empty launch", 2, n, lambda read=read: (read(), launch())))
-        cases.append((f"{floor_read_name(n)}, L2 evict-first", 1, n, read_kernel(bufs[-1], evict_first=True)))
+        cases.append((floor_read_name(n) + FLOOR_EVICT, 1, n, read_kernel(bufs[-1], evict_first=True)))
     prov = provenance()
     rows = []
     for what, launches, nbytes, fn in cases:
@@ -229,24 +232,28 @@ def event_floor_rows(samples: int = 51) -> list[dict]:
 
 
 # attnbench floor's one-launch rows used: the empty launch and each read alone; the first two reads must be there (a
-# floor file from before the longer reads has only those), the others are used where present
+# floor file from before the longer reads has only those), the others are used where present, and so are the reads
+# under L2's evict-first policy (files written since they were added)
 READ_POINTS = (FLOOR_EMPTY,) + tuple(floor_read_name(n) for n in FLOOR_READ_BYTES)
 READ_NEEDED = READ_POINTS[:3]
+EVICT_POINTS = tuple(floor_read_name(n) + FLOOR_EVICT for n in FLOOR_READ_BYTES)
 
 
 def read_time(floor_rows):
     """A function of bytes and milliseconds a byte past the last point (arrays) to the milliseconds one launch that
-    reads them takes under the protocol, from ``attnbench floor``'s rows: linear between its one-launch points, past
-    the last one its time plus the rest at the given rate. ValueError when a point is missing."""
+    reads them takes under the protocol, from ``attnbench floor``'s rows: linear between its one-launch points (at each
+    size the faster of the plain read and, where the file has it, the read under L2's evict-first policy), past the
+    last one its time plus the rest at the given rate. ValueError when a point is missing."""
     lacks = [c for c in ("what", "bytes", "median_ms") if c not in floor_rows]
     if lacks:
         raise ValueError(f"not attnbench floor's rows: no column {', '.join(lacks)}")
-    pts = floor_rows[floor_rows["what"].isin(READ_POINTS)].sort_values("bytes")
-    if not set(READ_NEEDED) <= set(pts["what"]):
+    plain = floor_rows[floor_rows["what"].isin(READ_POINTS)]
+    if not set(READ_NEEDED) <= set(plain["what"]):
         raise ValueError(f"the floor rows lack one of {', '.join(READ_NEEDED)}")
+    pts = floor_rows[floor_rows["what"].isin(READ_POINTS + EVICT_POINTS)].groupby("bytes")["median_ms"].min()
     import numpy as np
 
-    b, ms = pts["bytes"].to_numpy(float), pts["median_ms"].to_numpy(float)
+    b, ms = pts.index.to_numpy(float), pts.to_numpy(float)
 
     def at(nbytes, ms_per_byte):
         x = np.asarray(nbytes, float)

@@ -16,7 +16,8 @@ Then one line per target and Tq: how many cases meet it, of how many that have t
 With ``--read FLOOR.csv`` (``attnbench floor``'s rows from the same GPU), ``read_ms`` is what the timing protocol
 measures for one launch that reads the case's bytes (``bytes_floor``) and does nothing else: interpolated in bytes
 between an empty launch and the reads the file holds (4 and 32 MiB, and 128 MiB and 1 GiB in files written since they
-were added), and past the longest the rest at the bandwidth the row's own floor takes (the fastest a longer read could
+were added; at each size the faster of the plain read and the read under L2's evict-first policy where the file has
+both), and past the longest the rest at the bandwidth the row's own floor takes (the fastest a longer read could
 go, so no case is counted below a read it could beat). For the sparse targets, ``floor_target_below_read`` and
 ``flex_target_below_read`` say where the time a target asks is below that read; for dense at T >= 32768,
 ``share_target_below_read`` says where 90% of the bandwidth asks for less time than that read. The summary counts

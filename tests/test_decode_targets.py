@@ -134,6 +134,19 @@ def test_a_longer_read_where_the_file_has_it_replaces_the_rows_bandwidth():
     assert got == pytest.approx([0.015, 0.030, 0.045, 0.045 + 128 * mib * 1e-9])
 
 
+def test_the_read_at_each_size_is_the_faster_of_plain_and_evict_first():
+    """Where the floor file also times each read under L2's evict-first policy, the one-launch read at that size is
+    the faster of the two; a file with only evict-first reads is still refused for its plain ones."""
+    mib = 1 << 20
+    rows = pd.concat([_floor(r128=0.045), pd.DataFrame([
+        dict(what="read 32 MiB, L2 evict-first", launches=1, bytes=32 * mib, median_ms=0.013),
+        dict(what="read 128 MiB, L2 evict-first", launches=1, bytes=128 * mib, median_ms=0.050)])])
+    read = dt.read_time(rows)
+    assert read([32 * mib, 128 * mib], [1e-9] * 2) == pytest.approx([0.013, 0.045])
+    with pytest.raises(ValueError, match="read 32 MiB"):
+        dt.read_time(rows[rows["what"] != "read 32 MiB"])
+
+
 def test_dense_misses_whose_share_asks_less_than_a_read_are_counted():
     mib = 1 << 20
     rows = _rows()
