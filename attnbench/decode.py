@@ -683,7 +683,8 @@ IMPL = register(FastDecode(
                 "mma.sync): Tq queries at the end of each cache, grouped-query heads and ragged "
                 "batches, the key tiles the pattern allows split across blocks and merged by log-sum-exp (a warp a "
                 "whole pair where the pairs outnumber a wave and their rows fit 16); its shape "
-                f"({DEFAULT.spec}, SPLITS=0: derived; lists of at most {SHORT_LIST_KEYS} keys in BN_SHORT-key tiles) tunable by `sweep --decode-config FIELD=N,...` (a row per "
+                f"({DEFAULT.spec}, SPLITS=0: derived; lists of at most {SHORT_LIST_KEYS} keys in BN_SHORT-key tiles; EVICT=2: K and "
+                f"V evict-first in L2 on mma.sync where a launch reads at most {EVICT_L2} L2s of them) tunable by `sweep --decode-config FIELD=N,...` (a row per "
                 f"shape) or {ENV}=FIELD=N,...",
     dtypes=("bfloat16", "float16"),
 ))
