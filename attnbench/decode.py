@@ -144,8 +144,8 @@ class DecodeConfig:
     KWG: int = 0  # H200, T=32768, Tq=16, B=8, NWARPS=8,KWG=2 / the default then (results/decode-kwg-shapes-h200.csv,
     #               docs/PERF.md "decode v10"): bigbird 0.96, dilated 0.95, streaming 4+1024 0.95, window 4096 0.96,
     #               streaming 16+64 (about 100 keys) 1.14; B=1 1.01-1.13, B=64 1.03-1.53
-    EVICT: int = 2  # H200, Tq=1, one process (results/decode-evict-shapes-h200.csv): 101-135 MB of K and V 0.91-0.95,
-    #                 17 MB 0.97-1.00, 270 MB 1.01-1.02, 1 GB 1.03-1.05
+    EVICT: int = 2  # H200, Tq=1, one process (results/decode-evict-shapes-h200.csv): 101-134 MB of K and V 0.91-0.95,
+    #                 17 MB 0.97-1.01, 277 MB 1.01-1.02, 1 GB 1.01-1.05
 
     @property
     def rows(self) -> int:
@@ -305,8 +305,8 @@ WG_SHORT_LIST_KEYS = 256
 # HEADS 0 deals a group's heads to several blocks only where its list holds at most this many keys (in its tiles):
 # each block reads the list's K and V, so L2's bytes grow with the blocks (results/decode-heads-h200.csv)
 HEADS_MAX_KEYS = 512
-# EVICT 2 loads K and V evict-first where a launch reads at most this many times L2's bytes of them. H200 (50 MiB of
-# L2), Tq=1: 101-135 MB 0.91-0.95 of plain loads, 270 MB (streaming 4+1024, B=64) 1.01-1.02, 1 GB and more 1.01-1.05
+# EVICT 2 loads K and V evict-first where a launch reads at most this many times L2's bytes of them. H200 (60 MiB of
+# L2), Tq=1: 101-134 MB 0.91-0.95 of plain loads, 277 MB (streaming 4+1024, B=64) 1.01-1.02, 1 GB and more 1.01-1.05
 # (results/decode-evict-shapes-h200.csv); one read of 128 MiB 0.92, of 1 GiB 1.05 (results/floor-evict-h200.csv)
 EVICT_L2 = 3
 NWARPS, BN, STAGES = DEFAULT.NWARPS, DEFAULT.BN, DEFAULT.STAGES
