@@ -45,12 +45,8 @@ __device__ __forceinline__ void decode_warp_load(u32 dst, const u16* __restrict_
     for (int i = 0; i < ROWS / RSTEP; ++i) {
         const int r = r0 + i * RSTEP;
         const bool ok = row0 + r < T;
-        if (EVF)
-            tc_cp_async16_hint(dst + TcRowLayout::swz<ROWS>(r, c), ok ? src + (size_t)(row0 + r) * (RS * HEAD_D) + c * 8 : src,
-                               ok ? 16 : 0, policy);
-        else
-            tc_cp_async16(dst + TcRowLayout::swz<ROWS>(r, c), ok ? src + (size_t)(row0 + r) * (RS * HEAD_D) + c * 8 : src,
-                          ok ? 16 : 0);
+        tc_cp_async16_kv<EVF>(dst + TcRowLayout::swz<ROWS>(r, c),
+                              ok ? src + (size_t)(row0 + r) * (RS * HEAD_D) + c * 8 : src, ok ? 16 : 0, policy);
     }
 }
 

@@ -93,10 +93,14 @@ __device__ __forceinline__ unsigned long long tc_evict_first_policy() {
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
     return p;
 }
-// tc_cp_async16 with an L2 cache policy (tc_evict_first_policy's)
-__device__ __forceinline__ void tc_cp_async16_hint(u32 dst, const void* src, int bytes, unsigned long long policy) {
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n"
-                 :: "r"(dst), "l"(src), "r"(bytes), "l"(policy));
+// tc_cp_async16, with an L2 cache policy (tc_evict_first_policy's) when EVF; plain otherwise (policy unused)
+template <int EVF>
+__device__ __forceinline__ void tc_cp_async16_kv(u32 dst, const void* src, int bytes, unsigned long long policy) {
+    if (EVF)
+        asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n"
+                     :: "r"(dst), "l"(src), "r"(bytes), "l"(policy));
+    else
+        tc_cp_async16(dst, src, bytes);
 }
 __device__ __forceinline__ void tc_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>

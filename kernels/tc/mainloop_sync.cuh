@@ -132,12 +132,8 @@ __device__ __forceinline__ void tc_load_tile(u32 dst, const u16* __restrict__ sr
 #pragma unroll
     for (int i = 0; i < ROWS / RSTEP; ++i) {
         const bool ok = row0 + r0 + i * RSTEP < T;
-        if (EVF)
-            tc_cp_async16_hint(d0 + i * RSTEP * Layout::ROWB,
-                               ok ? g0 + (size_t)i * RSTEP * RS * TC_ROW_STEP * HEAD_D : src, ok ? 16 : 0, policy);
-        else
-            tc_cp_async16(d0 + i * RSTEP * Layout::ROWB, ok ? g0 + (size_t)i * RSTEP * RS * TC_ROW_STEP * HEAD_D : src,
-                          ok ? 16 : 0);
+        tc_cp_async16_kv<EVF>(d0 + i * RSTEP * Layout::ROWB,
+                              ok ? g0 + (size_t)i * RSTEP * RS * TC_ROW_STEP * HEAD_D : src, ok ? 16 : 0, policy);
     }
 }
 
