@@ -173,7 +173,7 @@ DECODE_CONFIG_HELP = ("a fast-decode shape: FIELD=N,... of NWARPS, BN, STAGES, M
 
 
 def bwd_specs(texts) -> list:
-    from .fast_tc_bwd import parse_bwd_config
+    from .bwd_config import parse_bwd_config
 
     return [parse_bwd_config(t) for t in texts]
 

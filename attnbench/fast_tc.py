@@ -351,7 +351,7 @@ class FastTC(Impl):
     gqa = True
     wgmma: bool = True  # take the Hopper shapes on sm_90
     tile: TileSpec | None = None  # fields of the chosen shape fixed (``--tile-config``)
-    bwd: object = None  # fast_tc_bwd.BwdSpec: fields of the backward fixed (``--bwd-config``)
+    bwd: object = None  # bwd_config.BwdSpec: fields of the backward fixed (``--bwd-config``)
     # run on the class-major layout (``attnbench.classes``): True always (fast-tc-classes), None where the
     # layout's lists visit fewer tiles by ``classes.MIN_GAIN`` (fast-tc), False never (fast-tc-sync)
     classes: bool | None = False
@@ -363,7 +363,7 @@ class FastTC(Impl):
 
     def bwd_variant(self, spec) -> "FastTC":
         """Named '<name>[bwd:<spec>]': its backward with ``spec``'s fields fixed (a
-        ``fast_tc_bwd.BwdSpec``); the forward alone is its own row, so pass=fwd is skipped."""
+        ``bwd_config.BwdSpec``); the forward alone is its own row, so pass=fwd is skipped."""
         return replace(self, name=f"{self.name}[bwd:{spec}]", bwd=spec,
                        description=f"{self.name} with the backward fields {spec} (the others as it chooses)")
 

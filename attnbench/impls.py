@@ -325,7 +325,7 @@ class Impl:
         return None
 
     def bwd_variant(self, spec) -> "Impl | None":
-        """The same for the backward's fields (``fast_tc_bwd.BwdSpec``); None when it has none."""
+        """The same for the backward's fields (``bwd_config.BwdSpec``); None when it has none."""
         return None
 
     def require(self, prob: Problem) -> None:

@@ -62,7 +62,7 @@ def ran_tile(rows: pd.DataFrame) -> tuple[int, int] | None:
 
 def bwd_tile(mask, D: int) -> tuple[int, int]:
     """(query rows, keys) of the wgmma backward's main-loop tile for ``mask``."""
-    from attnbench.fast_tc_bwd import bwd_config, choose_dq
+    from attnbench.bwd_config import bwd_config, choose_dq
 
     kpq = mask.pairs / mask.T
     cfg = bwd_config(D, True, kpq, choose_dq(D, kpq, True))

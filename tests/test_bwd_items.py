@@ -1,5 +1,5 @@
 """The backward's work items (attnbench.tiles.work_items, tile_items_t; the rule of L in
-attnbench.fast_tc_bwd.split_length): every (key tile, query tile) entry of the transposed list in
+attnbench.bwd_config.split_length): every (key tile, query tile) entry of the transposed list in
 exactly one item, items of a key tile contiguous and at most L long, split flags and slots right,
 longest first; on every llm instance and the document, prefix_lm and custom examples at T=4096 and
 131072, and the cut under a millisecond at T=131072 (CPU)."""
@@ -11,8 +11,7 @@ import pytest
 from attnbench import tiles as tl
 from attnbench.configs import LLM
 from attnbench.errors import BadInput
-from attnbench.fast_tc_bwd import (BWD_SHAPES, SPLIT_ENV, SPLIT_MIN, SPLIT_WAVES, bwd_config, forced_split,
-                                   split_length)
+from attnbench.bwd_config import BWD_SHAPES, SPLIT_ENV, SPLIT_MIN, SPLIT_WAVES, bwd_config, forced_split, split_length
 from attnbench.patterns import PATTERNS, make_mask
 from attnbench.tiles import WorkItems, tile_items_t, tile_list_t, work_items
 

@@ -281,7 +281,7 @@ def test_the_kinds_expression_has_every_kind_in_both_widths():
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_predicate_classify_naive_decode_and_backward_compile_with_the_bits_form(arch):
-    from attnbench import decode, fast_tc_bwd
+    from attnbench import bwd_config, decode
 
     m = kinds_mask(4096, True)
     d = m.device_defines(runtime=True)
@@ -292,7 +292,7 @@ def test_predicate_classify_naive_decode_and_backward_compile_with_the_bits_form
     for D in (64, 128):
         for r in kc.compile_only("decode", decode.kernel_defines(D, "bfloat16", m), arch):
             assert r.spill_stores == 0, r
-        for r in kc.compile_only("fast_tc_bwd", fast_tc_bwd.bwd_defines(D, "bfloat16", m), arch):
+        for r in kc.compile_only("fast_tc_bwd", bwd_config.bwd_defines(D, "bfloat16", m), arch):
             assert r.spill_stores == 0, r
 
 

@@ -16,11 +16,12 @@ import itertools
 import numpy as np
 import pytest
 
+from attnbench.bwd_config import (BWD_SHAPES, BWD_SHAPES_WG, BWD_SHAPES_WG2, TWO_WG_MIN_KEYS, bwd_config,
+                                  bwd_defines, choose_bwd_config)
 from attnbench.compile import compile_only, source
 from attnbench.configs import LLM
 from attnbench.fast_tc import IMPL, SYNC_IMPL, choose_config, kernel_defines
-from attnbench.fast_tc_bwd import (BWD_SHAPES, BWD_SHAPES_WG, BWD_SHAPES_WG2, TWO_WG_MIN_KEYS, bwd_config, bwd_defines, choose_bwd_config,
-                                  standard_builds)
+from attnbench.fast_tc_bwd import standard_builds
 from attnbench.impls import Problem, get_impl
 from attnbench.patterns import PATTERNS, BadInput, make_mask
 
@@ -87,7 +88,7 @@ def test_fast_tc_takes_the_wgmma_backward_on_sm_90_and_mma_sync_otherwise():
     (PASS_WG) or with PWG=0 mma.sync's (dq_pass_config)."""
     import dataclasses
 
-    from attnbench.fast_tc_bwd import PASS_SHAPES_WG, PASS_TMA, PASS_WG, dq_pass_config
+    from attnbench.bwd_config import PASS_SHAPES_WG, PASS_TMA, PASS_WG, dq_pass_config
 
     for D in DIMS:
         assert choose_bwd_config(D, True).WG == 1 and choose_bwd_config(D, True) == BWD_SHAPES_WG2[D][0]
@@ -137,7 +138,7 @@ def test_pairs_0_and_2_build_their_own_and_name_themselves():
     """PAIRS=0 (two warpgroups at D=64 both computing one tile's dQ panel) and 2 (pairs, their dQ products
     in flight a tile longer) are defines of their own and fields of the shape's name; the default
     (pairs) adds no define."""
-    from attnbench.fast_tc_bwd import parse_bwd_config
+    from attnbench.bwd_config import parse_bwd_config
 
     mask = make_mask("dense", 1000, True)
     cfg = choose_bwd_config(64, True, fields=parse_bwd_config("PAIRS=0").shape)
@@ -154,7 +155,7 @@ def test_pairs_0_and_2_build_their_own_and_name_themselves():
 def test_the_backwards_shape_fields_come_from_the_environment(monkeypatch):
     """$ATTNBENCH_BWD_SHAPE replaces fields of the chosen shape (timing one against another); a bad
     entry is refused naming it, before anything is built."""
-    from attnbench.fast_tc_bwd import SHAPE_ENV
+    from attnbench.bwd_config import SHAPE_ENV
 
     monkeypatch.setenv(SHAPE_ENV, "NWARPS=8,MINB=1")
     cfg = choose_bwd_config(128, True, keys_per_query=1)
@@ -207,7 +208,7 @@ def test_the_wgmma_dq_pass_compiles_without_spills_at_its_blocks_per_sm(D, patte
     import dataclasses
 
     from attnbench.compile import unbuildable
-    from attnbench.fast_tc_bwd import KERNEL_DQ_WG, PASS_SHAPES_WG, dq_pass_config, pass_kernel
+    from attnbench.bwd_config import KERNEL_DQ_WG, PASS_SHAPES_WG, dq_pass_config, pass_kernel
 
     pcfg = PASS_SHAPES_WG[D][0]
     if tma:
@@ -278,7 +279,7 @@ def test_the_fused_build_compiles_without_spills(D, pattern, T, causal, params):
 def test_the_pass_that_skips_keeps_three_blocks_at_d64_with_pminb_3(arch):
     """SKIP at D=64 takes the pass from 162 to 172 registers (two blocks a multiprocessor, docs/PERF.md
     "backward v12"); asking for three (PMINB=3) fits it in 168 without spills."""
-    from attnbench.fast_tc_bwd import dq_pass_config
+    from attnbench.bwd_config import dq_pass_config
 
     mask = make_mask("streaming", 32768, True, sink=16, window=64)
     pcfg = dq_pass_config(64, bwd_config(64, True, 80, "pass"), 3, wg=0)  # the mma.sync pass
@@ -344,7 +345,7 @@ STORE_CASES = [  # (pattern, T, causal, params, NWARPS of the store shape)
 def test_the_store_shape_is_where_every_query_tile_reads_one_key_tile(D):
     """store_shape: one warpgroup's 64-key tiles where every query tile reads one of them, else two warpgroups'
     128-key tiles, else None (a query tile reading two key tiles, or a block that straddles them)."""
-    from attnbench.fast_tc_bwd import store_shape, single_key_tile
+    from attnbench.bwd_config import store_shape, single_key_tile
 
     for pattern, T, causal, params, nwarps in STORE_CASES:
         mask = make_mask(pattern, T, causal, **params)
@@ -406,7 +407,7 @@ def test_dq_stored_by_the_main_loop_matches_the_reference(monkeypatch, pattern, 
     no convert; fast-tc's default on sm_90 where one warpgroup's 64-key tiles fit, STORE_DQ_SHAPES): through the
     gate, with bulk copies and by cp.async, persistent, and with every key tile that two query tiles visit split
     (L=1: its dK and dV summed in float32, converted after)."""
-    from attnbench.fast_tc_bwd import PERSIST_BLOCKS_ENV, parse_bwd_config
+    from attnbench.bwd_config import PERSIST_BLOCKS_ENV, parse_bwd_config
 
     if not IMPL.uses_wgmma():
         pytest.skip("dQ is stored by the wgmma main loop (sm_90)")
@@ -431,7 +432,7 @@ def test_dq_stored_by_the_main_loop_matches_the_reference(monkeypatch, pattern, 
 
 
 def test_a_persistent_launchs_blocks_come_from_the_environment(monkeypatch):
-    from attnbench.fast_tc_bwd import PERSIST_BLOCKS_ENV, persist_blocks
+    from attnbench.bwd_config import PERSIST_BLOCKS_ENV, persist_blocks
 
     monkeypatch.setenv(PERSIST_BLOCKS_ENV, "7")
     assert persist_blocks(100, 3) == 7 and persist_blocks(5, 3) == 5  # never more blocks than works
@@ -442,7 +443,7 @@ def test_a_persistent_launchs_blocks_come_from_the_environment(monkeypatch):
 
 
 def test_the_dq_way_comes_from_the_environment(monkeypatch):
-    from attnbench.fast_tc_bwd import DQ_ENV, forced_dq
+    from attnbench.bwd_config import DQ_ENV, forced_dq
 
     monkeypatch.delenv(DQ_ENV, raising=False)
     assert forced_dq() is None  # choose_dq's rule
@@ -456,7 +457,7 @@ def test_the_dq_way_comes_from_the_environment(monkeypatch):
 def test_dq_takes_its_own_pass_where_a_query_reads_few_keys():
     """choose_dq: the pass below DQ_PASS_MAX_KEYS keys a query (pairs / T), float32 reductions from there
     and where the count is not known; the llm instances it sends each way."""
-    from attnbench.fast_tc_bwd import DQ_PASS_MAX_KEYS, choose_dq
+    from attnbench.bwd_config import DQ_PASS_MAX_KEYS, choose_dq
 
     for D in DIMS:
         assert choose_dq(D, DQ_PASS_MAX_KEYS[D] - 1) == "pass" and choose_dq(D, DQ_PASS_MAX_KEYS[D]) == "atomic"
@@ -465,7 +466,7 @@ def test_dq_takes_its_own_pass_where_a_query_reads_few_keys():
     masks = [i.mask(T) for i in LLM.instances]
     # beside the wgmma main loop with dQ's pass on wgmma, the pass below PASS_WG_MAX_KEYS (backward v15): every llm
     # instance at T=32768, dense causal at 131072 not
-    from attnbench.fast_tc_bwd import PASS_WG, PASS_WG_MAX_KEYS
+    from attnbench.bwd_config import PASS_WG, PASS_WG_MAX_KEYS
 
     if PASS_WG:
         assert {choose_dq(D, m.pairs / T, wgmma=True) for m in masks for D in DIMS} == {"pass"}
@@ -476,7 +477,7 @@ def test_dq_takes_its_own_pass_where_a_query_reads_few_keys():
     assert choose_dq(64, None, wgmma=True) == "atomic"
     # where the wgmma main loop can take dQ a tile behind (LAG=1: unstrided, bulk copies), D=128 sums dQ there from
     # LAG_MIN_KEYS keys a query: dense, window 4096 and the three-level dilation at T=32768; D=64 keeps the pass
-    from attnbench.fast_tc_bwd import LAG_MIN_KEYS
+    from attnbench.bwd_config import LAG_MIN_KEYS
 
     if PASS_WG:
         assert LAG_MIN_KEYS == {128: 2048}
@@ -495,9 +496,9 @@ def test_dq_takes_its_own_pass_where_a_query_reads_few_keys():
 @pytest.mark.gpu
 @pytest.mark.parametrize("impl", [IMPL, SYNC_IMPL], ids=["fast-tc", "fast-tc-sync"])
 def test_the_runner_takes_the_dq_way_the_rule_gives(monkeypatch, impl):
-    from attnbench.fast_tc_bwd import DQ_ENV
+    from attnbench.bwd_config import DQ_ENV
 
-    from attnbench.fast_tc_bwd import PASS_WG
+    from attnbench.bwd_config import PASS_WG
 
     monkeypatch.delenv(DQ_ENV, raising=False)
     dense_way = "pass" if impl.uses_wgmma() and PASS_WG else "atomic"
@@ -553,7 +554,7 @@ def test_standard_builds_hold_the_backward_of_every_llm_instance():
     fwd = [d for n, d in builds if n == "fast_tc"]
     assert {d["HEAD_D"] for d in bwd} == set(DIMS) and {d["AB_F16"] for d in bwd} == {0, 1}
     assert all(d.get("FWD_LSE") == 1 for d in fwd) and {d.get("WG", 0) for d in fwd} == {0, 1}
-    from attnbench.fast_tc_bwd import choose_dq
+    from attnbench.bwd_config import choose_dq
 
     wg = [d for n, d in builds if n == "fast_tc_bwd_wg"]
     for inst in LLM.instances:
@@ -564,7 +565,7 @@ def test_standard_builds_hold_the_backward_of_every_llm_instance():
             dq = choose_dq(D, m.pairs / m.T, wgmma=True)  # ... beside the wgmma main loop
             assert bwd_defines(D, "bfloat16", m, bwd_config(D, True, m.pairs / m.T, dq), dq) in wg
             if dq == "pass":
-                from attnbench.fast_tc_bwd import KERNEL_DQ_WG, PASS_SHAPES_WG
+                from attnbench.bwd_config import KERNEL_DQ_WG, PASS_SHAPES_WG
 
                 assert (KERNEL_DQ_WG, bwd_defines(D, "bfloat16", m, PASS_SHAPES_WG[D][0], dq, skip=0)) in builds
     assert any(d.get("BWD_DQ_PASS") for d in bwd) and not all(d.get("BWD_DQ_PASS") for d in bwd)
@@ -723,7 +724,7 @@ def test_the_wgmma_kernels_variants_match_the_reference(pattern, causal, params,
     reducing halves, persistent; strided patterns by reductions from registers); DQR=2: the same from two sets of
     staging buffers in turn (one warpgroup, two): through the gate on patterns of every kind, odd T, both head
     dims."""
-    from attnbench.fast_tc_bwd import PERSIST_BLOCKS_ENV, parse_bwd_config
+    from attnbench.bwd_config import PERSIST_BLOCKS_ENV, parse_bwd_config
 
     monkeypatch.setenv(PERSIST_BLOCKS_ENV, "7")
 
@@ -759,7 +760,7 @@ def test_two_warpgroups_a_tile_apart_match_the_reference(pattern, causal, params
     as the pattern gives, and cut into items of one query tile (no tile before the last) and of three (a dS^T set
     restaged): through the gate on unstrided patterns of every kind, odd T, both head dims, twice each. LAG=2 (dQ's
     products issued behind the tile's dK) the same at D=128, and refused by name at D=64."""
-    from attnbench.fast_tc_bwd import MAIN_DQ_BULK, SPLIT_ENV, parse_bwd_config
+    from attnbench.bwd_config import MAIN_DQ_BULK, SPLIT_ENV, parse_bwd_config
 
     if not IMPL.uses_wgmma():
         pytest.skip("the wgmma main loop runs on sm_90")
@@ -790,7 +791,7 @@ def test_two_warpgroups_take_dq_a_tile_behind_by_default_from_lag_min_keys():
     cp.async or persistent, not beside dQ's pass."""
     import dataclasses
 
-    from attnbench.fast_tc_bwd import LAG_MIN_KEYS, default_lag
+    from attnbench.bwd_config import LAG_MIN_KEYS, default_lag
 
     two = dataclasses.replace(BWD_SHAPES_WG2[128][0], TMA=1)
     n = LAG_MIN_KEYS[128]
@@ -808,7 +809,7 @@ def test_dense_at_d128_sums_dq_two_warpgroups_a_tile_apart_by_default():
     """Dense causal at D=128 and T=4097 (2049 keys a query): dQ summed in the main loop, two warpgroups a tile apart
     (LAG=1) with D=128's two sets of staging buffers, through the gate; LAG=0 given, or the loop by cp.async (MTMA=0),
     keeps dQ's own pass."""
-    from attnbench.fast_tc_bwd import parse_bwd_config
+    from attnbench.bwd_config import parse_bwd_config
 
     if not IMPL.uses_wgmma():
         pytest.skip("the wgmma main loop runs on sm_90")
@@ -873,7 +874,7 @@ def _split_cases():
 @pytest.mark.parametrize("pattern,causal,params,D,dtype,T,L", list(_split_cases()))
 def test_gradients_match_the_reference_with_split_lists(monkeypatch, pattern, causal, params, D, dtype, T, L, dq):
     """dq: dQ's sums by float32 reductions, or dQ by its own pass over the forward list."""
-    from attnbench.fast_tc_bwd import DQ_ENV, SPLIT_ENV
+    from attnbench.bwd_config import DQ_ENV, SPLIT_ENV
 
     monkeypatch.setenv(SPLIT_ENV, str(L))
     monkeypatch.setenv(DQ_ENV, dq)
@@ -907,7 +908,7 @@ def test_both_wgmma_shapes_match_the_reference(monkeypatch, pattern, causal, par
     """fast-tc's wgmma backward with one warpgroup on 64-key tiles and with two on 128-key tiles (a
     64-column panel of dQ each at D=128, dQ's column halves at D=64), split lists included (L=2);
     dq "pass": the main loop without dQ, dQ by the mma.sync build's pass."""
-    from attnbench.fast_tc_bwd import DQ_ENV, SHAPE_ENV, SPLIT_ENV
+    from attnbench.bwd_config import DQ_ENV, SHAPE_ENV, SPLIT_ENV
 
     if not IMPL.uses_wgmma():
         pytest.skip("the wgmma backward runs on sm_90")
@@ -936,7 +937,7 @@ def test_both_wgmma_shapes_match_the_reference(monkeypatch, pattern, causal, par
 def test_the_fused_launch_matches_the_reference(monkeypatch, pattern, causal, params, T, D):
     """dq "fused": one warpgroup's items and dQ's pass's blocks in one launch after prep, split lists
     included (L=2), run twice on poisoned outputs."""
-    from attnbench.fast_tc_bwd import DQ_ENV, SPLIT_ENV
+    from attnbench.bwd_config import DQ_ENV, SPLIT_ENV
 
     if not IMPL.uses_wgmma():
         pytest.skip("the fused launch runs on sm_90")
@@ -962,7 +963,7 @@ def test_the_fused_launch_matches_the_reference(monkeypatch, pattern, causal, pa
 @pytest.mark.parametrize("pattern,params,T", [("dense", {}, 1000), ("streaming", dict(sink=16, window=64), 777),
                                               ("dilated", dict(window=33, dilation=5), 1000)])
 def test_fwd_plus_bwd_recomputes_the_forward_each_run(monkeypatch, impl, pattern, params, T, dq):
-    from attnbench.fast_tc_bwd import DQ_ENV
+    from attnbench.bwd_config import DQ_ENV
 
     monkeypatch.setenv(DQ_ENV, dq)
     mask = make_mask(pattern, T, True, **params)
@@ -1139,7 +1140,7 @@ def test_the_backward_stage_by_stage(T, causal, D, wgmma):
 
 # ---- --bwd-config: the backward's fields as a variant of its own (CPU) -------------------------------
 def test_bwd_config_parses_fields_and_refuses_bad_ones_by_name():
-    from attnbench.fast_tc_bwd import parse_bwd_config
+    from attnbench.bwd_config import parse_bwd_config
 
     s = parse_bwd_config("dq=1")
     assert str(s) == "DQ=1" and s.dq == "pass" and s.shape == {}
@@ -1182,7 +1183,7 @@ def test_bwd_config_parses_fields_and_refuses_bad_ones_by_name():
 
 def test_a_bwd_variant_is_named_by_its_fields_and_leaves_the_forward_to_its_base():
     from attnbench import sweep as sw
-    from attnbench.fast_tc_bwd import parse_bwd_config
+    from attnbench.bwd_config import parse_bwd_config
 
     spec = parse_bwd_config("NWARPS=4,DQ=1")
     impls = sw.select_impls(["fast-tc", "fast-tc-sync", "flex"], bwd_configs=[spec])
@@ -1202,7 +1203,7 @@ def test_the_items_launch_by_position_and_cut_where_a_long_split_leaves_room():
     """Backward v14's default: the split instances at T=32768 (L 91 to 136) and 131072 (362 to 542) take
     the order by position with items of 8 query tiles; at T=4096 (L 12 to 16, measured slower there) the items
     stay longest first and whole; since v20 unsplit lists past that L launch by position too, uncut."""
-    from attnbench.fast_tc_bwd import ITEM_CUT, ITEM_ORDER, default_item_layout
+    from attnbench.bwd_config import ITEM_CUT, ITEM_ORDER, default_item_layout
 
     assert (ITEM_ORDER, ITEM_CUT) == (1, 8)
     assert default_item_layout(91, True) == (1, 8) and default_item_layout(542, True) == (1, 8)
@@ -1237,7 +1238,7 @@ def test_the_wgmma_kernels_refuse_what_they_do_not_build_before_any_launch(text,
     main loop does not sum dQ, loads by cp.async or keeps a pair's dQ in flight, and dQ from two sets of staging
     buffers (DQR=2) where two warpgroups pair their query tiles; and dQ a tile behind (LAG=1) where the main loop is not
     two warpgroups summing dQ one query tile at a time by bulk copies, one work item a block."""
-    from attnbench.fast_tc_bwd import parse_bwd_config
+    from attnbench.bwd_config import parse_bwd_config
 
     if not IMPL.uses_wgmma():
         pytest.skip("the wgmma pass runs beside the wgmma main loop (sm_90)")
@@ -1251,7 +1252,7 @@ def test_the_wgmma_kernels_refuse_what_they_do_not_build_before_any_launch(text,
 def test_two_warpgroups_summing_dq_at_d64_keep_a_pairs_products_in_flight_by_default():
     """default_pairs: ATOMIC_PAIRS where two warpgroups at D=64 sum dQ in the main loop; a given PAIRS wins; bulk
     reductions (DQR=1), dQ's pass, D=128 and one warpgroup keep the shape's."""
-    from attnbench.fast_tc_bwd import ATOMIC_PAIRS, default_pairs
+    from attnbench.bwd_config import ATOMIC_PAIRS, default_pairs
 
     assert ATOMIC_PAIRS == 2
     two, one = BWD_SHAPES_WG2[64][0], BWD_SHAPES_WG[64][0]
@@ -1269,7 +1270,7 @@ def test_two_warpgroups_summing_dq_at_d128_stage_it_in_two_sets_of_buffers_by_de
     one warpgroup, D=64 (paired or not) and the pass's shapes keep red.global.add (0)."""
     import dataclasses
 
-    from attnbench.fast_tc_bwd import MAIN_DQ_BULK, default_dq_bulk
+    from attnbench.bwd_config import MAIN_DQ_BULK, default_dq_bulk
 
     assert MAIN_DQ_BULK == {64: 0, 128: 2}
     assert default_dq_bulk(128, BWD_SHAPES_WG2[128][0]) == 2
@@ -1287,7 +1288,7 @@ def test_two_warpgroups_summing_dq_at_d128_stage_it_in_two_sets_of_buffers_by_de
 def test_dq_summed_by_two_warpgroups_at_d128_takes_dqr_2_and_matches_the_reference():
     """DQ=0 at D=128 on a long list: two warpgroups, bulk copies, dQ's panels by bulk reductions from two sets of
     staging buffers (the default there), through the gate at an odd T; DQR=0 given keeps red.global.add."""
-    from attnbench.fast_tc_bwd import parse_bwd_config
+    from attnbench.bwd_config import parse_bwd_config
 
     if not IMPL.uses_wgmma():
         pytest.skip("the wgmma main loop runs on sm_90")
@@ -1305,7 +1306,7 @@ def test_dq_summed_by_two_warpgroups_at_d128_takes_dqr_2_and_matches_the_referen
 
 
 def test_the_variants_fields_win_over_the_environments(monkeypatch):
-    from attnbench.fast_tc_bwd import SHAPE_ENV
+    from attnbench.bwd_config import SHAPE_ENV
 
     monkeypatch.setenv(SHAPE_ENV, "NWARPS=8,MINB=1")
     cfg = choose_bwd_config(64, True, "pass", keys_per_query=4096, fields={"NWARPS": 4, "MINB": 2})
@@ -1346,10 +1347,10 @@ def test_the_variants_fields_win_over_the_environments(monkeypatch):
                                               ("NWARPS=8,MINB=1,DQ=0,PAIRS=0,DQR=2", "atomic", 8)])
 @pytest.mark.parametrize("split", ["", "0"], ids=["split-as-chosen", "nothing-split"])
 def test_a_bwd_variant_runs_its_fields_and_matches_the_reference(monkeypatch, text, dq, nwarps, split):
-    from attnbench.fast_tc_bwd import PASS_SKIP, PASS_STATS_FROM, PASS_STATS_SPLIT, SPLIT_ENV, parse_bwd_config
+    from attnbench.bwd_config import PASS_SKIP, PASS_STATS_FROM, PASS_STATS_SPLIT, SPLIT_ENV, parse_bwd_config
 
     monkeypatch.setenv(SPLIT_ENV, split)  # "": the split the GPU gets (the sink's key tile 0 is split)
-    from attnbench.fast_tc_bwd import PERSIST_BLOCKS_ENV
+    from attnbench.bwd_config import PERSIST_BLOCKS_ENV
 
     monkeypatch.setenv(PERSIST_BLOCKS_ENV, "5")  # a persistent launch's blocks take several works each
 
@@ -1369,7 +1370,7 @@ def test_a_bwd_variant_runs_its_fields_and_matches_the_reference(monkeypatch, te
     if given_L:
         assert cut and runner.setup["bwd_split"] == given_L
     # the items' order and cut: the variant's fields, else the default layout for the split this GPU gets
-    from attnbench.fast_tc_bwd import default_item_layout
+    from attnbench.bwd_config import default_item_layout
     fields = dict(parse_bwd_config(text).given)
     d_order, d_cut = default_item_layout(runner.setup["bwd_split"], cut)
     assert runner.setup["bwd_items_order"] == fields.get("ORDER", d_order)
@@ -1382,35 +1383,35 @@ def test_a_bwd_variant_runs_its_fields_and_matches_the_reference(monkeypatch, te
             "prep,main,dq_pass" + (",convert" if cut else ""))
     assert runner.setup["bwd_launches"] == want
     assert runner.setup.get("bwd_pass_stats") == (None if dq == "atomic" else stats)
-    from attnbench.fast_tc_bwd import PASS_WG
+    from attnbench.bwd_config import PASS_WG
     pass_wg = IMPL.uses_wgmma() and dq == "pass" and fields.get("PWG", PASS_WG)
     skip = 0 if pass_wg else dict(parse_bwd_config(text).given).get("SKIP", PASS_SKIP[64])
     assert runner.setup.get("bwd_pass_skip") == (None if dq == "atomic" else skip)
     if dq == "pass":
-        from attnbench.fast_tc_bwd import PASS_TMA
+        from attnbench.bwd_config import PASS_TMA
 
         assert (",WG=1" in runner.setup["bwd_dq_tile_config"]) == bool(pass_wg)
-        from attnbench.fast_tc_bwd import PASS_PERSIST
+        from attnbench.bwd_config import PASS_PERSIST
 
         persist = pass_wg and fields.get("PPER", PASS_PERSIST)
         assert (",TMA=1" in runner.setup["bwd_dq_tile_config"]) == bool(pass_wg and not persist
                                                                         and fields.get("PTMA", PASS_TMA))
         assert (",PERSIST=1" in runner.setup["bwd_dq_tile_config"]) == bool(persist)
-    from attnbench.fast_tc_bwd import MAIN_TMA
+    from attnbench.bwd_config import MAIN_TMA
 
-    from attnbench.fast_tc_bwd import MAIN_PERSIST
+    from attnbench.bwd_config import MAIN_PERSIST
 
     main_persist = IMPL.uses_wgmma() and dq != "fused" and fields.get("MPER", MAIN_PERSIST)
     main_tma = IMPL.uses_wgmma() and dq != "fused" and fields.get("MTMA", MAIN_TMA)
     assert (",TMA=1" in runner.setup["bwd_tile_config"]) == bool(main_tma)
     assert (",PERSIST=1" in runner.setup["bwd_tile_config"]) == bool(main_persist)
-    from attnbench.fast_tc_bwd import MAIN_DQ_BULK
+    from attnbench.bwd_config import MAIN_DQ_BULK
 
     bulk = fields.get("DQR", MAIN_DQ_BULK[64] if nwarps == 8 and fields.get("PAIRS") == 0 else 0) if main_tma and dq == "atomic" and fields.get("PAIRS") != 2 else 0
     for n in (1, 2):
         assert (f",DQR={n}" in runner.setup["bwd_tile_config"]) == (bulk == n)
     # two warpgroups summing dQ at D=64: the pair's products in flight by default (ATOMIC_PAIRS), unless given
-    from attnbench.fast_tc_bwd import ATOMIC_PAIRS
+    from attnbench.bwd_config import ATOMIC_PAIRS
 
     paired = IMPL.uses_wgmma() and dq == "atomic" and nwarps == 8
     pairs = fields.get("PAIRS", ATOMIC_PAIRS if paired and not fields.get("DQR") else 1)

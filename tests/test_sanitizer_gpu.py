@@ -131,7 +131,7 @@ BACKWARD_RUNS = """
 import os
 import cupy
 from attnbench.arrays import random_inputs
-from attnbench.fast_tc_bwd import DQ_ENV, PERSIST_BLOCKS_ENV, SHAPE_ENV, SPLIT_ENV, parse_bwd_config
+from attnbench.bwd_config import DQ_ENV, PERSIST_BLOCKS_ENV, SHAPE_ENV, SPLIT_ENV, parse_bwd_config
 from attnbench.impls import Problem, get_impl
 from attnbench.patterns import make_mask
 n = 0
