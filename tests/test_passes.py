@@ -47,7 +47,7 @@ def test_an_unknown_pass_is_refused():
         Problem(make_mask("dense", 8), 1, 1, 16, "float32", pass_name="backward")
 
 
-# the tensor-core family (attnbench/fast_tc_bwd.py) and the peers (attnbench/peers.py); the float32
+# the tensor-core family (attnbench/fast_tc_bwd.py) and the peers (attnbench/peers/); the float32
 # family (naive, fast-f32) and fast-decode stay forward-only
 BACKWARD_IMPLS = {"fast-tc", "fast-tc-sync", "fast-tc-classes", "cublas", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math",
                   "flex"}

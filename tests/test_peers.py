@@ -169,9 +169,9 @@ def test_cublas_chunk_stays_within_scratch(B, H, T, dtype):
     rows = peers.cublas_rows(B, H, T, dtype)
     assert 1 <= rows <= T
     per_row = B * H * T * (4 + (0 if dtype == "float32" else 2))
-    assert rows == 1 or rows * per_row <= peers.SCRATCH_BYTES
+    assert rows == 1 or rows * per_row <= peers.cublas.SCRATCH_BYTES
     if rows < T:  # as large as the budget allows, to a multiple of 64 when that is possible
-        assert (rows + 64 if rows >= 64 else rows + 1) * per_row > peers.SCRATCH_BYTES
+        assert (rows + 64 if rows >= 64 else rows + 1) * per_row > peers.cublas.SCRATCH_BYTES
 
 
 def test_flex_block_64_pins_the_kernel_blocks():
@@ -350,7 +350,7 @@ def _serving(pattern, T=1024, H=8, H_kv=2, Tq=1, cache_lens=None, dtype="bfloat1
 def test_sdpa_needs_a_mask_for_a_decode_but_one_dense_query_per_sequence():
     """SDPA's is_causal aligns its diagonal top-left: a decode's queries (the last Tq positions)
     take an attn_mask, but for one query of equal-length sequences dense allows every key."""
-    mode = peers._sdpa_mode
+    mode = peers.sdpa._sdpa_mode
     assert mode(_prob("dense", 128)) == "causal" and mode(_prob("dense", 128, causal=False)) == "none"
     assert mode(_serving("dense", Tq=1)) == "none"
     assert mode(_serving("dense", Tq=16)) == "mask"

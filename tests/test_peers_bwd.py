@@ -77,10 +77,10 @@ def _host_to_bf16(x, y):
 def host_cublas(monkeypatch):
     """cublas's runner on numpy arrays: cuBLAS, its two elementwise kernels and the stream sync stood in
     for; scratch small enough for several chunks of rows, the last one short."""
-    monkeypatch.setattr(peers._CublasRunner, "_gemm", _host_gemm)
-    monkeypatch.setattr(peers, "_kernels", lambda: (_host_block, _host_to_bf16))
-    monkeypatch.setattr(peers, "_sync", lambda: None)
-    monkeypatch.setattr(peers, "SCRATCH_BYTES", 2 * 40 * 10 * 7)  # B*H*T*(4+2+4) bytes a row: 7 rows
+    monkeypatch.setattr(peers.cublas._CublasRunner, "_gemm", _host_gemm)
+    monkeypatch.setattr(peers.cublas, "_kernels", lambda: (_host_block, _host_to_bf16))
+    monkeypatch.setattr(peers.cublas, "sync", lambda: None)
+    monkeypatch.setattr(peers.cublas, "SCRATCH_BYTES", 2 * 40 * 10 * 7)  # B*H*T*(4+2+4) bytes a row: 7 rows
 
 
 HOST = [(T, case) for T, case in [(40, c) for c in CASES] + [(7, CASES[0]), (7, CASES[2])]]
@@ -105,7 +105,7 @@ def test_cublas_arithmetic_passes_the_gate_on_the_host(host_cublas, T, case, dty
 
 @pytest.mark.parametrize("pass_name", ["bwd", "fwd+bwd"])
 def test_cublas_backward_starts_afresh_each_run_and_keeps_the_forward(host_cublas, monkeypatch, pass_name):
-    monkeypatch.setattr(peers, "MASK_CACHE_BYTES", 0)  # the mask built on the host every run instead
+    monkeypatch.setattr(peers.cublas, "MASK_CACHE_BYTES", 0)  # the mask built on the host every run instead
     prob = _prob(CASES[3], 40, D=16, dtype="bfloat16", pass_name=pass_name)
     q, k, v = problem_inputs(prob, 4, host_inputs)
     grad = grad_inputs(prob, 4, host_inputs)
@@ -128,7 +128,7 @@ def test_cublas_backward_scratch_holds_dp_too():
         rows = peers.cublas_rows(B, H, T, dtype, backward=True)
         per_row = B * H * T * (8 + (0 if dtype == "float32" else 2))
         assert 1 <= rows <= peers.cublas_rows(B, H, T, dtype)
-        assert rows == 1 or rows * per_row <= peers.SCRATCH_BYTES
+        assert rows == 1 or rows * per_row <= peers.cublas.SCRATCH_BYTES
 
 
 def test_flex_settings_are_labelled_as_setup_records_them():
