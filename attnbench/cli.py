@@ -180,7 +180,7 @@ def bwd_specs(texts) -> list:
 
 def decode_specs(texts) -> list:
     """``--decode-config`` values parsed (BadInput naming the option and the limit), in order, once each."""
-    return tile_specs(texts, "decode", "parse_decode_config")
+    return tile_specs(texts, "decode_config", "parse_decode_config")
 
 
 PASS_HELP = ("fwd: the forward; bwd: the backward alone, given the forward's output and row log-sum-exp; "

@@ -321,7 +321,7 @@ class Impl:
         return None
 
     def decode_variant(self, spec) -> "Impl | None":
-        """The same for a decode shape (``decode.DecodeSpec``); None when it has none."""
+        """The same for a decode shape (``decode_config.DecodeSpec``); None when it has none."""
         return None
 
     def bwd_variant(self, spec) -> "Impl | None":

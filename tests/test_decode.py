@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from attnbench.compile import compile_only
-from attnbench.decode import BN, IMPL, KEYS_KERNEL, KERNEL, ROWS, decode_list, kernel_defines
-from attnbench.decode import DEFAULT as DEFAULT_CFG
+from attnbench.decode import IMPL, KEYS_KERNEL, KERNEL, decode_list
+from attnbench.decode_config import BN, ROWS, kernel_defines
+from attnbench.decode_config import DEFAULT as DEFAULT_CFG
 from attnbench.impls import Problem
 from attnbench.patterns import REGISTERED, BadInput, make_mask
 
@@ -83,7 +84,8 @@ def test_the_split_launch_takes_the_list_head_the_host_packs(kernel, entry):
     import re
 
     from attnbench.compile import ptx
-    from attnbench.decode import HEAD_DTYPE, HEAD_ENTRIES, list_head
+    from attnbench.decode_config import HEAD_DTYPE, HEAD_ENTRIES
+    from attnbench.decode import list_head
 
     tent = np.arange(1, 300, dtype=np.int32)
     head = list_head(tent)
@@ -145,7 +147,7 @@ def test_list_says_which_shapes_each_implementation_takes():
 
 
 # ---- its shape, for tuning: --decode-config and ATTNBENCH_DECODE_CONFIG ------------------------------
-from attnbench.decode import DEFAULT, ENV, DecodeConfig, parse_decode_config, split_count  # noqa: E402
+from attnbench.decode_config import DEFAULT, ENV, DecodeConfig, parse_decode_config, split_count  # noqa: E402
 
 # the choices of scripts/gpu_check.sh's decodeshapes step (DECODE_SHAPES' default)
 GPU_CHECK_SHAPES = ("BY_KEYS=0", "SPLITS=8", "SPLITS=16", "STAGES=2", "STAGES=4", "STAGES=2,MINB=3", "BN=128,STAGES=2",
@@ -440,7 +442,7 @@ def test_the_merge_as_a_programmatic_dependent_matches_the_plain_launch_run_afte
     (4, 16, dict(CLUSTER=8, MERGE=1), 90, 1),
 ])
 def test_the_cluster_is_the_pairs_splits_where_they_fit_one(splits, longest, cfg, cc, want):
-    from attnbench.decode import DEFAULT, cluster_size
+    from attnbench.decode_config import DEFAULT, cluster_size
 
     assert cluster_size(splits, longest, 4, replace(DEFAULT, **cfg), cc) == want
     rows = DEFAULT.CLUSTER_ROWS
@@ -449,7 +451,7 @@ def test_the_cluster_is_the_pairs_splits_where_they_fit_one(splits, longest, cfg
 
 
 def test_a_short_list_tries_smaller_clusters_and_a_long_one_its_own_only():
-    from attnbench.decode import DEFAULT, cluster_tries
+    from attnbench.decode_config import DEFAULT, cluster_tries
 
     assert cluster_tries(1, 10, DEFAULT) == []
     assert cluster_tries(4, 16, DEFAULT) == [4, 3, 2]
@@ -522,7 +524,8 @@ def test_a_querys_residue_class_holds_every_key_it_reads(T, params):
 def test_short_lists_take_short_tiles_and_long_ones_keep_64():
     """for_list: BN_SHORT where BN is the default's and the list holds at most SHORT_LIST_KEYS keys; a BN
     given, or BN_SHORT=0, keeps the tiles as given; plan_lists builds the lists in the tiles it runs."""
-    from attnbench.decode import DEFAULT, LONG_BN, SHORT_LIST_KEYS, plan_lists
+    from attnbench.decode_config import DEFAULT, LONG_BN, SHORT_LIST_KEYS
+    from attnbench.decode import plan_lists
 
     assert DEFAULT.BN == LONG_BN == 64 and DEFAULT.BN_SHORT == 32
     assert DEFAULT.for_list(SHORT_LIST_KEYS, 4, 128).BN == 32 and DEFAULT.for_list(SHORT_LIST_KEYS + 64, 4, 128).BN == 64
@@ -534,7 +537,7 @@ def test_short_lists_take_short_tiles_and_long_ones_keep_64():
     assert replace(DEFAULT, BY_KEYS=1).for_list(64, 4, 128).BN == 64
     assert replace(DEFAULT, NWARPS=16).for_list(64, 4, 64).BN == 64
     # the rows kernel on warpgroup MMA (sm_90) where the pairs outnumber the SMs: 32-key tiles up to WG_SHORT_LIST_KEYS
-    from attnbench.decode import WG_SHORT_LIST_KEYS
+    from attnbench.decode_config import WG_SHORT_LIST_KEYS
 
     assert DEFAULT.for_list(WG_SHORT_LIST_KEYS + 64, 64, 128, "90", many_pairs=True).BN == 64
     assert DEFAULT.for_list(WG_SHORT_LIST_KEYS, 64, 128, "90", many_pairs=True).BN == 32
@@ -565,7 +568,8 @@ def test_short_lists_take_short_tiles_and_long_ones_keep_64():
 
 
 def test_classes_apply_to_a_strided_pattern_with_one_query_only():
-    from attnbench.decode import DEFAULT, by_class
+    from attnbench.decode_config import DEFAULT
+    from attnbench.decode import by_class
 
     on = replace(DEFAULT, CLASSES=1)
     dil = make_mask("dilated", 4096, True, window=512, dilation=2)
@@ -587,7 +591,7 @@ def test_classes_apply_to_a_strided_pattern_with_one_query_only():
 @pytest.mark.parametrize("keys", [False, True])
 @pytest.mark.parametrize("D", [64, 128])
 def test_the_class_builds_compile_without_spills(arch, keys, D):
-    from attnbench.decode import DEFAULT
+    from attnbench.decode_config import DEFAULT
 
     m = make_mask("dilated", 4096, True, window=512, dilation=2)
     r, inner = m.strided()
@@ -842,7 +846,7 @@ def test_evict_first_loads_k_and_v_with_an_l2_policy_and_nothing_else(kernel, kw
 def test_evict_is_decided_by_the_bytes_a_launch_reads_against_l2():
     """EVICT 2 (the default): evict-first where K and V weigh at most EVICT_L2 times L2 and each byte is read by one
     block; 0 and 1 as given."""
-    from attnbench.decode import EVICT_L2
+    from attnbench.decode_config import EVICT_L2
 
     l2 = 50 << 20
     assert DEFAULT.evict_for(EVICT_L2 * l2, l2).EVICT == 1 and DEFAULT.evict_for(EVICT_L2 * l2 + 1, l2).EVICT == 0
@@ -896,7 +900,8 @@ def test_two_warpgroups_take_the_rows_where_the_pairs_are_neither_few_nor_many_a
     """KWG 0 (the default): for_list gives NWARPS=8,KWG=2 on the shape's own tiles where the rows kernel runs on
     warpgroup MMA (sm_90), a block has more than 16 rows, the pairs are neither few (B=1 against 8 key/value heads)
     nor more than the SMs, and the list is longer than WG_SHORT_LIST_KEYS; else KWG=1 and the tiles as before."""
-    from attnbench.decode import WG_SHORT_LIST_KEYS, plan_lists
+    from attnbench.decode_config import WG_SHORT_LIST_KEYS
+    from attnbench.decode import plan_lists
 
     two = DEFAULT.for_list(4111, 64, 128, "90", many_pairs=False, middle_pairs=True)
     assert (two.KWG, two.NWARPS, two.BN) == (2, 8, 64) and ",KWG=2," in two.spec
@@ -973,7 +978,7 @@ def test_a_groups_heads_are_dealt_to_blocks_where_given_or_where_pairs_are_few_a
     or fewer, only where the SMs number at least ONE_PER_SM for each pair (B=1 against 8 key/value heads on 132
     SMs, not B=8) and the list holds at most HEADS_MAX_KEYS keys; groups whose rows already fit 16, or whose
     heads cannot be dealt to fit, stay whole."""
-    from attnbench.decode import HEADS_MAX_KEYS
+    from attnbench.decode_config import HEADS_MAX_KEYS
 
     auto = DecodeConfig(HEADS=0)
     assert auto.heads_split(4, 16, 8, 132, 384) == 4  # B=1, Tq=16, BigBird's list: one head's 16 rows a block

@@ -480,7 +480,7 @@ def test_floor_refuses_an_unwritable_out_before_any_device(tmp_path):
 
 @pytest.mark.parametrize("command", ["profile", "sweep"])
 def test_every_decode_shape_field_is_in_the_help(command):
-    from attnbench.decode import DECODE_FIELDS
+    from attnbench.decode_config import DECODE_FIELDS
 
     text = " ".join(CliRunner().invoke(main, [command, "--help"], terminal_width=200).output.split())
     assert all(f in text for f in DECODE_FIELDS), [f for f in DECODE_FIELDS if f not in text]

@@ -281,7 +281,7 @@ def test_the_kinds_expression_has_every_kind_in_both_widths():
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_predicate_classify_naive_decode_and_backward_compile_with_the_bits_form(arch):
-    from attnbench import bwd_config, decode
+    from attnbench import bwd_config, decode_config
 
     m = kinds_mask(4096, True)
     d = m.device_defines(runtime=True)
@@ -290,7 +290,7 @@ def test_predicate_classify_naive_decode_and_backward_compile_with_the_bits_form
                                    ("naive", ["naive_dense", "naive_sparse"], dict(MAX_T=1, MAX_KEYS=1024, C=64))]:
         assert sorted(r.kernel for r in kc.compile_only(source, {**d, **extra}, arch)) == kernels
     for D in (64, 128):
-        for r in kc.compile_only("decode", decode.kernel_defines(D, "bfloat16", m), arch):
+        for r in kc.compile_only("decode", decode_config.kernel_defines(D, "bfloat16", m), arch):
             assert r.spill_stores == 0, r
         for r in kc.compile_only("fast_tc_bwd", bwd_config.bwd_defines(D, "bfloat16", m), arch):
             assert r.spill_stores == 0, r
