@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import BadInput
-from .fast_tc import WG_ARCH, pattern_defines
+from .fwd_config import WG_ARCH, pattern_defines
 from .patterns import Mask
 from .tiles import tile_list
 
@@ -511,7 +511,7 @@ class BwdSpec:
 def parse_bwd_config(text: str, option: str = "--bwd-config") -> BwdSpec:
     """'FIELD=N,...' of BwdFields' fields (any case; the others as fast-tc chooses them) or all
     by position; BadInput naming ``option`` and the limit."""
-    from .fast_tc import parse_fields
+    from .shape_fields import parse_fields
 
     given = parse_fields(text, option, BwdFields, BWD_LIMITS, min_positional=4)
     return BwdSpec(tuple((f, given[f]) for f in BWD_FIELDS if f in given))

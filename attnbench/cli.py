@@ -141,7 +141,7 @@ TILE_CONFIG_HELP = ("a fast-tc tile shape: FIELD=N,... of NWARPS, BN, STAGES, MT
                     "NWARPS,BN,STAGES[,MT,MINB,QREG,WG,TMA,OV,REL,PP,KVS]")
 
 
-def tile_specs(texts, module: str = "fast_tc", parse: str = "parse_tile_config") -> list:
+def tile_specs(texts, module: str = "fwd_config", parse: str = "parse_tile_config") -> list:
     """``--tile-config`` values parsed (BadInput naming the option and the limit), in order, once each;
     with ``module`` and ``parse``, another option's by its parser (``decode_specs``)."""
     if not texts:

@@ -51,7 +51,8 @@ from .decode_config import (BN, DEFAULT, ENV, EVICT_L2, HEAD_DS, HEAD_DTYPE, HEA
                             SHORT_LIST_KEYS, DecodeConfig, DecodeSpec, cluster_size, cluster_tries, kernel_defines,
                             parse_decode_config, split_count)
 from .errors import BadInput
-from .fast_tc import LOG2E, WG_ARCH
+from .fwd_config import WG_ARCH
+from .fast_tc import LOG2E
 from .impls import Impl, Problem, Runner, register, timed
 from .launch import allow_nonportable_clusters, max_active_clusters, pdl_available, pdl_launch
 from .patterns import Mask

@@ -9,7 +9,8 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
-from .fast_tc import parse_fields, pattern_defines
+from .fwd_config import pattern_defines
+from .shape_fields import parse_fields
 from .patterns import Mask
 
 HEAD_DS = (64, 128)

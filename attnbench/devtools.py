@@ -79,7 +79,7 @@ def tile_options(config: str, T: int, Ds=(), repeat: int = 1) -> list[int]:
     """``attnbench tiles``' options checked (BadInput naming the option and the limit); the head
     dimensions to build lists for: those given, else the config's, each one fast-tc has tile
     shapes for."""
-    from .fast_tc import CONFIGS as SHAPED
+    from .fwd_config import CONFIGS as SHAPED
 
     if not 1 <= T <= MAX_TILES_T:
         raise BadInput(f"--T={T} must be from 1 to {MAX_TILES_T} (the build's int32 keys)")
@@ -104,7 +104,8 @@ def tile_build_times(config: str = "llm", T: int = 131072, Ds=(), repeat: int = 
     pieces, and ``launch_floor_ms``, the least one launch and its wait cost from Python here
     (``timing.launch_floor_s``). ``report(row)`` as each row is done; ``skip(label, reason)`` for an instance
     that does not fit at T (a block that does not divide it)."""
-    from .fast_tc import IMPL, choose_config
+    from .fwd_config import choose_config
+    from .fast_tc import IMPL
     from .tiles import DeviceTiles, build, transpose
 
     dims = tile_options(config, T, tuple(Ds), repeat)

@@ -59,7 +59,8 @@ from .bwd_config import (BWD_SHAPES, BWD_SHAPES_WG, BWD_SHAPES_WG2, BwdConfig, D
                          single_key_tile, split_length, store_shape)
 from .compile import get_module
 from .errors import BadInput
-from .fast_tc import IMPL, SYNC_IMPL, LOG2E, FastTC, Launch, TileConfig, bind_inputs, forward_launch, table_array
+from .fwd_config import TileConfig
+from .fast_tc import IMPL, SYNC_IMPL, LOG2E, FastTC, Launch, bind_inputs, forward_launch, table_array
 from .impls import Problem, Runner, timed
 from .patterns import Mask
 from .tiles import lru, mask_key, tile_items_t, tile_list, tile_list_t
@@ -499,7 +500,8 @@ def backward(mask: Mask, q, k, v, o, lse, do, scale: float | None = None, dtype:
 def _builds_of(mask: Mask, D: int, dtype: str) -> list[tuple[str, dict]]:
     """The backward of ``mask`` (mma.sync and wgmma main loops) and the forwards with the log-sum-exp
     it runs after (mma.sync and wgmma shapes)."""
-    from .fast_tc import KERNEL as FWD, choose_config, kernel_defines, lse_shape
+    from .fwd_config import choose_config, kernel_defines, lse_shape
+    from .fast_tc import KERNEL as FWD
 
     kpq = mask.pairs / mask.T
     # the pass's stats where no key tile is split, and at the D of PASS_STATS_SPLIT where one is (the GPU's

@@ -316,7 +316,7 @@ class Impl:
         raise NotImplementedError
 
     def tile_variant(self, spec) -> "Impl | None":
-        """This implementation with the tile shape fields of ``spec`` (``fast_tc.TileSpec``) fixed,
+        """This implementation with the tile shape fields of ``spec`` (``fwd_config.TileSpec``) fixed,
         under a name of its own; None when it has no tile shapes."""
         return None
 

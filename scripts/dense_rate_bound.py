@@ -50,7 +50,7 @@ def ran_tile(rows: pd.DataFrame) -> tuple[int, int] | None:
     """(BM, BN) of the forward shape these rows ran, from the first ``tile_config`` in their ``setup_s``."""
     import json
 
-    from attnbench.fast_tc import TileConfig, parse_tile_config
+    from attnbench.fwd_config import TileConfig, parse_tile_config
 
     for text in rows.get("setup_s", pd.Series(dtype=object)).dropna():
         spec = json.loads(text).get("tile_config") if str(text).startswith("{") else None
@@ -71,7 +71,7 @@ def bwd_tile(mask, D: int) -> tuple[int, int]:
 
 def table(rows: pd.DataFrame, impl: str = "fast-tc", rate_impl: str = "fast-tc", T: int | None = None,
           read=None) -> pd.DataFrame:
-    from attnbench.fast_tc import choose_config
+    from attnbench.fwd_config import choose_config
     from attnbench.impls import get_impl
     from attnbench.patterns import make_mask
     from attnbench.results import params_from_json

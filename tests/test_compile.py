@@ -177,7 +177,7 @@ def test_released_stages_on_the_serial_walk_leave_no_block_barrier_a_tile():
     """REL=1 on the serial walk (kernels/tc/loop.cuh) of the long D=64 shape, two warpgroups: the refill's block
     barrier goes, and the lazy pass's vote, a block-wide reduction without REL, runs on each warpgroup's own named
     barrier (bar.red over 128 threads)."""
-    from attnbench.fast_tc import HOPPER_LONG_CONFIGS, kernel_defines
+    from attnbench.fwd_config import HOPPER_LONG_CONFIGS, kernel_defines
     from attnbench.patterns import make_mask
 
     cfg = HOPPER_LONG_CONFIGS[64]
@@ -194,7 +194,7 @@ def test_warpgroups_in_turn_wait_and_arrive_on_named_barriers():
     """PP=1 (kernels/tc/turns.cuh): each warpgroup waits for its turn on a named barrier of 256 threads (its own
     128 and the 128 arriving before it) and hands the turn on by arriving on the next one's; the build without
     it has neither."""
-    from attnbench.fast_tc import HOPPER_LONG_CONFIGS, kernel_defines
+    from attnbench.fwd_config import HOPPER_LONG_CONFIGS, kernel_defines
     from attnbench.patterns import make_mask
 
     cfg = HOPPER_LONG_CONFIGS[128]
@@ -209,7 +209,7 @@ def test_k_and_v_apart_wait_and_release_on_barriers_of_their_own():
     """KVS=1 (kernels/tc/load_split.cuh): K and V of a tile load on barriers of their own (a bulk copy each, where
     REL's build issues the pair on one), and each warp releases K's stage and V's apart: more copies and arrivals
     than REL's build of the long D=128 shape."""
-    from attnbench.fast_tc import HOPPER_LONG_CONFIGS, kernel_defines
+    from attnbench.fwd_config import HOPPER_LONG_CONFIGS, kernel_defines
     from attnbench.patterns import make_mask
 
     defines = kernel_defines(128, "bfloat16", make_mask("dense", 4096), HOPPER_LONG_CONFIGS[128])

@@ -125,11 +125,11 @@ def test_kernels_compile_with_an_expression(arch, source, kernels):
 
 
 def test_fast_tc_and_fast_f32_compile_with_an_expression():
-    from attnbench import fast_f32, fast_tc
+    from attnbench import fast_f32, fwd_config
 
     m = make_mask("custom", 4096, True, expr=EXPR_FOR_KERNELS, param="W=3")
     for wgmma in (False, True):
-        d = fast_tc.kernel_defines(64, "bfloat16", m, fast_tc.choose_config(m, 64, wgmma))
+        d = fwd_config.kernel_defines(64, "bfloat16", m, fwd_config.choose_config(m, 64, wgmma))
         assert d["AB_CUSTOM_EXPR"] == m.pattern.bound(4096, m.params).c
         assert d["AB_CUSTOM_BITS"] == m.pattern.bound(4096, m.params).c_bits
         (r,) = kc.compile_only("fast_tc", d, kc.target_arch(d, "sm_90"))

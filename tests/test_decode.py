@@ -820,7 +820,7 @@ def test_evict_first_loads_k_and_v_with_an_l2_policy_and_nothing_else(kernel, kw
     EVICT=0 and the default's 2 (not yet decided for a launch) have no cache hint anywhere, and neither has the
     forward, which shares the loader, nor the rows kernel's warpgroup-MMA build, which keeps plain loads."""
     from attnbench import compile as kc
-    from attnbench import fast_tc
+    from attnbench import fwd_config
 
     m = make_mask("window", 4096, True, window=1024)
     on = kernel_defines(128, "bfloat16", m, parse_decode_config("EVICT=1").apply(), **kw)
@@ -833,7 +833,7 @@ def test_evict_first_loads_k_and_v_with_an_l2_policy_and_nothing_else(kernel, kw
     assert "cache_hint" not in ptx_off and "createpolicy" not in ptx_off
     zero = kernel_defines(128, "bfloat16", m, parse_decode_config("EVICT=0").apply(), **kw)
     assert zero == off
-    fwd = fast_tc.kernel_defines(128, "bfloat16", m)
+    fwd = fwd_config.kernel_defines(128, "bfloat16", m)
     assert "cache_hint" not in kc.ptx("fast_tc", fwd, "sm_80")
     for r in compile_only(kernel, on, arch):
         assert (r.spill_stores, r.spill_loads) == (0, 0), r

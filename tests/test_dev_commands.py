@@ -15,7 +15,8 @@ from fakes import PEAKS, PROVENANCE, FakeTiledImpl, FakeTimer, host_inputs  # no
 
 from attnbench import sweep as sw  # noqa: E402
 from attnbench.cli import main  # noqa: E402
-from attnbench.fast_tc import IMPL, SYNC_IMPL, TileConfig, choose_config, parse_tile_config  # noqa: E402
+from attnbench.fwd_config import TileConfig, choose_config, parse_tile_config
+from attnbench.fast_tc import IMPL, SYNC_IMPL  # noqa: E402
 from attnbench.patterns import BadInput, make_mask  # noqa: E402
 from attnbench.timing import MAX_SAMPLES, time_interleaved  # noqa: E402
 
@@ -87,7 +88,7 @@ def test_bad_tile_configs_name_the_option_and_the_limit(text, words):
 def test_the_overlapped_walk_is_named_only_where_it_is_asked():
     """OV shows in a shape's spec (the setup_s column) only when set, so the rows of every other shape
     read as before; a strided pattern, which loads by cp.async, compiles the serial walk."""
-    from attnbench.fast_tc import kernel_defines
+    from attnbench.fwd_config import kernel_defines
 
     assert "OV" not in TileConfig(4, 64, 3, QREG=0, WG=1, TMA=1).spec
     ov = TileConfig(4, 64, 3, QREG=0, WG=1, TMA=1, OV=1)

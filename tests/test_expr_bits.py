@@ -316,10 +316,10 @@ def test_fast_tc_of_the_llm_expressions_is_the_built_ins_code(D, wgmma):
     """The custom instances that equal streaming 16+64 and window 256 compile, in the llm shapes at
     T=32768, to as many instructions and registers as the built-ins (the old per-key loop cost
     80 to 160 instructions more and up to 13 registers); no build spills."""
-    from attnbench import fast_tc
+    from attnbench import fwd_config
 
     def build(mask):
-        d = fast_tc.kernel_defines(D, "bfloat16", mask, fast_tc.choose_config(mask, D, wgmma))
+        d = fwd_config.kernel_defines(D, "bfloat16", mask, fwd_config.choose_config(mask, D, wgmma))
         arch = kc.target_arch(d, "sm_90")
         cubin, log = kc._nvrtc("fast_tc", kc.source("fast_tc", d), list(kc.options(d)) + [f"-arch={arch}", "-Xptxas=-v"])
         (r,) = kc.parse_ptxas(log, "fast_tc")

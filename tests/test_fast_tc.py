@@ -4,10 +4,10 @@ from dataclasses import replace
 import pytest
 
 from attnbench.compile import compile_only
-from attnbench.fast_tc import (CONFIGS, HOPPER_CONFIGS, HOPPER_LONG_CONFIGS, HOPPER_PARTIAL_CONFIGS, HOPPER_STRIDED_MINB,
-                                LONG_KEYS_PER_ROW,
-                                HOPPER_WIDE_CONFIGS, IMPL, PARTIAL_CONFIGS, SYNC_IMPL, WIDE_CONFIGS, TileConfig,
-                                choose_config, kernel_defines, tile_list)
+from attnbench.fwd_config import (CONFIGS, HOPPER_CONFIGS, HOPPER_LONG_CONFIGS, HOPPER_PARTIAL_CONFIGS,
+                                  HOPPER_STRIDED_MINB, LONG_KEYS_PER_ROW, HOPPER_WIDE_CONFIGS, PARTIAL_CONFIGS,
+                                  WIDE_CONFIGS, TileConfig, choose_config, kernel_defines)
+from attnbench.fast_tc import IMPL, SYNC_IMPL, tile_list
 from attnbench.impls import Problem, get_impl
 from attnbench.patterns import BadInput, PATTERNS, make_mask
 
@@ -168,7 +168,7 @@ def test_wgmma_runs_on_sm90_only():
     import cupy
 
     from attnbench.arrays import random_inputs
-    from attnbench.fast_tc import TileConfig
+    from attnbench.fwd_config import TileConfig
 
     prob = Problem(make_mask("window", 300, True, window=64), 1, 2, 64, "bfloat16")
     q, k, v = random_inputs(prob.shape, prob.dtype, seed=3)
@@ -313,7 +313,7 @@ def test_warpgroups_that_redo_different_tiles(spec):
 
     from attnbench.arrays import from_float32
     from attnbench.check import judge
-    from attnbench.fast_tc import parse_tile_config
+    from attnbench.fwd_config import parse_tile_config
 
     variant = IMPL.tile_variant(parse_tile_config(spec))
     T = 1000
@@ -360,7 +360,7 @@ def test_gate_of_the_overlapped_walk(pattern, params, T, D, dtype, spec):
     and REL on the serial walk (kernels/tc/loop.cuh), one warpgroup and two, the lazy pass's vote the warpgroup's;
     and KVS=1, K and V on stages of their own (kernels/tc/load_split.cuh), one warpgroup and two."""
     from attnbench.check import gate
-    from attnbench.fast_tc import parse_tile_config
+    from attnbench.fwd_config import parse_tile_config
 
     variant = IMPL.tile_variant(parse_tile_config(spec))
     res = gate(variant, Problem(make_mask(pattern, T, pattern != "block_diagonal", **params), 2, 3, D, dtype))
@@ -379,7 +379,7 @@ def test_gate_of_the_long_shapes(pattern, params, T, D, dtype):
     overlapped walk) on short lists too: a warpgroup whose rows are idle, a list of one tile, odd T; and where
     fast-tc takes it itself (dense at T=8193)."""
     from attnbench.check import gate
-    from attnbench.fast_tc import HOPPER_LONG_CONFIGS, parse_tile_config
+    from attnbench.fwd_config import HOPPER_LONG_CONFIGS, parse_tile_config
 
     mask = make_mask(pattern, T, pattern != "block_diagonal", **params)
     long = HOPPER_LONG_CONFIGS[D]

@@ -20,7 +20,8 @@ from attnbench.bwd_config import (BWD_SHAPES, BWD_SHAPES_WG, BWD_SHAPES_WG2, TWO
                                   bwd_defines, choose_bwd_config)
 from attnbench.compile import compile_only, source
 from attnbench.configs import LLM
-from attnbench.fast_tc import IMPL, SYNC_IMPL, choose_config, kernel_defines
+from attnbench.fwd_config import choose_config, kernel_defines
+from attnbench.fast_tc import IMPL, SYNC_IMPL
 from attnbench.fast_tc_bwd import standard_builds
 from attnbench.impls import Problem, get_impl
 from attnbench.patterns import PATTERNS, BadInput, make_mask

@@ -15,7 +15,8 @@ from test_trust import device  # noqa: E402,F401
 
 from attnbench import sweep as sw  # noqa: E402
 from attnbench.compile import compile_only  # noqa: E402
-from attnbench.fast_tc import IMPL, SYNC_IMPL, choose_config, kernel_defines, standard_builds  # noqa: E402
+from attnbench.fwd_config import choose_config, kernel_defines
+from attnbench.fast_tc import IMPL, SYNC_IMPL, standard_builds  # noqa: E402
 from attnbench.cli import main  # noqa: E402
 from attnbench.impls import Problem  # noqa: E402
 from attnbench.patterns import PATTERNS, BadInput, make_mask  # noqa: E402

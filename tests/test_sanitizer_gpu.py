@@ -37,10 +37,11 @@ def _check_is_clean(tool: str, options: list, timeout: int, program: list | None
 # fast-tc's overlapped walk (--tile-config OV=1, which `attnbench check` does not take): the gate in a script
 OVERLAP_GATE = """
 from attnbench.check import gate
-from attnbench.fast_tc import IMPL, parse_tile_config
+from attnbench.fwd_config import parse_tile_config
+from attnbench.fast_tc import IMPL
 from attnbench.impls import Problem
 from attnbench.patterns import make_mask
-from attnbench.fast_tc import HOPPER_LONG_CONFIGS
+from attnbench.fwd_config import HOPPER_LONG_CONFIGS
 long = {D: HOPPER_LONG_CONFIGS[D] for D in (64, 128)}
 shapes = [("OV=1,STAGES=3", D) for D in (64, 128)] + [(c.spec if c.OV else f"{c.spec},OV=0", D) for D, c in long.items()]
 shapes += [("OV=1,STAGES=3,REL=1", D) for D in (64, 128)] + [("NWARPS=8,BN=128,STAGES=3,MINB=1,OV=1,REL=1,PP=1", D)

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from attnbench.configs import LLM
 from attnbench.errors import BadInput
-from attnbench.fast_tc import choose_config
+from attnbench.fwd_config import choose_config
 from attnbench import tiles as tl
 from attnbench.patterns import examples, make_mask
 from attnbench.tiles import Tiles, TransposedTiles, build, tile_list, tile_list_t, transpose
