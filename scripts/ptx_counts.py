@@ -15,6 +15,7 @@ import hashlib
 import json
 import re
 import sys
+from pathlib import Path
 
 INSTR = re.compile(r"^\s+(@!?%\w+\s+)?[a-z][\w.:]*[\s;]")
 
@@ -69,7 +70,7 @@ def main() -> None:
     ap.add_argument("--compare", nargs=2, metavar=("OLD", "NEW"))
     args = ap.parse_args()
     if args.compare:
-        compare(*(json.load(open(f)) for f in args.compare))
+        compare(*(json.loads(Path(f).read_text()) for f in args.compare))
         return
     json.dump(listing(args.gate_builds, args.group), sys.stdout, indent=1, sort_keys=True)
     print()

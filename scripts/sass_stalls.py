@@ -21,6 +21,7 @@ import csv
 import io
 import re
 import sys
+from pathlib import Path
 
 SAMPLES = "Warp Stall Sampling (All Samples)"
 SOURCE = "Source"
@@ -28,7 +29,7 @@ SOURCE = "Source"
 
 def read(path: str) -> list[tuple[str, list[dict]]]:
     """(kernel name, rows as dicts) per launch block of the CSV, in file order."""
-    text = open(path, encoding="utf-8").read()
+    text = Path(path).read_text(encoding="utf-8")
     out = []
     for part in text.split('"Kernel Name"')[1:]:
         lines = part.splitlines()

@@ -48,7 +48,8 @@ def test_a_plot_is_written_in_256_colours_and_looks_as_drawn(tmp_path):
     assert b.mode == "P" and b.size == (a.shape[1], a.shape[0]) and len(small) < len(rgba) / 2
     assert np.abs(np.asarray(b.convert("RGB"), dtype=np.int16) - a).mean() < 2  # the same picture, within a shade
     path = plot_csv(SMALL, tmp_path)[0]
-    assert Image.open(path).mode == "P"
+    with Image.open(path) as im:
+        assert im.mode == "P"
 
 
 def test_figures_have_labelled_log_axes_a_title_and_a_line_per_implementation():

@@ -1,5 +1,6 @@
 """The results CSV: schema, provenance, arithmetic of the derived columns, the writer."""
 import csv
+import io
 import json
 import subprocess
 import sys
@@ -113,15 +114,15 @@ def test_writer_refuses_to_clobber_and_resumes_without_duplicates(tmp_path):
     with ResultWriter(p, resume=True) as w:
         assert w.is_done(_row(T=8)) and not w.is_done(_row(T=32))
         w.write([_row(T=8), _row(T=32)])
-    assert sorted(int(r["T"]) for r in csv.DictReader(open(p))) == [8, 16, 32]
+    assert sorted(int(r["T"]) for r in csv.DictReader(io.StringIO(Path(p).read_text()))) == [8, 16, 32]
     with ResultWriter(p, overwrite=True) as w:
         pass  # no row: the old file stays as it was
-    assert len(list(csv.DictReader(open(p)))) == 3
+    assert len(list(csv.DictReader(io.StringIO(Path(p).read_text())))) == 3
     with ResultWriter(p, overwrite=True) as w:
-        assert len(list(csv.DictReader(open(p)))) == 3  # untouched until rows arrive
+        assert len(list(csv.DictReader(io.StringIO(Path(p).read_text())))) == 3  # untouched until rows arrive
         w.write([_row(T=64)])
-        assert [int(r["T"]) for r in csv.DictReader(open(p))] == [64]
-    assert [int(r["T"]) for r in csv.DictReader(open(p))] == [64]
+        assert [int(r["T"]) for r in csv.DictReader(io.StringIO(Path(p).read_text()))] == [64]
+    assert [int(r["T"]) for r in csv.DictReader(io.StringIO(Path(p).read_text()))] == [64]
     assert [q.name for q in tmp_path.iterdir()] == ["r.csv"]  # no temporary file left
 
 

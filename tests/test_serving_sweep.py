@@ -2,6 +2,7 @@
 configuration's plan, rows that name H_kv, Tq and cache_lens, skips with reasons for the
 implementations that take prefill only, CSVs of before read and resumed as prefill."""
 import csv
+import io
 import shutil
 import sys
 from pathlib import Path
@@ -101,7 +102,7 @@ def test_a_csv_of_before_reads_and_resumes_as_prefill(tmp_path):
             assert all(w.is_done(r) for r in csv.DictReader(f))
     with open(path, newline="") as f:
         header = next(csv.reader(f))
-        rows = list(csv.DictReader(open(path, newline="")))
+        rows = list(csv.DictReader(io.StringIO(Path(path, newline="").read_text())))
     assert header == COLUMNS and len(rows) == done
     assert all(r["H_kv"] == r["H"] and r["Tq"] == r["T"] and r["cache_lens"] == "" for r in rows)
 

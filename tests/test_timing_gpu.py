@@ -1,6 +1,8 @@
 """On a GPU: the event timer against a host clock, the peaks, a short sweep end to end."""
 import csv
+import io
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -138,7 +140,7 @@ def test_a_short_sweep_end_to_end(tmp_path):
     r = CliRunner().invoke(main, ["sweep", "--T-min", "128", "--T-max", "256", "--pattern", "dense", "--pattern",
                                   "streaming", "--impl", name, "--time-budget", "0.5", "--out", str(out)])
     assert r.exit_code == 0, r.output
-    rows = list(csv.DictReader(open(out)))
+    rows = list(csv.DictReader(io.StringIO(Path(out).read_text())))
     assert len(rows) == 4
     assert {x["status"] for x in rows} == {"ok"}, [(x["status"], x["reason"]) for x in rows]
     for x in rows:
@@ -150,4 +152,4 @@ def test_a_short_sweep_end_to_end(tmp_path):
     r = CliRunner().invoke(main, ["sweep", "--T-min", "128", "--T-max", "256", "--pattern", "dense", "--pattern",
                                   "streaming", "--impl", name, "--out", str(out), "--resume"])
     assert r.exit_code == 0, r.output
-    assert len(list(csv.DictReader(open(out)))) == 4
+    assert len(list(csv.DictReader(io.StringIO(Path(out).read_text())))) == 4

@@ -93,7 +93,7 @@ def test_a_sweep_killed_mid_row_resumes_with_every_finished_row_once(tmp_path):
         assert p.stdout.readline().strip() == "cut"  # five rows whole, the sixth half written
         p.send_signal(signal.SIGKILL)
     finally:
-        p.wait(30)
+        p.communicate(timeout=30)  # waits and closes its pipes
     assert p.returncode == -signal.SIGKILL
     text = out.read_text()
     assert not text.endswith("\n") and text.count("\n") == 6  # header + 5 rows + half a row
