@@ -166,7 +166,7 @@ DECODE_CONFIG_HELP = ("a fast-decode shape: FIELD=N,... of NWARPS, BN, STAGES, M
                       "mma.sync), KWG (2: that kernel's two warpgroups on the same rows, each half of every tile, "
                       "NWARPS=8, sm_90; 1: one; 0: 2 where the pairs are neither few nor more than the SMs and the list "
                       "holds more than 256 keys), EVICT (1: K and V loaded with L2's evict-first policy on the mma.sync kernels; 0: plain; 2: the first "
-                      "where a launch reads at most three L2s of K and V) "
+                      "where a launch reads at most three L2s of K and V and a group's heads take one block) "
                       "(the others at their defaults); each adds a row per "
                       "configuration, named e.g. fast-decode[SPLITS=8], timed with the others (repeatable; the plain "
                       "fast-decode takes ATTNBENCH_DECODE_CONFIG)")
@@ -357,8 +357,9 @@ def check_cases(patterns, Ts, given: dict | None = None):
 
 @main.command("check")
 @click.option("--impl", "impls", multiple=True, type=IMPL, help="implementations (repeatable; default: every available one)")
-@click.option("--pattern", "patterns", multiple=True, type=click.Choice(list(PATTERNS)))
-@click.option("--T", "Ts", type=int, multiple=True, help="sizes (default: 1 7 128 1000 4096)")
+@click.option("--pattern", "patterns", multiple=True, type=click.Choice(list(PATTERNS)),
+              help="patterns (repeatable; default: every registered one)")
+@click.option("--T", "Ts", type=int, multiple=True, help="sizes (repeatable; default: 1 7 128 1000 4096)")
 @click.option("--D", "D", type=int, default=64, show_default=True)
 @click.option("--B", "B", type=int, default=2, show_default=True)
 @click.option("--H", "H", type=int, default=3, show_default=True)
