@@ -52,3 +52,15 @@ def test_no_include_cycle_in_the_kernels():
     headers = {h for h in graph if h.endswith(".cuh")}
     patterns = {h for h in headers if h.startswith("patterns/")}  # included by name (compile.py)
     assert headers - patterns - used == set(), "a header no kernel includes"
+
+
+def test_every_package_directory_is_installed():
+    """A wheel holds only the packages pyproject.toml lists: each directory of attnbench/ with an __init__.py (and
+    kernels/ with its subdirectories, installed as attnbench.kernels) must be named there."""
+    text = (ROOT / "pyproject.toml").read_text()
+    listed = set(re.findall(r'"([\w.]+)"', re.search(r"^packages\s*=\s*\[([^\]]*)\]", text, re.M).group(1)))
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "attnbench").rglob("__init__.py")}
+    found |= {"attnbench." + ".".join(d.relative_to(ROOT).parts) for d in [ROOT / "kernels", *(ROOT / "kernels").iterdir()]
+              if d.is_dir() and any(d.glob("*.cu*"))}
+    assert {"attnbench", "attnbench.peers", "attnbench.kernels.tc"} <= found
+    assert found - listed == set(), "a package pyproject.toml does not list"
