@@ -228,7 +228,8 @@ def parse_ptxas(log: str, source_name: str) -> list[KernelReport]:
 def compile_only(name: str, defines: dict, arch: str) -> list[KernelReport]:
     """Compile kernels/<name>.cu to a cubin for ``arch`` (e.g. sm_90) through NVRTC, with no
     device; return ptxas' per-kernel report. Raises RuntimeError with the compiler log (BadInput where the
-    shape leaves a thread too few registers: ``registers_refusal``)."""
+    shape leaves a thread too few registers: ``registers_refusal``), and where the log names no kernel (a report
+    nobody could check for spills)."""
     check_arch(arch)
     import hashlib
 
@@ -236,6 +237,8 @@ def compile_only(name: str, defines: dict, arch: str) -> list[KernelReport]:
                         defines)
     digest = hashlib.sha256(cubin).hexdigest()
     reports = parse_ptxas(log, name)
+    if not reports:
+        raise RuntimeError(f"{name} for {arch}: ptxas reported no kernel (its -v log, below, did not parse)\n{log}")
     for r in reports:
         r.cubin_sha256 = digest
     return reports

@@ -61,9 +61,19 @@ def test_naive_refuses_sizes_past_its_local_memory_limit(no_launch, monkeypatch)
 
 
 def test_compile_reports_every_kernel():
+    from attnbench import compile as kc
+
     r = CliRunner().invoke(main, ["compile", "--arch", "sm_80"])
     assert r.exit_code == 0, r.output
     assert "naive_dense" in r.output and "naive_sparse" in r.output and "C=384" in r.output
+    lines = {}
+    for line in r.stdout.splitlines()[1:]:
+        lines.setdefault(line.split()[1], []).append(line)
+    expected = [(name, " ".join(f"{k}={v}" for k, v in sorted(d.items()))) for name, d in kc.standard_builds()
+                if kc.target_arch(d, "sm_80") == "sm_80" and not kc.unbuildable(name, "sm_80")]
+    assert len(expected) > 100
+    missing = [(name, c) for name, c in expected if not any(f" {c} " in f"{x} " for x in lines.get(name, ()))]
+    assert missing == [], f"{len(missing)} of {len(expected)} builds not reported"
 
 
 def test_compile_rejects_a_bad_arch():

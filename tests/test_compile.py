@@ -36,6 +36,14 @@ def test_constants_reach_the_compiler():
     assert large["naive_dense"].stack == 2048 * 4
 
 
+def test_a_log_that_names_no_kernel_is_an_error_not_an_empty_report(monkeypatch):
+    """A loop over compile_only's reports (every no-spill test, `attnbench compile`) checks nothing when there are
+    none: a ptxas log that does not parse is refused instead."""
+    monkeypatch.setattr(kc, "parse_ptxas", lambda log, name: [])
+    with pytest.raises(RuntimeError, match="ptxas reported no kernel"):
+        kc.compile_only("naive", {"MAX_T": 256, "MAX_KEYS": 1, "C": 64, **DENSE}, "sm_90")
+
+
 def test_missing_constant_is_a_compile_error():
     with pytest.raises(RuntimeError, match="MAX_T must be defined"):
         kc.compile_only("naive", {"MAX_KEYS": 1, "C": 64, **DENSE}, "sm_90")

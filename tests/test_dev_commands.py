@@ -524,7 +524,7 @@ def test_the_history_step_s_default_variants_are_the_probe_s_choices():
 
 @pytest.mark.parametrize("name, needed", [("history_probe", ["--before", "gate", "--then", "sweep"]),
                                           ("placement_probe", [])])
-def test_the_probes_refuse_bad_options_before_touching_a_device(name, needed, capsys):
+def test_the_probes_refuse_bad_options_with_exit_2(name, needed, capsys):
     from scriptmod import script
 
     probe = script(name)

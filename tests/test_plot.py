@@ -187,6 +187,14 @@ def test_rows_with_list_parameters_plot_and_keep_their_labels(tmp_path):
     pd.concat([df, dil]).to_csv(csv, index=False)
     paths = plot_csv(csv, tmp_path / "out")
     assert paths and all(p.stat().st_size > 10_000 for p in paths)
+    back = read_results(csv)
+    figs = group_figures(back[back["dtype"] == "float32"])
+    try:  # the dilated rows keep their label as a panel of their own in every figure by pattern
+        for kind in ("runtime", "speedup-over-dense", "tflops"):
+            assert "dilated(levels=8:1+8:2+8:4)" in {a.get_title() for a in figs[kind].axes if a.get_visible()}, kind
+    finally:
+        for f in figs.values():
+            plt.close(f)
 
 
 def test_a_csv_without_dense_rows_plots_without_a_speedup_figure(tmp_path):

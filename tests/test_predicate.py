@@ -57,15 +57,14 @@ def test_bits_match_the_pattern(pattern, causal, params):
 
 # ---- dilated's words in closed form (kernels/patterns/dilated.cuh, level_bits) ------------------------
 # Each level's word is its constant word ab_every(r) (bits 0, r, 2r, ...) shifted by the row's residue
-# rr mod r, rr = i - j0, within the level's reach: checked against the plain predicate in numpy (the
-# same steps) and as the device code itself, built on the host with g++. Levels below, at and past 32
+# rr mod r, rr = i - j0, within the level's reach: the device code itself, built on the host with g++, against
+# the plain predicate. Levels below, at and past 32
 # keys a word, powers of two (a mask) and others (a division), rows behind and ahead of the word.
 LEVEL_RS = (1, 2, 3, 4, 5, 8, 16, 31, 32, 33, 64)
 LEVEL_SETS = ([((W, r),) for r in LEVEL_RS for W in (1, 3, 9)] +
               [((40, 1), (40, 2), (40, 4)), ((6, 2), (4, 4), (8, 1)), ((5, 3), (4, 5), (3, 33)),
                ((9, 31), (2, 32), (3, 64), (20, 1)), ((1, 1), (7, 8), (3, 16)), tuple((3, r) for r in LEVEL_RS[:9])])
 ROWS, STARTS = 400, 460  # rows 0 .. ROWS - 1 against words j0 = 0 .. STARTS - 1 (j0 > i: keys ahead)
-ALL32 = np.uint64(0xFFFFFFFF)
 
 
 def level_set_mask(levels, causal, T=ROWS):
@@ -82,45 +81,20 @@ def truth_words(mask, rows, starts):
     return (ok.astype(np.uint64) << np.arange(32, dtype=np.uint64)).sum(axis=2, dtype=np.uint64)
 
 
-def span_from(lo):
-    return (ALL32 << np.clip(lo, 0, 32).astype(np.uint64)) & ALL32
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no g++")
+def test_ab_every_gives_every_rth_bit(tmp_path):
+    """kernels/common.cuh's ab_every(r), the word of every r-th bit that dilated's words shift, built with g++."""
+    from test_expr_bits import host_common
 
-
-def span_to(hi):
-    return np.where(hi < 0, np.uint64(0), ALL32 >> (31 - np.clip(hi, 0, 31)).astype(np.uint64))
-
-
-def closed_form_words(levels, causal, rr):
-    """ab_allowed_bits of ab_dilated in numpy, for rr = i - j0."""
-    out = np.zeros(rr.shape, np.uint64)
-    for W, r in levels:
-        reach = (W - 1) * r
-        every = np.uint64(sum(1 << b for b in range(0, 32, r)))  # ab_every(r)
-        shift = rr % r  # floor mod, as ab_floormod32
-        word = np.where(shift < 32, (every << np.minimum(shift, 31).astype(np.uint64)) & ALL32, np.uint64(0))
-        word &= span_from(rr - reach)
-        out |= word if causal else word & span_to(rr + reach)
-    return out & span_to(rr) if causal else out
-
-
-def test_ab_every_steps_give_every_rth_bit():
-    for r in range(1, 70):
-        m, s = 1, min(r, 32)
-        for k in range(5):  # the device loop, step by step
-            if s << k < 32:
-                m |= (m << (s << k)) & 0xFFFFFFFF
-        assert m == sum(1 << b for b in range(0, 32, r)), r
-
-
-@pytest.mark.parametrize("causal", [True, False])
-def test_dilated_level_words_in_closed_form_are_the_predicate(causal):
-    rows, starts = np.arange(ROWS), np.arange(STARTS)
-    rr = rows[:, None] - starts[None, :]
-    for levels in LEVEL_SETS:
-        want = truth_words(level_set_mask(levels, causal), rows, starts)
-        got = closed_form_words(levels, causal, rr)
-        bad = np.argwhere(got != want)
-        assert not bad.size, (levels, causal, bad[0], hex(int(got[tuple(bad[0])])), hex(int(want[tuple(bad[0])])))
+    (tmp_path / "common.cuh").write_text(host_common())
+    (tmp_path / "main.cpp").write_text('#include "common.cuh"\n#include <cstdio>\n'
+                                       "int main() { for (int r = 1; r < 70; ++r) printf(\"%u\\n\", ab_every(r)); }\n")
+    exe = tmp_path / "every"
+    r = subprocess.run(["g++", "-std=c++17", "-O1", "-Wno-unknown-pragmas", "-o", str(exe), str(tmp_path / "main.cpp")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = [int(x) for x in subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()]
+    assert got == [sum(1 << b for b in range(0, 32, r)) for r in range(1, 70)]
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="no g++")

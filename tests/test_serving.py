@@ -100,7 +100,11 @@ def test_drawn_lengths_are_seeded_and_in_range():
         draw_lens("zipf", 0, 2, 128)
 
 
-def test_a_million_keys_stays_cheap():
-    p = Problem(make_mask("dense", 1 << 20), 64, 32, 128, "bfloat16", H_kv=8, Tq=16,
-                cache_lens=draw_lens("uniform", 0, 64, 1 << 20, 16))
-    assert p.bytes_floor > 0 and p.pairs > 0
+def test_a_million_keys_counts_exactly_without_a_dense_mask():
+    """A ragged batch of caches up to 2^20 keys counts its pairs and bytes per cache length (a [Tq, Tk] mask per
+    sequence would be 2^40 bits a batch): dense causal, queries at Tk_b - 16 .. Tk_b - 1."""
+    lens = draw_lens("uniform", 0, 64, 1 << 20, 16)
+    p = Problem(make_mask("dense", 1 << 20), 64, 32, 128, "bfloat16", H_kv=8, Tq=16, cache_lens=lens)
+    assert max(lens) > 1 << 19 and len(set(lens)) > 32
+    assert p.pairs == sum(16 * L - 120 for L in lens)
+    assert p.bytes_floor == (2 * 64 * 32 * 16 + 2 * 8 * sum(lens)) * 128 * 2

@@ -3,6 +3,7 @@ import json
 import re
 import csv
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -232,10 +233,18 @@ def test_the_device_context_pauses_between_gate_and_timing(monkeypatch):
 
     from attnbench import timing
 
+    from attnbench import impls, results
+
     slept = []
     monkeypatch.setattr(_time, "sleep", slept.append)
     sw.settle()
     assert slept == [timing.SETTLE_S] and timing.SETTLE_S > 0
+    # the context a device sweep runs with pauses so (the device's parts stood in for)
+    monkeypatch.setattr(impls, "device_problem", lambda: None)
+    monkeypatch.setattr(results, "provenance", lambda: dict(PROVENANCE))
+    monkeypatch.setattr(timing, "measure_peaks", lambda: PEAKS)
+    monkeypatch.setattr(timing, "EventTimer", lambda: types.SimpleNamespace(time=None))
+    assert sw.device_context().settle is sw.settle
 
 
 def test_failed_inputs_fail_every_candidate():
