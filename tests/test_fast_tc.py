@@ -7,7 +7,8 @@ from attnbench.compile import compile_only
 from attnbench.fwd_config import (CONFIGS, HOPPER_CONFIGS, HOPPER_LONG_CONFIGS, HOPPER_PARTIAL_CONFIGS,
                                   HOPPER_STRIDED_MINB, LONG_KEYS_PER_ROW, HOPPER_WIDE_CONFIGS, PARTIAL_CONFIGS,
                                   WIDE_CONFIGS, TileConfig, choose_config, kernel_defines)
-from attnbench.fast_tc import IMPL, SYNC_IMPL, tile_list
+from attnbench.fast_tc import IMPL, SYNC_IMPL
+from attnbench.tiles import tile_list
 from attnbench.impls import Problem, get_impl
 from attnbench.patterns import BadInput, PATTERNS, make_mask
 

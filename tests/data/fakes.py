@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from attnbench.arrays import from_float32, poison, random_inputs
-from attnbench.fast_tc import TileConfig
+from attnbench.fwd_config import TileConfig
 from attnbench.impls import PASSES, Impl, Runner
 from attnbench.reference import reference, reference_gradients
 from attnbench.timing import Peaks, Timing
