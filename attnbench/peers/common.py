@@ -1,13 +1,10 @@
 """What the peers share: why torch cannot run here (``torch_reason``), CuPy and torch arrays seen as each other
-through DLPack, the stream sync, a setting's timing under the rows' protocol (``time_ms``), and ``TorchRunner``, the
-runner of the torch peers (SDPA and Flex) for the three passes."""
+through DLPack, the stream sync, and ``TorchRunner``, the runner of the torch peers (SDPA and Flex) for the three
+passes."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib.util
-
-import numpy as np
 
 from ..arrays import Bound, poison, unbind
 from ..impls import DTYPES, Impl, Problem, Runner, device_problem
@@ -61,23 +58,6 @@ def sync() -> None:
     import cupy
 
     cupy.cuda.get_current_stream().synchronize()
-
-
-@functools.lru_cache(maxsize=None)
-def _selection_timer():
-    from ..timing import EventTimer
-
-    return EventTimer()
-
-
-def time_ms(fn, warmup: int = 2, reps: int = 5) -> float:
-    """Median milliseconds of ``fn`` under the rows' own protocol (``timing.EventTimer``: the L2
-    flushed, the host's path behind a hold), so a setting is chosen by the time its row shows and
-    not by how fast the host issues it back to back."""
-    for _ in range(warmup):
-        fn()
-    timer = _selection_timer()
-    return float(np.median([timer.sample(fn) for _ in range(reps)]))
 
 
 class TorchRunner(Runner):

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import BadInput
 from ..impls import PASSES, Problem, Runner, register
-from .common import ALL_DTYPES, TorchImpl, TorchRunner, sync, time_ms, torch_reason
+from .common import ALL_DTYPES, TorchImpl, TorchRunner, sync, torch_reason
 
 FLEX_BLOCKS = (64, 128)
 REBUILDS = 5  # warm create_block_mask calls after the first: their median is block_mask_build_s
@@ -20,6 +20,23 @@ REBUILDS = 5  # warm create_block_mask calls after the first: their median is bl
 # does): the eager build materialises the T x T mask and its int64 index arithmetic (over 10 GB
 # at T = 32768, 128 GiB of mask alone at T = 131072).
 FLEX_COMPILED_MASK_FROM = 32768
+
+
+@functools.lru_cache(maxsize=None)
+def _selection_timer():
+    from ..timing import EventTimer
+
+    return EventTimer()
+
+
+def time_ms(fn, warmup: int = 2, reps: int = 5) -> float:
+    """Median milliseconds of ``fn`` under the rows' own protocol (``timing.EventTimer``: the L2
+    flushed, the host's path behind a hold), so a setting is chosen by the time its row shows and
+    not by how fast the host issues it back to back."""
+    for _ in range(warmup):
+        fn()
+    timer = _selection_timer()
+    return float(np.median([timer.sample(fn) for _ in range(reps)]))
 
 
 def serving_mask_mod(prob: Problem, device):
