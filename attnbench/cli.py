@@ -165,7 +165,7 @@ DECODE_CONFIG_HELP = ("a fast-decode shape: FIELD=N,... of NWARPS, BN, STAGES, M
                       "at most 512 keys), WG (1: the warps-on-rows kernel's products on warpgroup MMA on sm_90; 0: "
                       "mma.sync), KWG (2: that kernel's two warpgroups on the same rows, each half of every tile, "
                       "NWARPS=8, sm_90; 1: one; 0: 2 where the pairs are neither few nor more than the SMs and the list "
-                      "holds more than 256 keys), EVICT (1: K and V loaded with L2's evict-first policy on the mma.sync kernels; 0: plain; 2: the first "
+                      "holds more than 256 keys), EVICT (1: K and V loaded with L2's evict-first policy; 0: plain; 2: the first "
                       "where a launch reads at most three L2s of K and V and a group's heads take one block) "
                       "(the others at their defaults); each adds a row per "
                       "configuration, named e.g. fast-decode[SPLITS=8], timed with the others (repeatable; the plain "

@@ -331,7 +331,7 @@ IMPL = register(FastDecode(
                 "batches, the key tiles the pattern allows split across blocks and merged by log-sum-exp (a warp a "
                 "whole pair where the pairs outnumber a wave and their rows fit 16); its shape "
                 f"({DEFAULT.spec}, SPLITS=0: derived; lists of at most {SHORT_LIST_KEYS} keys in BN_SHORT-key tiles; EVICT=2: K and "
-                f"V evict-first in L2 on mma.sync where a launch reads at most {EVICT_L2} L2s of them) tunable by `sweep --decode-config FIELD=N,...` (a row per "
+                f"V evict-first in L2 where a launch reads at most {EVICT_L2} L2s of them) tunable by `sweep --decode-config FIELD=N,...` (a row per "
                 f"shape) or {ENV}=FIELD=N,...",
     dtypes=("bfloat16", "float16"),
 ))
@@ -378,7 +378,7 @@ def standard_builds() -> list[tuple[str, dict]]:
     # K and V evict-first (EVICT=1) on the kernels that take it, on the first instance
     evict = replace(DEFAULT, EVICT=1)
     first = c.instances[0].mask(c.build_T)
-    for kw in (dict(), dict(keys=True), dict(pairs=True)):
+    for kw in (dict(), dict(keys=True), dict(pairs=True), dict(wg=True)):
         add((KEYS_KERNEL if kw.get("keys") else PAIRS_KERNEL if kw.get("pairs") else KERNEL,
              kernel_defines(128, "bfloat16", first, replace(evict, BN=32) if kw.get("pairs") else evict, **kw)))
     # a residue class's keys (CLASSES=1) for the strided instances, both kernels

@@ -69,9 +69,10 @@ class DecodeConfig:
     (``for_list``).
     EVICT 1: K and V loaded with L2's evict-first policy (each key is read once a launch; a launch that streams more
     than L2 holds then replaces its own lines, not the ones L2 held before it); 0: plain loads; 2: the first where the
-    launch's K and V bytes are at most EVICT_L2 times the device's L2 (``evict_for``), else the second. Never on the
-    rows kernel's warpgroup-MMA build (WG, sm_90a), whose hinted loads stopped on an H200 with an illegal instruction
-    (docs/PERF.md "decode: K and V under L2's evict-first policy")."""
+    launch's K and V bytes are at most EVICT_L2 times the device's L2 (``evict_for``), else the second. On every
+    decode kernel, the rows kernel's warpgroup-MMA build (WG, sm_90a) included, whose tile loads hide their shared
+    address from ptxas there (kernels/tc/mainloop_sync.cuh's tc_load_tile; docs/PERF.md "decode: evict-first on the
+    warpgroup build")."""
     NWARPS: int = 4
     BN: int = 64
     STAGES: int = 3
@@ -318,8 +319,8 @@ def kernel_defines(D: int, dtype: str, mask: Mask, cfg: DecodeConfig = DEFAULT, 
             d.update(KWG=cfg.kwg, BN=cfg.BN // cfg.kwg)
     elif cfg.kwg > 1 and not keys and not pairs:
         raise ValueError(f"KWG={cfg.kwg} is the rows kernel's on warpgroup MMA (WG=1, sm_90)")
-    if cfg.EVICT == 1 and not wg:  # (2: not yet decided, ``evict_for``; the rows kernel's sm_90a build faulted with
-        d["KV_EVICT"] = 1          # the hinted loads, an illegal instruction, so it keeps plain ones)
+    if cfg.EVICT == 1:  # (2: not yet decided, ``evict_for``)
+        d["KV_EVICT"] = 1
     return dict(d, AB_F16=int(dtype == "float16"), **pattern_defines(mask))
 
 

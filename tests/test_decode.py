@@ -818,7 +818,7 @@ def test_evict_first_loads_k_and_v_with_an_l2_policy_and_nothing_else(kernel, kw
     """EVICT=1 compiles KV_EVICT into the decode kernels on mma.sync: their K and V copies carry createpolicy's
     evict-first policy (cp.async with an L2 cache hint), Q's copies and the merge stay plain, and nothing spills;
     EVICT=0 and the default's 2 (not yet decided for a launch) have no cache hint anywhere, and neither has the
-    forward, which shares the loader, nor the rows kernel's warpgroup-MMA build, which keeps plain loads."""
+    forward, which shares the loader."""
     from attnbench import compile as kc
     from attnbench import fwd_config
 
@@ -837,10 +837,33 @@ def test_evict_first_loads_k_and_v_with_an_l2_policy_and_nothing_else(kernel, kw
     assert "cache_hint" not in kc.ptx("fast_tc", fwd, "sm_80")
     for r in compile_only(kernel, on, arch):
         assert (r.spill_stores, r.spill_loads) == (0, 0), r
-    wg = kernel_defines(128, "bfloat16", m, parse_decode_config("EVICT=1").apply(), wg=True)
-    assert "KV_EVICT" not in wg and "cache_hint" not in kc.ptx(KERNEL, wg, "sm_90a")
     with pytest.raises(BadInput, match="EVICT"):
         parse_decode_config("EVICT=3")
+
+
+@pytest.mark.parametrize("kwg", (1, 2))
+def test_the_warpgroup_build_takes_evict_first_with_its_k_and_v_addresses_through_a_shuffle(kwg):
+    """The rows kernel's warpgroup-MMA build (sm_90a) with EVICT=1: K and V copies hinted, Q's plain, no spill, and
+    each hinted tile load's shared address passed through a warp shuffle (without it ptxas named the policy's
+    descriptor by an odd uniform register, desc[UR5], and the build stopped with an illegal instruction); the
+    plain build has neither hint nor that shuffle."""
+    from attnbench import compile as kc
+
+    m = make_mask("window", 4096, True, window=1024)
+    text = "EVICT=1" + (",NWARPS=8,KWG=2,BN=128" if kwg == 2 else "")
+    on = kernel_defines(128, "bfloat16", m, parse_decode_config(text).apply(), wg=True)
+    off = kernel_defines(128, "bfloat16", m, parse_decode_config(text.replace("EVICT=1", "EVICT=0")).apply(), wg=True)
+    assert on["KV_EVICT"] == 1 and on["WG"] == 1 and "KV_EVICT" not in off
+    ptx_on, ptx_off = kc.ptx(KERNEL, on, "sm_90a"), kc.ptx(KERNEL, off, "sm_90a")
+    hinted = [ln for ln in ptx_on.splitlines() if "cp.async.cg.shared.global.L2::cache_hint" in ln]
+    plain = [ln for ln in ptx_on.splitlines() if "cp.async.cg.shared.global" in ln and "cache_hint" not in ln]
+    assert hinted and plain and "cache_hint" not in ptx_off
+    shuffles = ptx_on.count("shfl.sync.idx.b32") - ptx_off.count("shfl.sync.idx.b32")
+    assert shuffles > 0 and len(hinted) % shuffles == 0, (shuffles, len(hinted))  # a shuffle a hinted tile load
+    for r in compile_only(KERNEL, on, "sm_90a"):
+        assert (r.spill_stores, r.spill_loads) == (0, 0), r
+
+
 
 
 def test_evict_is_decided_by_the_bytes_a_launch_reads_against_l2():

@@ -126,7 +126,9 @@ __device__ __forceinline__ void tc_load_tile(u32 dst, const u16* __restrict__ sr
     static_assert(THREADS % CH == 0 && RSTEP % 8 == 0 && ROWS % RSTEP == 0,
                   "a tile's chunks must divide evenly among the threads, 8 rows apart");
     const int r0 = threadIdx.x / CH, c = threadIdx.x % CH;
-    const u32 d0 = dst + Layout::template swz<ROWS>(r0, c);
+    u32 d0 = dst + Layout::template swz<ROWS>(r0, c);
+    if (EVF && WG)  // ptxas would otherwise share a uniform register between d0's uniform part and the policy,
+        d0 = __shfl_sync(0xffffffffu, d0, threadIdx.x & 31);  // naming it desc[UR5]: an illegal instruction
     const u16* g0 = src + (size_t)tc_seq_row(row0 + r0) * (RS * HEAD_D) + c * 8;  // (tc/rows.cuh)
     const unsigned long long policy = EVF ? tc_evict_first_policy() : 0ull;  // EVF: K and V under KV_EVICT's policy
 #pragma unroll
