@@ -103,7 +103,8 @@ class DecodeConfig:
     #               docs/PERF.md "decode v10"): bigbird 0.96, dilated 0.95, streaming 4+1024 0.95, window 4096 0.96,
     #               streaming 16+64 (about 100 keys) 1.14; B=1 1.01-1.13, B=64 1.03-1.53
     EVICT: int = 2  # H200, Tq=1, one process (results/decode-evict-shapes-h200.csv): 101-134 MB of K and V 0.91-0.95,
-    #                 17 MB 0.97-1.01, 277 MB 1.01-1.02, 1 GB 1.01-1.05
+    #                 17 MB 0.97-1.01, 277 MB 1.01-1.02, 1 GB 1.01-1.05; H100, Tq=16 on the warpgroup build
+    #                 (results/decode-evict-wg-shapes-h100.csv): 117-137 MB 0.93-0.95, 289 MB 0.98-0.99, 1 GB 1.01-1.04
 
     @property
     def rows(self) -> int:
