@@ -812,6 +812,12 @@ def test_the_rows_kernel_says_whether_it_ran_on_warpgroup_mma(text):
 
 
 # ---- EVICT: K and V under L2's evict-first policy ----------------------------------------------------------
+def _copies(ptx: str) -> tuple[list[str], list[str]]:
+    """A PTX's cp.async copies to shared memory: (those with an L2 cache hint, those without)."""
+    copies = [ln for ln in ptx.splitlines() if "cp.async.cg.shared.global" in ln]
+    return [ln for ln in copies if "cache_hint" in ln], [ln for ln in copies if "cache_hint" not in ln]
+
+
 @pytest.mark.parametrize("kernel, kw, arch", [(KERNEL, {}, "sm_80"), (KERNEL, {}, "sm_90"),
                                               (KEYS_KERNEL, dict(keys=True), "sm_90"), ("decode_pairs", dict(pairs=True), "sm_80")])
 def test_evict_first_loads_k_and_v_with_an_l2_policy_and_nothing_else(kernel, kw, arch):
@@ -827,8 +833,7 @@ def test_evict_first_loads_k_and_v_with_an_l2_policy_and_nothing_else(kernel, kw
     off = kernel_defines(128, "bfloat16", m, DEFAULT, **kw)
     assert on["KV_EVICT"] == 1 and "KV_EVICT" not in off and DEFAULT.EVICT == 2  # (2: decided by the runner)
     ptx_on, ptx_off = kc.ptx(kernel, on, arch), kc.ptx(kernel, off, arch)
-    hinted = [ln for ln in ptx_on.splitlines() if "cp.async.cg.shared.global.L2::cache_hint" in ln]
-    plain = [ln for ln in ptx_on.splitlines() if "cp.async.cg.shared.global" in ln and "cache_hint" not in ln]
+    hinted, plain = _copies(ptx_on)
     assert "createpolicy.fractional.L2::evict_first" in ptx_on and hinted and plain  # K and V hinted, Q plain
     assert "cache_hint" not in ptx_off and "createpolicy" not in ptx_off
     zero = kernel_defines(128, "bfloat16", m, parse_decode_config("EVICT=0").apply(), **kw)
@@ -855,15 +860,12 @@ def test_the_warpgroup_build_takes_evict_first_with_its_k_and_v_addresses_throug
     off = kernel_defines(128, "bfloat16", m, parse_decode_config(text.replace("EVICT=1", "EVICT=0")).apply(), wg=True)
     assert on["KV_EVICT"] == 1 and on["WG"] == 1 and "KV_EVICT" not in off
     ptx_on, ptx_off = kc.ptx(KERNEL, on, "sm_90a"), kc.ptx(KERNEL, off, "sm_90a")
-    hinted = [ln for ln in ptx_on.splitlines() if "cp.async.cg.shared.global.L2::cache_hint" in ln]
-    plain = [ln for ln in ptx_on.splitlines() if "cp.async.cg.shared.global" in ln and "cache_hint" not in ln]
+    hinted, plain = _copies(ptx_on)
     assert hinted and plain and "cache_hint" not in ptx_off
     shuffles = ptx_on.count("shfl.sync.idx.b32") - ptx_off.count("shfl.sync.idx.b32")
     assert shuffles > 0 and len(hinted) % shuffles == 0, (shuffles, len(hinted))  # a shuffle a hinted tile load
     for r in compile_only(KERNEL, on, "sm_90a"):
         assert (r.spill_stores, r.spill_loads) == (0, 0), r
-
-
 
 
 def test_evict_is_decided_by_the_bytes_a_launch_reads_against_l2():
