@@ -11,6 +11,9 @@ holds warp-stall samples it prints:
 - the shares by opcode (the predicate and modifiers after the first dot kept, e.g. WARPGROUP.DEPBAR.LE);
 - the waits on shared-memory barriers, by the address operand of each SYNCS...TRYWAIT, with the samples of the
   branch right after it that spins on its predicate;
+- the shares before, in and after the hot loop: the stretch of SASS (in address order) from the first to the last
+  instruction run at least half as often as the most-run one (the CSV's "Instructions Executed"; a kernel's main
+  loop over its tiles), so that the fixed cost of a short launch (its start, its merge) shows beside its loop;
 - the `top` instructions that hold the most samples, with their main reasons.
 """
 from __future__ import annotations
@@ -91,6 +94,24 @@ def barrier_waits(rows: list[dict]) -> dict[str, float]:
     return {k: v for k, v in agg.most_common() if v > 0}
 
 
+EXECUTED = "Instructions Executed"
+
+
+def regions(rows: list[dict]) -> tuple[dict[str, float], tuple[int, int, float]] | None:
+    """Samples before, in and after the hot loop ({"before": .., "loop": .., "after": ..}) and the loop's span (its
+    first and last instruction's index in ``rows`` and how many times the most-run instruction ran over the
+    launch's first instruction); None where the CSV gives no execution counts."""
+    ex = [_num(r.get(EXECUTED)) for r in rows]
+    top = max(ex, default=0)
+    if top <= 0:
+        return None
+    hot = [i for i, e in enumerate(ex) if e >= top / 2]
+    a, b = hot[0], hot[-1]
+    part = lambda rs: sum(_num(r.get(SAMPLES)) for r in rs)  # noqa: E731
+    shares = {"before": part(rows[:a]), "loop": part(rows[a:b + 1]), "after": part(rows[b + 1:])}
+    return shares, (a, b, top / ex[0] if ex[0] > 0 else float("nan"))
+
+
 def summary(name: str, rows: list[dict], top: int = 12) -> str | None:
     """The text for one launch; None where it holds no samples."""
     total = sum(_num(r.get(SAMPLES)) for r in rows)
@@ -105,6 +126,12 @@ def summary(name: str, rows: list[dict], top: int = 12) -> str | None:
     if waits:
         out.append("  shared-memory barrier waits (TRYWAIT and its spin), by address:")
         out += [f"    {k:36s} {pct(v)}" for k, v in waits.items()]
+    reg = regions(rows)
+    if reg:
+        shares, (a, b, times) = reg
+        out.append(f"  by region (the hot loop: instructions {a} to {b} of {len(rows)}, the most-run {times:.1f}x the "
+                   "first's count):")
+        out += [f"    {k:36s} {pct(v)}" for k, v in shares.items()]
     out.append(f"  the {top} instructions with the most samples:")
     for r in sorted(rows, key=lambda r: -_num(r.get(SAMPLES)))[:top]:
         why = sorted(((k[len("stall_"):], _num(v)) for k, v in r.items()

@@ -57,3 +57,23 @@ def test_the_command_line_prints_the_launches_with_samples_and_fails_without(tmp
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "sass_stalls.py"), str(path), "--kernel", "prep"],
                        capture_output=True, text=True)
     assert r.returncode == 1 and "no launch with warp-stall samples named prep" in r.stderr
+
+
+def test_it_splits_the_samples_before_in_and_after_the_hot_loop():
+    mod = script("sass_stalls")
+    hdr = ["Source", "Warp Stall Sampling (All Samples)", "Instructions Executed"]
+    # a prologue run once per warp (8), a loop of nine turns, a merge loop of two turns, a store
+    table = [("S2R R0, SR_TID.X", 3, 8), ("LDG.E R2, [R4]", 5, 8), ("DEPBAR.LE SB0, 0x1", 20, 72),
+             ("HGMMA.64x32x16.F32.BF16 R24, gdesc[UR8], RZ", 7, 72), ("@P0 BRA 0x40", 4, 64),
+             ("LDS R6, [R8]", 6, 16), ("FFMA R1, R2, R3, R1", 2, 16), ("STG.E [R4], R1", 3, 8)]
+    rows = [dict(zip(hdr, map(str, r))) for r in table]
+    shares, (a, b, times) = mod.regions(rows)
+    # the loop: from the first to the last instruction run at least half as often as the most-run one; the merge
+    # loop's two turns stay after it
+    assert (a, b, times) == (2, 4, 9.0)
+    assert shares == {"before": 8, "loop": 31, "after": 11}
+    text = mod.summary("k", rows)
+    assert "the hot loop: instructions 2 to 4 of 8" in text and " 62.0%" in text
+    # without execution counts there are no regions, and the summary goes on without them
+    bare = [{k: v for k, v in r.items() if k != "Instructions Executed"} for r in rows]
+    assert mod.regions(bare) is None and "by region" not in mod.summary("k", bare)
