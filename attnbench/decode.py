@@ -375,6 +375,12 @@ def standard_builds() -> list[tuple[str, dict]]:
     # the warpgroup build with its splits merged in a cluster of 8, and in the last split
     add((KERNEL, kernel_defines(128, "bfloat16", c.instances[0].mask(c.build_T), cluster=8, wg=True)))
     add((KERNEL, kernel_defines(128, "bfloat16", c.instances[0].mask(c.build_T), replace(DEFAULT, MERGE=1), wg=True)))
+    # the cluster's merge gathered (CMERGE=1) on the warpgroup builds (sm_90a only, as clusters are): clusters of 2
+    # (two warpgroups, B=8 Tq=16) and of 8 (tests/test_decode.py compiles the key slices' kernel's for sm_90)
+    cm = replace(DEFAULT, CMERGE=1)
+    add((KERNEL, kernel_defines(128, "bfloat16", c.instances[0].mask(c.build_T), replace(cm, NWARPS=8, KWG=2),
+                                cluster=2, wg=True)))
+    add((KERNEL, kernel_defines(128, "bfloat16", c.instances[0].mask(c.build_T), cm, cluster=8, wg=True)))
     # K and V evict-first (EVICT=1) on the kernels that take it, on the first instance
     evict = replace(DEFAULT, EVICT=1)
     first = c.instances[0].mask(c.build_T)

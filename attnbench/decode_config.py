@@ -72,7 +72,11 @@ class DecodeConfig:
     launch's K and V bytes are at most EVICT_L2 times the device's L2 (``evict_for``), else the second. On every
     decode kernel, the rows kernel's warpgroup-MMA build (WG, sm_90a) included, whose tile loads hide their shared
     address from ptxas there (kernels/tc/mainloop_sync.cuh's tc_load_tile; docs/PERF.md "decode: evict-first on the
-    warpgroup build")."""
+    warpgroup build").
+    CMERGE (where a pair's splits merge in their cluster) 1: each thread issues the reads of all its four-column pieces
+    (their log-sum-exps and float4s, through distributed shared memory) before it uses any, so it waits on one round
+    trip; 0: piece by piece, two round trips each (kernels/tc/decode_common.cuh's decode_cluster_merge). The same
+    sums in the same order, so the same bits."""
     NWARPS: int = 4
     BN: int = 64
     STAGES: int = 3
@@ -105,6 +109,7 @@ class DecodeConfig:
     EVICT: int = 2  # H200, Tq=1, one process (results/decode-evict-shapes-h200.csv): 101-134 MB of K and V 0.91-0.95,
     #                 17 MB 0.97-1.01, 277 MB 1.01-1.02, 1 GB 1.01-1.05; H100, Tq=16 on the warpgroup build
     #                 (results/decode-evict-wg-shapes-h100.csv): 117-137 MB 0.93-0.95, 289 MB 0.98-0.99, 1 GB 1.01-1.04
+    CMERGE: int = 0  # 1 is not yet measured: docs/PERF.md "decode v12: the cluster's merge gathered" (its prediction)
 
     @property
     def rows(self) -> int:
@@ -249,7 +254,7 @@ DECODE_LIMITS = {"NWARPS": (4, 16, 4), "BN": (16, 256, 16), "STAGES": (2, 8, 1),
                  "MERGE": (0, 1, 1), "BY_KEYS": (0, 2, 1), "ONE_PER_SM": (0, 1024, 1), "CLASSES": (0, 1, 1),
                  "BN_SHORT": (0, 256, 16), "PDL": (0, 1, 1), "CLUSTER": (0, 16, 1), "CLUSTER_TILES": (1, 4096, 1),
                  "CLUSTER_ROWS": (1, 4096, 1), "BY_PAIRS": (0, 2, 1), "HEADS": (0, 16, 1), "WG": (0, 1, 1),
-                 "KWG": (0, 2, 1), "EVICT": (0, 2, 1)}
+                 "KWG": (0, 2, 1), "EVICT": (0, 2, 1), "CMERGE": (0, 1, 1)}
 DEFAULT = DecodeConfig()
 LONG_BN = DEFAULT.BN
 # lists of at most this many keys (in 64-key tiles) take BN_SHORT-key tiles. H100, B 1 to 64, Tq 1 and 16, BN=32 /
@@ -310,6 +315,8 @@ def kernel_defines(D: int, dtype: str, mask: Mask, cfg: DecodeConfig = DEFAULT, 
         d["MERGE_LAST"] = cfg.MERGE
     if cluster > 1:
         d["CLUSTER"] = cluster
+        if cfg.CMERGE:
+            d["CMERGE"] = 1
     if heads > 1:
         d["HSPLIT"] = heads
     if wg:

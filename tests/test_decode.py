@@ -168,7 +168,7 @@ def test_the_gpu_check_step_sweeps_these_shapes():
     ("8,32,4", (("NWARPS", 8), ("BN", 32), ("STAGES", 4), ("MINB", 1), ("SPLITS", 0), ("BLOCKS_PER_SM", 0),
                 ("MIN_PER_SPLIT", 4), ("MERGE", 0), ("BY_KEYS", 2), ("ONE_PER_SM", 8), ("CLASSES", 1),
                 ("BN_SHORT", 32), ("PDL", 1), ("CLUSTER", 8), ("CLUSTER_TILES", 9), ("CLUSTER_ROWS", 64),
-                ("BY_PAIRS", 2), ("HEADS", 0), ("WG", 1), ("KWG", 0), ("EVICT", 2))),
+                ("BY_PAIRS", 2), ("HEADS", 0), ("WG", 1), ("KWG", 0), ("EVICT", 2), ("CMERGE", 0))),
     ("by_keys=0", (("BY_KEYS", 0),)),
 ])
 def test_a_decode_shape_parses_named_and_positional_forms(text, given):
@@ -183,7 +183,7 @@ def test_a_decode_shape_parses_named_and_positional_forms(text, given):
     ("SPLITS=-1", "SPLITS=-1 must be from 0 to 4096"),
     ("TMA=1", "unknown field 'TMA' (fields: NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, "
               "BY_KEYS, ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES, CLUSTER_ROWS, BY_PAIRS, HEADS, WG, "
-              "KWG, EVICT)"),
+              "KWG, EVICT, CMERGE)"),
     ("WG=2", "WG=2 must be 0 or 1"),
     ("CLUSTER=17", "CLUSTER=17 must be from 0 to 16"),
     ("CLUSTER_ROWS=0", "CLUSTER_ROWS=0 must be from 1 to 4096"),
@@ -474,13 +474,43 @@ def test_the_cluster_builds_compile_for_sm_90_without_spills(keys, D, cluster):
     assert "CLUSTER" not in kernel_defines(D, "bfloat16", mask, cfg, keys)  # the standard builds hold none
 
 
+@pytest.mark.parametrize("keys,cluster,kwg", [(False, 2, 2), (False, 8, 1), (True, 2, 1), (True, 3, 1)])
+def test_the_gathered_cluster_merge_reads_every_piece_before_its_first_store(keys, cluster, kwg):
+    """CMERGE=1: a thread's reads through the cluster window (each piece's CLUSTER log-sum-exps and float4s) all
+    come before its first output store, where the merge piece by piece (CMERGE=0) stores each piece before the
+    next one's reads; both build for sm_90 (sm_90a: the warpgroup build) without spills."""
+    import re
+
+    from attnbench.compile import ptx
+
+    mask = make_mask("streaming", 4096, True)
+    cfg = replace(DEFAULT_CFG, NWARPS=8, KWG=2) if kwg > 1 else replace(DEFAULT_CFG, BN=64 if keys else 32)
+    arch = "sm_90" if keys else "sm_90a"
+    threads, rows = 32 * cfg.NWARPS, 16 if keys else 64  # the partial's rows a split: decode_keys' m16, else BM
+    turns = -(-rows * 128 // 4 // (cluster * threads))  # a thread's four-column pieces, at most
+    reads = {}
+    for cm in (0, 1):
+        defines = kernel_defines(128, "bfloat16", mask, replace(cfg, CMERGE=cm), keys, cluster=cluster,
+                                 wg=not keys)
+        assert defines.get("CMERGE", 0) == cm
+        for r in compile_only(KEYS_KERNEL if keys else KERNEL, defines, arch):
+            assert 0 < r.registers <= 255 and (r.spill_stores, r.spill_loads) == (0, 0), r
+        text = ptx(KEYS_KERNEL if keys else KERNEL, defines, arch)
+        merge = text[text.index("barrier.cluster.wait"):]  # from the first cluster barrier's wait on
+        reads[cm] = len(re.findall(r"ld\.shared::cluster", merge[:merge.index("st.global")]))
+    assert reads[0] == 2 * cluster and reads[1] == 2 * cluster * turns, (reads, turns)
+    assert turns > 1  # (each case has more than one piece a thread, so the two differ)
+    assert "CMERGE" not in kernel_defines(128, "bfloat16", mask, replace(DEFAULT_CFG, CMERGE=1), keys)  # no cluster
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("by_keys,Tq,splits", [(2, 1, 4), (2, 1, 8), (0, 4, 3), (0, 1, 2), (2, 1, 16), (0, 16, 8),
                                                 (0, 16, 16)])
 def test_the_clusters_merge_matches_the_merge_launch_run_after_run(by_keys, Tq, splits):
     """CLUSTER=16 (the splits, up to 16 here, merge through distributed shared memory in their cluster, no
     merge launch) gives the bytes of the merge launch, run after run, ragged batch included, on both split
-    kernels, up to 64 rows a pair (CLUSTER_ROWS=64, Tq=16 against 4 query heads a key/value head)."""
+    kernels, up to 64 rows a pair (CLUSTER_ROWS=64, Tq=16 against 4 query heads a key/value head); so does
+    the cluster's merge with every piece's reads gathered (CMERGE=1)."""
     import cupy
 
     from attnbench.arrays import random_inputs
@@ -492,13 +522,15 @@ def test_the_clusters_merge_matches_the_merge_launch_run_after_run(by_keys, Tq, 
     q = random_inputs(prob.shape, prob.dtype, 7)[0]
     _, k, v = random_inputs(prob.kv_shape, prob.dtype, 8)
     outs = {}
-    for cluster in (0, 16):
-        spec = parse_decode_config(f"SPLITS={splits},BY_KEYS={by_keys},CLUSTER={cluster},CLUSTER_ROWS=64")
+    for cluster, cmerge in ((0, 0), (16, 0), (16, 1)):
+        spec = parse_decode_config(f"SPLITS={splits},BY_KEYS={by_keys},CLUSTER={cluster},CLUSTER_ROWS=64,"
+                                   f"CMERGE={cmerge}")
         runner = IMPL.decode_variant(spec).prepare(prob, q, k, v)
         assert runner.setup["cluster"] == (splits if cluster else 1), runner.setup
         assert runner.setup["splits"] == splits
-        outs[cluster] = _bytes_run_after_run(runner)
-    _all_equal(outs[0], outs[16])
+        outs[cluster, cmerge] = _bytes_run_after_run(runner)
+    _all_equal(outs[0, 0], outs[16, 0])
+    _all_equal(outs[0, 0], outs[16, 1])  # CMERGE=1: the cluster's merge gathered, the same sums, the same bytes
 
 
 # ---- CLASSES=1: a strided pattern's one query reads its residue class only ---------------------------

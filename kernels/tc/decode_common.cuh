@@ -216,13 +216,11 @@ __device__ __forceinline__ float4 decode_dsmem_f32x4(u32 addr, int rank) {
 // part_o [DEC_ROWS][HEAD_D] (16-byte aligned) and their log-sum-exps (base 2) in part_l [DEC_ROWS], both in
 // its shared memory at the same offsets as every other block of the cluster. After the cluster's barrier,
 // block k (blockIdx.x, its rank) merges the output's four-column pieces k * THREADS + tid, stepping
-// CLUSTER * THREADS: the piece's row's CLUSTER log-sum-exps, then its CLUSTER float4s, all read through
-// distributed shared memory before any is used, so a piece waits on two round trips, whatever its row.
-// The sums are decode_merge's, in split order (so both give the same bits). A second barrier, relaxed (its
-// arrive waits for none of the output's stores), keeps every block's shared memory alive until the others
-// have read it.
-__device__ __forceinline__ void decode_cluster_merge(const float* part_o, const float* part_l, int rows, u16* og) {
-    decode_cluster_sync();
+// CLUSTER * THREADS: the piece's row's CLUSTER log-sum-exps, then its CLUSTER float4s, read through distributed
+// shared memory (ptxas issues the float4s' reads after the row's largest log-sum-exp, behind the branch on it: a
+// piece waits on two round trips, and the next piece's reads come after this one's store).
+// The sums are decode_merge's, in split order (so both give the same bits).
+__device__ __forceinline__ void decode_cluster_merge_turns(const float* part_o, const float* part_l, int rows, u16* og) {
     constexpr int PIECES = HEAD_D / 4;  // a row's four-column pieces
     const u32 o_at = tc_smem_addr(part_o), l_at = tc_smem_addr(part_l);
     for (int e = blockIdx.x * THREADS + threadIdx.x; e < rows * PIECES; e += CLUSTER * THREADS) {
@@ -254,6 +252,67 @@ __device__ __forceinline__ void decode_cluster_merge(const float* part_o, const 
             make_uint2(tc_pack(any ? num.x / den : 0.f, any ? num.y / den : 0.f),
                        tc_pack(any ? num.z / den : 0.f, any ? num.w / den : 0.f));
     }
+}
+// CMERGE 1: the same pieces, sums and bits, but a thread issues the reads of all its pieces (at most TURNS) before
+// it uses any, with no branch between them: decode_cluster_merge_turns' pieces each wait on their log-sum-exps,
+// then on their float4s (ptxas places the float4s' reads after the row's largest log-sum-exp), one piece after
+// another; here the thread waits on one round trip for all of them. A piece's sums need no branch on the row's
+// largest log-sum-exp: where it is -inf every weight is 0, so the sums are 0 and the piece 0, as there.
+#ifndef CMERGE
+#define CMERGE 0
+#endif
+__device__ __forceinline__ void decode_cluster_merge_gathered(const float* part_o, const float* part_l, int rows,
+                                                              u16* og) {
+    constexpr int PIECES = HEAD_D / 4, STEP = CLUSTER * THREADS;
+    constexpr int TURNS = (DEC_ROWS * PIECES + STEP - 1) / STEP;  // a thread's pieces, at most
+    const u32 o_at = tc_smem_addr(part_o), l_at = tc_smem_addr(part_l);
+    const int first = blockIdx.x * THREADS + threadIdx.x, n = rows * PIECES;
+    float lse[TURNS][CLUSTER];
+    float4 v[TURNS][CLUSTER];
+#pragma unroll
+    for (int t = 0; t < TURNS; ++t) {
+        const int e = first + t * STEP;
+        if (e < n) {
+#pragma unroll
+            for (int s = 0; s < CLUSTER; ++s) lse[t][s] = decode_dsmem_f32(l_at + 4u * (e / PIECES), s);
+#pragma unroll
+            for (int s = 0; s < CLUSTER; ++s) v[t][s] = decode_dsmem_f32x4(o_at + 16u * e, s);
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < TURNS; ++t) {
+        const int e = first + t * STEP;
+        if (e >= n) break;
+        float mx = AB_NEG_INF;
+#pragma unroll
+        for (int s = 0; s < CLUSTER; ++s) mx = fmaxf(mx, lse[t][s]);
+        float4 num = make_float4(0.f, 0.f, 0.f, 0.f);
+        float den = 0.f;
+#pragma unroll
+        for (int s = 0; s < CLUSTER; ++s) {
+            const float wgt = lse[t][s] == AB_NEG_INF ? 0.f : tc_exp2(lse[t][s] - mx);
+            num.x += wgt * v[t][s].x;
+            num.y += wgt * v[t][s].y;
+            num.z += wgt * v[t][s].z;
+            num.w += wgt * v[t][s].w;
+            den += wgt;
+        }
+        const bool any = den > 0.f;
+        *reinterpret_cast<uint2*>(og + 4 * (size_t)e) =
+            make_uint2(tc_pack(any ? num.x / den : 0.f, any ? num.y / den : 0.f),
+                       tc_pack(any ? num.z / den : 0.f, any ? num.w / den : 0.f));
+    }
+}
+// The cluster's merge: the barrier, the pieces (CMERGE: gathered or in turn), then a second barrier, relaxed (its
+// arrive waits for none of the output's stores), which keeps every block's shared memory alive until the others
+// have read it.
+__device__ __forceinline__ void decode_cluster_merge(const float* part_o, const float* part_l, int rows, u16* og) {
+    decode_cluster_sync();
+#if CMERGE
+    decode_cluster_merge_gathered(part_o, part_l, rows, og);
+#else
+    decode_cluster_merge_turns(part_o, part_l, rows, og);
+#endif
     decode_cluster_sync_relaxed();
 }
 #endif
