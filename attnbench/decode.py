@@ -376,7 +376,7 @@ def standard_builds() -> list[tuple[str, dict]]:
     add((KERNEL, kernel_defines(128, "bfloat16", c.instances[0].mask(c.build_T), cluster=8, wg=True)))
     add((KERNEL, kernel_defines(128, "bfloat16", c.instances[0].mask(c.build_T), replace(DEFAULT, MERGE=1), wg=True)))
     # the cluster's merge gathered (CMERGE=1) on the warpgroup builds (sm_90a only, as clusters are): clusters of 2
-    # (two warpgroups, B=8 Tq=16) and of 8 (tests/test_decode.py compiles the key slices' kernel's for sm_90)
+    # (two warpgroups, B=8 Tq=16) and of 8; the key slices' kernel's, sm_90 only, compile in tests/test_decode.py
     cm = replace(DEFAULT, CMERGE=1)
     add((KERNEL, kernel_defines(128, "bfloat16", c.instances[0].mask(c.build_T), replace(cm, NWARPS=8, KWG=2),
                                 cluster=2, wg=True)))
