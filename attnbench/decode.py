@@ -247,8 +247,9 @@ class FastDecode(Impl):
         smem = cfg.smem_bytes(prob.D, keys)
 
         def kernels(cluster: int = 1):
-            mod = get_module(setup["kernel"], kernel_defines(prob.D, prob.dtype, mask, cfg, keys, stride, cluster,
-                                                             heads=heads, wg=wg), WG_ARCH if wg else None)
+            mod = get_module(setup["kernel"], kernel_defines(prob.D, prob.dtype, mask,
+                                                             cfg.cmerge_for(rows, cluster, prob.D), keys, stride,
+                                                             cluster, heads=heads, wg=wg), WG_ARCH if wg else None)
             split = mod.get_function(KEYS_SPLIT if keys else SPLIT)
             if smem > 48 * 1024:
                 split.max_dynamic_shared_size_bytes = smem
@@ -295,6 +296,7 @@ class FastDecode(Impl):
         else:
             cluster = 1
         setup["cluster"] = cluster
+        setup["decode_config"] = cfg.cmerge_for(rows, cluster, prob.D).spec  # (CMERGE decided by the cluster)
         setup["splits"] = splits
         heads_d = cupy.asarray(np.stack([firsts, counts], axis=1).astype(np.int32))  # each list's (first, count)
         list_of = cupy.asarray(np.array([order.index(t) for t in lens], np.int32))

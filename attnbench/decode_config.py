@@ -75,8 +75,9 @@ class DecodeConfig:
     warpgroup build").
     CMERGE (where a pair's splits merge in their cluster) 1: each thread issues the reads of all its four-column pieces
     (their log-sum-exps and float4s, through distributed shared memory) before it uses any, so it waits on one round
-    trip; 0: piece by piece, two round trips each (kernels/tc/decode_common.cuh's decode_cluster_merge). The same
-    sums in the same order, so the same bits."""
+    trip; 0: piece by piece, two round trips each (kernels/tc/decode_common.cuh's decode_cluster_merge); 2: the first
+    where the pair's rows give a thread of the cluster more than one piece, else the second (``cmerge_for``). The
+    same sums in the same order, so the same bits."""
     NWARPS: int = 4
     BN: int = 64
     STAGES: int = 3
@@ -109,7 +110,9 @@ class DecodeConfig:
     EVICT: int = 2  # H200, Tq=1, one process (results/decode-evict-shapes-h200.csv): 101-134 MB of K and V 0.91-0.95,
     #                 17 MB 0.97-1.01, 277 MB 1.01-1.02, 1 GB 1.01-1.05; H100, Tq=16 on the warpgroup build
     #                 (results/decode-evict-wg-shapes-h100.csv): 117-137 MB 0.93-0.95, 289 MB 0.98-0.99, 1 GB 1.01-1.04
-    CMERGE: int = 0  # 1 is not yet measured: docs/PERF.md "decode v12: the cluster's merge gathered" (its prediction)
+    CMERGE: int = 2  # H100, T=32768, 1 / 0 with both in each position (results/decode-cmerge-shapes-h100.csv, docs/PERF.md
+    #                  "decode v12"): B=8 Tq=16 in a cluster of 2 0.96-1.00, B=1 Tq=16 0.98-1.00; one piece a thread
+    #                  (Tq=1) 0.98-1.02, so there the pieces stay in turn
 
     @property
     def rows(self) -> int:
@@ -217,6 +220,15 @@ class DecodeConfig:
             return self
         return replace(self, EVICT=int(heads == 1 and kv_bytes <= EVICT_L2 * l2_bytes))
 
+    def cmerge_for(self, rows: int, cluster: int, D: int) -> "DecodeConfig":
+        """The shape with CMERGE decided for a pair of ``rows`` query rows at head dimension D whose splits merge in
+        a cluster of ``cluster`` blocks: CMERGE 2 becomes 1 where the rows' four-column pieces outnumber the
+        cluster's threads (a thread takes more than one, so gathering their reads saves round trips), else 0 (the
+        merge launch's builds, ``cluster`` 1, hold no cluster merge); 0 and 1 stay."""
+        if self.CMERGE != 2:
+            return self
+        return replace(self, CMERGE=int(cluster > 1 and rows * D // 4 > cluster * self.threads))
+
     def few_pairs(self, pairs: int, sms: int) -> bool:
         """Whether ``pairs`` (sequence, key/value head) pairs are few on ``sms`` multiprocessors: ONE_PER_SM set and
         at least that many SMs for each (one block per SM instead of the wave's; HEADS 0's groups dealt out)."""
@@ -254,7 +266,7 @@ DECODE_LIMITS = {"NWARPS": (4, 16, 4), "BN": (16, 256, 16), "STAGES": (2, 8, 1),
                  "MERGE": (0, 1, 1), "BY_KEYS": (0, 2, 1), "ONE_PER_SM": (0, 1024, 1), "CLASSES": (0, 1, 1),
                  "BN_SHORT": (0, 256, 16), "PDL": (0, 1, 1), "CLUSTER": (0, 16, 1), "CLUSTER_TILES": (1, 4096, 1),
                  "CLUSTER_ROWS": (1, 4096, 1), "BY_PAIRS": (0, 2, 1), "HEADS": (0, 16, 1), "WG": (0, 1, 1),
-                 "KWG": (0, 2, 1), "EVICT": (0, 2, 1), "CMERGE": (0, 1, 1)}
+                 "KWG": (0, 2, 1), "EVICT": (0, 2, 1), "CMERGE": (0, 2, 1)}
 DEFAULT = DecodeConfig()
 LONG_BN = DEFAULT.BN
 # lists of at most this many keys (in 64-key tiles) take BN_SHORT-key tiles. H100, B 1 to 64, Tq 1 and 16, BN=32 /
@@ -294,8 +306,9 @@ class DecodeSpec:
 
 def parse_decode_config(text: str, option: str = "--decode-config") -> DecodeSpec:
     """'FIELD=N,...' of NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, BY_KEYS,
-    ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES, CLUSTER_ROWS, BY_PAIRS, HEADS, WG, KWG, EVICT (any case;
-    the others at their defaults) or all by position from NWARPS,BN,STAGES; BadInput naming ``option`` and the limit."""
+    ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES, CLUSTER_ROWS, BY_PAIRS, HEADS, WG, KWG, EVICT,
+    CMERGE (any case; the others at their defaults) or all by position from NWARPS,BN,STAGES; BadInput naming
+    ``option`` and the limit."""
     given = parse_fields(text, option, DecodeConfig, DECODE_LIMITS, min_positional=3)
     return DecodeSpec(tuple((f, given[f]) for f in DECODE_FIELDS if f in given))
 
@@ -315,7 +328,7 @@ def kernel_defines(D: int, dtype: str, mask: Mask, cfg: DecodeConfig = DEFAULT, 
         d["MERGE_LAST"] = cfg.MERGE
     if cluster > 1:
         d["CLUSTER"] = cluster
-        if cfg.CMERGE:
+        if cfg.CMERGE == 1:  # (2: not yet decided, ``cmerge_for``)
             d["CMERGE"] = 1
     if heads > 1:
         d["HSPLIT"] = heads

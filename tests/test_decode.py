@@ -168,7 +168,7 @@ def test_the_gpu_check_step_sweeps_these_shapes():
     ("8,32,4", (("NWARPS", 8), ("BN", 32), ("STAGES", 4), ("MINB", 1), ("SPLITS", 0), ("BLOCKS_PER_SM", 0),
                 ("MIN_PER_SPLIT", 4), ("MERGE", 0), ("BY_KEYS", 2), ("ONE_PER_SM", 8), ("CLASSES", 1),
                 ("BN_SHORT", 32), ("PDL", 1), ("CLUSTER", 8), ("CLUSTER_TILES", 9), ("CLUSTER_ROWS", 64),
-                ("BY_PAIRS", 2), ("HEADS", 0), ("WG", 1), ("KWG", 0), ("EVICT", 2), ("CMERGE", 0))),
+                ("BY_PAIRS", 2), ("HEADS", 0), ("WG", 1), ("KWG", 0), ("EVICT", 2), ("CMERGE", 2))),
     ("by_keys=0", (("BY_KEYS", 0),)),
 ])
 def test_a_decode_shape_parses_named_and_positional_forms(text, given):
@@ -191,6 +191,7 @@ def test_a_decode_shape_parses_named_and_positional_forms(text, given):
     ("BY_KEYS=3", "BY_KEYS=3 must be from 0 to 2"),
     ("SPLITS=4,SPLITS=8", "SPLITS given twice"),
     ("HEADS=17", "HEADS=17 must be from 0 to 16"),
+    ("CMERGE=3", "CMERGE=3 must be from 0 to 2"),
 ])
 def test_bad_decode_shapes_name_the_option_and_the_limit(text, words):
     with pytest.raises(BadInput) as e:
@@ -911,6 +912,38 @@ def test_evict_is_decided_by_the_bytes_a_launch_reads_against_l2():
     for given in (0, 1):
         cfg = parse_decode_config(f"EVICT={given}").apply()
         assert cfg.evict_for(1 << 20, l2).EVICT == given and cfg.evict_for(1 << 40, l2).EVICT == given
+
+
+def test_the_cluster_merge_is_gathered_where_a_thread_takes_more_than_one_piece():
+    """CMERGE 2 (the default): gathered (1) where the pair's rows x D / 4 four-column pieces outnumber the cluster's
+    threads, in turn (0) where each thread takes at most one or there is no cluster; 0 and 1 as given; only 1 adds
+    the -D."""
+    two = replace(DEFAULT, NWARPS=8, KWG=2)  # B=8, Tq=16: 64 rows, 256 threads, a cluster of 2
+    assert two.cmerge_for(64, 2, 128).CMERGE == 1 and two.cmerge_for(64, 8, 128).CMERGE == 0  # 2048 / 512, / 2048
+    assert DEFAULT.cmerge_for(64, 8, 128).CMERGE == 1  # B=1, Tq=16: 2048 pieces over 8 x 128 threads
+    assert DEFAULT.cmerge_for(4, 8, 128).CMERGE == 0 and DEFAULT.cmerge_for(16, 4, 128).CMERGE == 0  # Tq=1
+    assert DEFAULT.cmerge_for(64, 1, 128).CMERGE == 0  # no cluster: the merge launch
+    assert DEFAULT.cmerge_for(16, 2, 64).CMERGE == 0 and DEFAULT.cmerge_for(17, 2, 64).CMERGE == 1  # 256 / 256, 272
+    for given in (0, 1):
+        cfg = parse_decode_config(f"CMERGE={given}").apply()
+        assert cfg.cmerge_for(64, 2, 128).CMERGE == given and cfg.cmerge_for(4, 8, 128).CMERGE == given
+    mask = make_mask("streaming", 4096, True)
+    assert "CMERGE" not in kernel_defines(128, "bfloat16", mask, DEFAULT, cluster=8, wg=True)  # (2: undecided)
+    assert kernel_defines(128, "bfloat16", mask, DEFAULT.cmerge_for(64, 8, 128), cluster=8, wg=True)["CMERGE"] == 1
+
+
+@pytest.mark.gpu
+def test_the_runner_gathers_the_cluster_merge_where_a_thread_takes_several_pieces():
+    """The default runner's shape (its row's decode_config) at T=32768, window 4096: CMERGE=1 where 16 queries of 4
+    heads (64 rows) merge in a cluster, 0 for one query (4 rows), on sm_90 where clusters run."""
+    import cupy
+
+    if int(cupy.cuda.Device().compute_capability) < 90:
+        pytest.skip("clusters: sm_90 and later")
+    for B, Tq, want in ((1, 16, 1), (8, 16, 1), (1, 1, 0)):
+        prob = Problem(make_mask("window", 32768, True, window=4096), B, 32, 128, "bfloat16", H_kv=8, Tq=Tq)
+        setup = IMPL.prepare(prob, *_gate_inputs(prob)).setup
+        assert setup["cluster"] > 1 and f",CMERGE={want}" in setup["decode_config"], setup
 
 
 @pytest.mark.gpu
