@@ -70,7 +70,10 @@ def time_interleaved(runs: dict[str, Callable[[], None]], sample: Callable[[Call
     """Time several launches of the same configuration against each other.
 
     Each name gets ``warmup`` untimed calls, then rounds: one sample of every name still
-    unsettled per round, so drifts of the machine land on all of them alike. A name
+    unsettled per round, so drifts of the machine land on all of them alike. Each round starts
+    one name later than the last, so every name takes every place in a round (and follows every
+    other name) about as often: a fixed order gave identical builds of a decode kernel a place
+    effect of several percent, the same run after run (docs/PERF.md "decode v12"). A name
     settles at ``min_samples`` samples with a relative spread <= ``target_spread``, or at
     ``max_samples``; once ``budget_s`` seconds of sampling have passed, the loop stops as
     soon as every name has ``min_samples``. An exception from one name ends that name
@@ -92,9 +95,12 @@ def time_interleaved(runs: dict[str, Callable[[], None]], sample: Callable[[Call
             out[name] = e
     start = clock()
     active = list(taken)
+    rnd = 0
     while active:
         over = clock() - start > budget_s
-        for name in list(active):
+        turn = rnd % len(active)  # each round starts one name later
+        rnd += 1
+        for name in active[turn:] + active[:turn]:
             s = taken[name]
             if len(s) >= max_samples or settled(s, min_samples, target_spread) or (over and len(s) >= min_samples):
                 active.remove(name)

@@ -326,8 +326,36 @@ def test_timing_interleaves_and_stops_once_settled():
         pass
 
     out = time_interleaved({"a": a, "b": b}, sample, min_samples=5, warmup=0, clock=clock)
-    assert order[:6] == ["a", "b", "a", "b", "a", "b"]
+    assert order[:6] == ["a", "b", "b", "a", "a", "b"]  # one sample each a round, each round one name later
     assert out["a"] == Timing(2.0, 2.0, 2.0, 5) and out["b"].samples == 5
+
+
+def test_every_name_takes_every_place_in_a_round_alike():
+    """With a fixed count of samples, each of three names is sampled first, second and third in a round equally
+    often, and follows each other name equally often."""
+    from collections import Counter
+
+    order = []
+
+    def sample(fn):
+        order.append(fn.__name__)
+        return 1.0
+
+    def a():
+        pass
+
+    def b():
+        pass
+
+    def c():
+        pass
+
+    time_interleaved({"a": a, "b": b, "c": c}, sample, samples=9, warmup=0)
+    assert len(order) == 27
+    places = Counter((name, i % 3) for i, name in enumerate(order))
+    assert set(places.values()) == {3} and len(places) == 9
+    follows = Counter(zip(order, order[1:]))
+    assert all(follows[x, y] >= 2 for x in "abc" for y in "abc" if x != y), follows
 
 
 def test_timing_takes_more_samples_while_noisy_until_the_budget():
