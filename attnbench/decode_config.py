@@ -110,9 +110,9 @@ class DecodeConfig:
     EVICT: int = 2  # H200, Tq=1, one process (results/decode-evict-shapes-h200.csv): 101-134 MB of K and V 0.91-0.95,
     #                 17 MB 0.97-1.01, 277 MB 1.01-1.02, 1 GB 1.01-1.05; H100, Tq=16 on the warpgroup build
     #                 (results/decode-evict-wg-shapes-h100.csv): 117-137 MB 0.93-0.95, 289 MB 0.98-0.99, 1 GB 1.01-1.04
-    CMERGE: int = 2  # H100, T=32768, 1 / 0 with both in each position (results/decode-cmerge-shapes-h100.csv, docs/PERF.md
-    #                  "decode v12"): B=8 Tq=16 in a cluster of 2 0.96-1.00, B=1 Tq=16 0.98-1.00; one piece a thread
-    #                  (Tq=1) 0.98-1.02, so there the pieces stay in turn
+    CMERGE: int = 2  # H100, T=32768, 1 / 0 with both in each place (results/decode-cmerge-shapes-h100.csv,
+    #                  docs/PERF.md "decode v12"): B=8 Tq=16 in a cluster of 2 0.95-1.00, B=1 Tq=16 0.97-1.01; one
+    #                  piece a thread (Tq=1) 0.98-1.03, so there the pieces stay in turn
 
     @property
     def rows(self) -> int:

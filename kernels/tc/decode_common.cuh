@@ -260,8 +260,8 @@ __device__ __forceinline__ void decode_cluster_merge_turns(const float* part_o, 
 // largest log-sum-exp: where it is -inf every weight is 0, so the sums are 0 and the piece 0, as there. Its sums
 // and store are written out again, not shared with decode_cluster_merge_turns: a shared helper changed that merge's
 // SASS (not only its PTX). Both stay: the host (DecodeConfig.cmerge_for) gathers where a thread takes more than one
-// piece (Tq=16: 0.96-1.00 of the time on an H100), and keeps the pieces in turn where it takes one (Tq=1, where
-// gathering measured 0.98-1.02: docs/PERF.md "decode v12").
+// piece (Tq=16: 0.95-1.01 of the time on an H100), and keeps the pieces in turn where it takes one (Tq=1, where
+// gathering measured 0.98-1.03: docs/PERF.md "decode v12").
 #ifndef CMERGE
 #define CMERGE 0
 #endif
