@@ -98,8 +98,8 @@ def test_fast_decode_is_sanitizer_clean(tool, tq, shape):
     warps of four idle), and a group's heads dealt to blocks of their own (the kernels' HSPLIT: by default on the
     short lists at Tq=16, whose 4 pairs are few; HEADS=4 on every list, HEADS=2 with the merge launch). On sm_90
     the rows kernel (Tq=16's 64 rows) runs on warpgroup MMA by default, and on mma.sync with WG=0; KWG=2 puts two
-    warpgroups on those rows, each on half of every tile (sm_90 only), with the cluster's merge and the launch's; CMERGE=1
-    gathers each thread's reads of the cluster's partials before it uses any."""
+    warpgroups on those rows, each on half of every tile (sm_90 only), with the cluster's merge and the launch's;
+    CMERGE=1 gathers each thread's reads of the cluster's partials before it uses any."""
     # CuPy's own kernels left out: the tile classification's flatnonzero (classify.py) runs CuPy's scan, whose
     # racecheck warnings are its own
     cmd = ["compute-sanitizer", "--tool", tool, "--error-exitcode", "17", "--kernel-name-exclude", "kns=cupy_",
