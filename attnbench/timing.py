@@ -293,7 +293,7 @@ def measure_peaks(matmul_n: int = 8192, f32_n: int = 4096, copy_bytes: int = 1 <
     b = a.T.copy()
     c = cupy.empty_like(a)
     tc_ms = _best_ms(timer, lambda: cupy.matmul(a, b, out=c))
-    del a, b, c
+    a = b = c = None  # the buffers go back before the next ceiling (the lambdas hold the names, not the arrays)
 
     f32 = np.dtype(np.float32)
     old = linalg.get_compute_type(f32)
@@ -303,16 +303,16 @@ def measure_peaks(matmul_n: int = 8192, f32_n: int = 4096, copy_bytes: int = 1 <
         b = a.T.copy()
         c = cupy.empty_like(a)
         f32_ms = _best_ms(timer, lambda: cupy.matmul(a, b, out=c))
-        del a, b, c
+        a = b = c = None
     finally:
         linalg.set_compute_type(f32, old)
 
     src = cupy.ones(copy_bytes // 4, dtype=cupy.float32)
     dst = cupy.empty_like(src)
     copy_ms = _best_ms(timer, lambda: dst.data.copy_from_device_async(src.data, copy_bytes))
-    del dst
+    dst = None
     read_ms = _best_ms(timer, read_kernel(src))
-    del src
+    src = None
     cupy.get_default_memory_pool().free_all_blocks()
     return Peaks(tc_tflops=2 * matmul_n ** 3 / (tc_ms * 1e-3) / 1e12,
                  f32_tflops=2 * f32_n ** 3 / (f32_ms * 1e-3) / 1e12,
