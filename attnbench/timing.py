@@ -72,8 +72,9 @@ def time_interleaved(runs: dict[str, Callable[[], None]], sample: Callable[[Call
     Each name gets ``warmup`` untimed calls, then rounds: one sample of every name still
     unsettled per round, so drifts of the machine land on all of them alike. Each round starts
     one name later than the last, so every name takes every place in a round (and follows every
-    other name) about as often: a fixed order gave identical builds of a decode kernel a place
-    effect of several percent, the same run after run (docs/PERF.md "decode v12"). A name
+    other name) about as often: in one A/B a fixed order gave identical builds of a decode kernel a
+    place effect of several percent; a later A/B showed none under either order (docs/PERF.md
+    "decode v12", "The timer's rotation, measured"). A name
     settles at ``min_samples`` samples with a relative spread <= ``target_spread``, or at
     ``max_samples``; once ``budget_s`` seconds of sampling have passed, the loop stops as
     soon as every name has ``min_samples``. An exception from one name ends that name
