@@ -168,8 +168,9 @@ DECODE_CONFIG_HELP = ("a fast-decode shape: FIELD=N,... of NWARPS, BN, STAGES, M
                       "holds more than 256 keys), EVICT (1: K and V loaded with L2's evict-first policy; 0: plain; 2: the first "
                       "where a launch reads at most three L2s of K and V and a group's heads take one block), CMERGE "
                       "(1: a cluster's merge issues each thread's reads of all its pieces before using any; 0: piece by "
-                      "piece; 2: the first where the rows give a thread of the cluster more than one piece) "
-                      "(the others at their defaults); each adds a row per "
+                      "piece; 2: the first where the rows give a thread of the cluster more than one piece), RAGGED "
+                      "(1: a ragged batch's splits counted from every list, so long sequences take more blocks; 0: "
+                      "from the longest) (the others at their defaults); each adds a row per "
                       "configuration, named e.g. fast-decode[SPLITS=8], timed with the others (repeatable; the plain "
                       "fast-decode takes ATTNBENCH_DECODE_CONFIG)")
 

@@ -263,7 +263,9 @@ class FastDecode(Impl):
         if not cfg.BLOCKS_PER_SM and not cfg.SPLITS:  # one wave, by the device's occupancy of this build
             resident = setup["blocks_per_sm"] = resident_blocks(split_k, cfg.threads, smem)
         longest = int(counts.max()) if counts.size else 0
-        per_split, splits = split_count(longest, prob.B * groups, sms, cfg, resident)
+        # each pair's list length in tiles (a sequence's list, once for each of its groups)
+        pair_tiles = np.repeat(counts[[order.index(t) for t in lens]], groups)
+        per_split, splits = split_count(longest, prob.B * groups, sms, cfg, resident, pair_tiles)
         cluster = cluster_size(splits, longest, rows, cfg, int(cc)) if cfg.cluster_rows_fit(prob.D, keys) else 1
         # a warp a pair (kernels/decode_pairs.cu) where the shape takes it: one split, the whole list
         by_pairs = bool(cfg.BY_PAIRS) and cfg.pairs_take(

@@ -1,7 +1,7 @@
 """fast-decode's shape (``DecodeConfig``) and what follows from it before a launch: the defaults, each beside the
 measurement that set it; ``--decode-config``'s fields (``parse_decode_config``); a build's -D constants
-(``kernel_defines``); and how a pair's list is split across blocks and clusters (``split_count``, ``cluster_size``,
-``cluster_tries``). The lists and the launches are ``decode``'s.
+(``kernel_defines``); and how a pair's list is split across blocks and clusters (``split_count``, ``ragged_splits``,
+``cluster_size``, ``cluster_tries``). The lists and the launches are ``decode``'s.
 """
 from __future__ import annotations
 
@@ -77,7 +77,12 @@ class DecodeConfig:
     (their log-sum-exps and float4s, through distributed shared memory) before it uses any, so it waits on one round
     trip; 0: piece by piece, two round trips each (kernels/tc/decode_common.cuh's decode_cluster_merge); 2: the first
     where the pair's rows give a thread of the cluster more than one piece, else the second (``cmerge_for``). The
-    same sums in the same order, so the same bits."""
+    same sums in the same order, so the same bits.
+    RAGGED 1: where the batch's lists differ in length (a ragged batch), the splits are counted from all of them:
+    every list is cut at the same number of tiles a split, the most splits of the longest list whose blocks that
+    hold tiles fit one wave (``ragged_splits``), so a long sequence takes more blocks than a short one; 0: from the
+    longest alone, as if every list were as long (the short lists' blocks end early and leave their SMs idle). A
+    batch whose lists are of one length gets the same splits either way."""
     NWARPS: int = 4
     BN: int = 64
     STAGES: int = 3
@@ -113,6 +118,7 @@ class DecodeConfig:
     CMERGE: int = 2  # H100, T=32768, 1 / 0 with both in each place (results/decode-cmerge-shapes-h100.csv,
     #                  docs/PERF.md "decode v12"): B=8 Tq=16 in a cluster of 2 0.95-1.00, B=1 Tq=16 0.97-1.01; one
     #                  piece a thread (Tq=1) 0.98-1.03, so there the pieces stay in turn
+    RAGGED: int = 1
 
     @property
     def rows(self) -> int:
@@ -266,7 +272,8 @@ DECODE_LIMITS = {"NWARPS": (4, 16, 4), "BN": (16, 256, 16), "STAGES": (2, 8, 1),
                  "MERGE": (0, 1, 1), "BY_KEYS": (0, 2, 1), "ONE_PER_SM": (0, 1024, 1), "CLASSES": (0, 1, 1),
                  "BN_SHORT": (0, 256, 16), "PDL": (0, 1, 1), "CLUSTER": (0, 16, 1), "CLUSTER_TILES": (1, 4096, 1),
                  "CLUSTER_ROWS": (1, 4096, 1), "BY_PAIRS": (0, 2, 1), "HEADS": (0, 16, 1), "WG": (0, 1, 1),
-                 "KWG": (0, 2, 1), "EVICT": (0, 2, 1), "CMERGE": (0, 2, 1)}
+                 "KWG": (0, 2, 1), "EVICT": (0, 2, 1), "CMERGE": (0, 2, 1),
+                 "RAGGED": (0, 1, 1)}
 DEFAULT = DecodeConfig()
 LONG_BN = DEFAULT.BN
 # lists of at most this many keys (in 64-key tiles) take BN_SHORT-key tiles. H100, B 1 to 64, Tq 1 and 16, BN=32 /
@@ -307,7 +314,7 @@ class DecodeSpec:
 def parse_decode_config(text: str, option: str = "--decode-config") -> DecodeSpec:
     """'FIELD=N,...' of NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, BY_KEYS,
     ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES, CLUSTER_ROWS, BY_PAIRS, HEADS, WG, KWG, EVICT,
-    CMERGE (any case; the others at their defaults) or all by position from NWARPS,BN,STAGES; BadInput naming
+    CMERGE, RAGGED (any case; the others at their defaults) or all by position from NWARPS,BN,STAGES; BadInput naming
     ``option`` and the limit."""
     given = parse_fields(text, option, DecodeConfig, DECODE_LIMITS, min_positional=3)
     return DecodeSpec(tuple((f, given[f]) for f in DECODE_FIELDS if f in given))
@@ -349,20 +356,41 @@ def smem_bytes(D: int, cfg: DecodeConfig = DEFAULT, keys: bool = False) -> int:
     return cfg.smem_bytes(D, keys)
 
 
-def split_count(longest: int, work: int, sms: int, cfg: DecodeConfig = DEFAULT, resident: int = 1) -> tuple[int, int]:
+def split_count(longest: int, work: int, sms: int, cfg: DecodeConfig = DEFAULT, resident: int = 1,
+                lengths=None) -> tuple[int, int]:
     """(key tiles a split, splits) for lists of at most ``longest`` tiles and ``work`` = B * H_kv of
     them on ``sms`` multiprocessors: SPLITS when given; with BLOCKS_PER_SM 0 the most splits whose
     blocks fit one wave of ``resident`` blocks per SM (at least 1, each at least MIN_PER_SPLIT tiles),
     or one block per SM where the SMs number ONE_PER_SM or more for each list; else about BLOCKS_PER_SM
-    blocks per SM, each split at least MIN_PER_SPLIT tiles."""
+    blocks per SM, each split at least MIN_PER_SPLIT tiles. ``lengths``, each of the ``work`` lists' tiles
+    where known: with RAGGED 1 and lists of different lengths, one wave counts only the blocks that hold tiles
+    (``ragged_splits``)."""
     if cfg.SPLITS or not cfg.BLOCKS_PER_SM:
         if cfg.few_pairs(work, sms):
             resident = 1
-        splits = cfg.SPLITS or max(1, min(resident * sms // work, -(-longest // cfg.MIN_PER_SPLIT)))
+        most = -(-longest // cfg.MIN_PER_SPLIT)
+        splits = cfg.SPLITS or max(1, min(resident * sms // work, most))
+        if not cfg.SPLITS and cfg.RAGGED and lengths is not None and len(lengths) and min(lengths) < longest:
+            splits = ragged_splits(lengths, longest, resident * sms, splits, most)
         per_split = max(1, -(-longest // splits))
     else:
         per_split = max(cfg.MIN_PER_SPLIT, -(-longest * work // (cfg.BLOCKS_PER_SM * sms)))
     return per_split, max(1, -(-longest // per_split))
+
+
+def ragged_splits(lengths, longest: int, slots: int, least: int, most: int) -> int:
+    """The most splits of the longest list (from ``least`` to ``most``) such that, with every list of ``lengths``
+    tiles cut at the same tiles a split, the blocks that hold tiles number at most ``slots`` (one wave). A list
+    of half the longest's tiles then takes about half its blocks; the grid's other blocks of it find no tile and
+    end at once."""
+    lengths = np.asarray(lengths, np.int64)
+    best = least
+    for s in range(least + 1, most + 1):
+        per = -(-longest // s)
+        if int((-(-lengths // per)).sum()) > slots:
+            break
+        best = s
+    return best
 
 
 def cluster_size(splits: int, longest: int, rows: int, cfg: DecodeConfig, compute_capability: int) -> int:

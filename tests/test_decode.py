@@ -139,6 +139,32 @@ def test_gate_ragged(pattern, params):
     assert res.ok, res
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("pattern,params", [("dense", {}), ("window", {"window": 3000})])
+def test_a_ragged_batch_takes_more_splits_and_still_passes_the_gate(pattern, params):
+    """RAGGED=1 (the default) gives the long sequence of a ragged batch more splits than RAGGED=0, which counts
+    them from the longest list alone; both pass the gate. The decode configuration's shape at B=8 on a small
+    scale: 8 key/value heads, one query a sequence, the merge launch."""
+    from attnbench.arrays import random_inputs
+    from attnbench.check import judge
+
+    lens = (16384, 4096, 1024, 2048, 8192, 64, 3008, 1000)
+    prob = Problem(make_mask(pattern, 16384, True, **params), 8, 32, 128, "bfloat16", H_kv=8, Tq=1, cache_lens=lens)
+    q = random_inputs(prob.shape, prob.dtype, 3)[0]
+    _, k, v = random_inputs(prob.kv_shape, prob.dtype, 4)
+    splits = {}
+    for ragged in (0, 1):
+        variant = IMPL.decode_variant(parse_decode_config(f"RAGGED={ragged},CLUSTER=0"))
+        runner = variant.prepare(prob, q, k, v)
+        res = judge(variant, prob, runner, q, k, v)
+        assert res.ok, res
+        splits[ragged] = runner.setup["splits"]
+    longest = -(-16384 // 64)
+    if pattern == "dense":  # 256 tiles the longest, 518 in all: the lists differ
+        assert splits[1] > splits[0], splits
+    assert splits[0] >= 1 and splits[1] <= -(-longest // DEFAULT.MIN_PER_SPLIT)
+
+
 def test_list_says_which_shapes_each_implementation_takes():
     from attnbench.impls import get_impl
 
@@ -147,7 +173,8 @@ def test_list_says_which_shapes_each_implementation_takes():
 
 
 # ---- its shape, for tuning: --decode-config and ATTNBENCH_DECODE_CONFIG ------------------------------
-from attnbench.decode_config import DEFAULT, ENV, DecodeConfig, parse_decode_config, split_count  # noqa: E402
+from attnbench.decode_config import (DEFAULT, ENV, DecodeConfig, parse_decode_config, ragged_splits,  # noqa: E402
+                                     split_count)
 
 # the choices of scripts/gpu_check.sh's decodeshapes step (DECODE_SHAPES' default)
 GPU_CHECK_SHAPES = ("BY_KEYS=0", "SPLITS=8", "SPLITS=16", "STAGES=2", "STAGES=4", "STAGES=2,MINB=3", "BN=128,STAGES=2",
@@ -168,7 +195,7 @@ def test_the_gpu_check_step_sweeps_these_shapes():
     ("8,32,4", (("NWARPS", 8), ("BN", 32), ("STAGES", 4), ("MINB", 1), ("SPLITS", 0), ("BLOCKS_PER_SM", 0),
                 ("MIN_PER_SPLIT", 4), ("MERGE", 0), ("BY_KEYS", 2), ("ONE_PER_SM", 8), ("CLASSES", 1),
                 ("BN_SHORT", 32), ("PDL", 1), ("CLUSTER", 8), ("CLUSTER_TILES", 9), ("CLUSTER_ROWS", 64),
-                ("BY_PAIRS", 2), ("HEADS", 0), ("WG", 1), ("KWG", 0), ("EVICT", 2), ("CMERGE", 2))),
+                ("BY_PAIRS", 2), ("HEADS", 0), ("WG", 1), ("KWG", 0), ("EVICT", 2), ("CMERGE", 2), ("RAGGED", 1))),
     ("by_keys=0", (("BY_KEYS", 0),)),
 ])
 def test_a_decode_shape_parses_named_and_positional_forms(text, given):
@@ -183,7 +210,7 @@ def test_a_decode_shape_parses_named_and_positional_forms(text, given):
     ("SPLITS=-1", "SPLITS=-1 must be from 0 to 4096"),
     ("TMA=1", "unknown field 'TMA' (fields: NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, "
               "BY_KEYS, ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES, CLUSTER_ROWS, BY_PAIRS, HEADS, WG, "
-              "KWG, EVICT, CMERGE)"),
+              "KWG, EVICT, CMERGE, RAGGED)"),
     ("WG=2", "WG=2 must be 0 or 1"),
     ("CLUSTER=17", "CLUSTER=17 must be from 0 to 16"),
     ("CLUSTER_ROWS=0", "CLUSTER_ROWS=0 must be from 1 to 4096"),
@@ -192,6 +219,7 @@ def test_a_decode_shape_parses_named_and_positional_forms(text, given):
     ("SPLITS=4,SPLITS=8", "SPLITS given twice"),
     ("HEADS=17", "HEADS=17 must be from 0 to 16"),
     ("CMERGE=3", "CMERGE=3 must be from 0 to 2"),
+    ("RAGGED=2", "RAGGED=2 must be 0 or 1"),
 ])
 def test_bad_decode_shapes_name_the_option_and_the_limit(text, words):
     with pytest.raises(BadInput) as e:
@@ -217,6 +245,27 @@ def test_the_splits_come_from_the_shape():
     assert split_count(64, 512, 132, one_wave, resident=2) == (64, 1)  # more lists than a wave holds
     assert split_count(8, 1, 132, one_wave, resident=2) == (4, 2)  # MIN_PER_SPLIT tiles a split at least
     assert split_count(2048, 8, 132, resident=2) == (128, 16)  # the default shape
+
+
+def test_a_ragged_batch_gives_its_long_lists_more_splits():
+    # the decode configuration's ragged batch at Tq=1 (dense, 64-key tiles), 8 key/value heads, two blocks an SM
+    seq = [-(-n // 64) for n in (29120, 23872, 20736, 14784, 15744, 9152, 9984, 8576)]
+    pairs = np.repeat(seq, 8)
+    # from the longest alone: 4 splits of 114 tiles, 184 blocks holding tiles of 264 places
+    assert split_count(455, 64, 132, replace(DEFAULT, RAGGED=0), 2, pairs) == (114, 4)
+    # from every list: 6 splits of 76 tiles for the longest, 2 for the shortest, 248 blocks with tiles; 7 would
+    # need 280
+    per, splits = split_count(455, 64, 132, DEFAULT, 2, pairs)
+    assert (per, splits) == (76, 6)
+    assert int((-(-pairs // per)).sum()) == 248
+    assert int((-(-pairs // -(-455 // 7))).sum()) == 280
+    assert ragged_splits(pairs, 455, 264, 4, 114) == 6
+    # lists of one length: the same splits either way (the uniform rule's one wave is already exact)
+    same = np.full(64, 512)
+    assert split_count(512, 64, 132, DEFAULT, 2, same) == split_count(512, 64, 132, replace(DEFAULT, RAGGED=0), 2)
+    # SPLITS given wins; and no more splits than MIN_PER_SPLIT tiles each allow
+    assert split_count(455, 64, 132, replace(DEFAULT, SPLITS=3), 2, pairs) == (152, 3)
+    assert ragged_splits([8, 1], 8, 1000, 1, 2) == 2
 
 
 def test_a_shape_the_kernel_cannot_take_is_refused_by_name(monkeypatch):

@@ -114,6 +114,24 @@ def test_fast_decode_is_sanitizer_clean(tool, tq, shape):
     assert m and int(m.group(2)) > 0, out[-2000:]
 
 
+@pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer not on PATH")
+@pytest.mark.parametrize("tool", ["memcheck"])
+def test_fast_decode_ragged_batch_is_sanitizer_clean(tool):
+    """fast-decode through the gate on a ragged batch of pairs enough for one wave (8 sequences x 8 key/value heads,
+    one query each), where RAGGED=1 gives the long sequences more splits than the short ones and the grid blocks
+    that find no tile, the merge launch (dense's long lists) and a cluster (window 3000's short ones)."""
+    cmd = ["compute-sanitizer", "--tool", tool, "--error-exitcode", "17", "--kernel-name-exclude", "kns=cupy_",
+           sys.executable, "-m", "attnbench.cli", "check", "--impl", "fast-decode", "--pattern", "dense",
+           "--pattern", "window", "--window", "3000", "--T", "16384", "--Tq", "1", "--D", "64", "--B", "8",
+           "--H", "32", "--H-kv", "8", "--cache-lens", "16384,4096,1024,2048,8192,64,3008,1000"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    assert "ERROR SUMMARY: 0 errors" in out, out[-2000:]
+    m = re.search(r"checked (\d+), passed (\d+), failed 0", out)
+    assert m and int(m.group(2)) > 0, out[-2000:]
+
+
 # fast-tc's backward (fwd+bwd: the forward with the log-sum-exp, prep, main, dQ conversion) on small
 # cases: odd T, a partial last tile, non-causal keys past T, a strided pattern, both head dims; and
 # once more with the lists cut into items of one query tile (split key tiles: their float32 dK and
