@@ -214,6 +214,7 @@ class FastDecode(Impl):
         setup: dict = {}
         lens = prob.lens
         order = sorted(set(lens))
+        list_of_seq = [order.index(t) for t in lens]  # each sequence's list (one per distinct cache length)
         sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
         cc = cupy.cuda.Device().compute_capability
         given = self.shape()
@@ -225,7 +226,7 @@ class FastDecode(Impl):
         if heads > 1:  # the shape (short lists' tiles) for the block's rows
             cfg, stride, mask, lists = plan_lists(prob, given, order, rows, cc, sms)
         # K's and V's bytes the launch reads from memory (each sequence's list, every key/value head once)
-        kv_bytes = setup["kv_bytes"] = (sum(lists[order.index(t)].entries.size for t in lens) * cfg.BN * prob.D * 4
+        kv_bytes = setup["kv_bytes"] = (sum(lists[i].entries.size for i in list_of_seq) * cfg.BN * prob.D * 4
                                         * prob.kv_heads)
         cfg = cfg.evict_for(kv_bytes, cupy.cuda.Device().attributes["L2CacheSize"], heads)
         setup["decode_config"] = cfg.spec
@@ -264,7 +265,7 @@ class FastDecode(Impl):
             resident = setup["blocks_per_sm"] = resident_blocks(split_k, cfg.threads, smem)
         longest = int(counts.max()) if counts.size else 0
         # each pair's list length in tiles (a sequence's list, once for each of its groups)
-        pair_tiles = np.repeat(counts[[order.index(t) for t in lens]], groups)
+        pair_tiles = np.repeat(counts[list_of_seq], groups)
         per_split, splits = split_count(longest, prob.B * groups, sms, cfg, resident, pair_tiles)
         cluster = cluster_size(splits, longest, rows, cfg, int(cc)) if cfg.cluster_rows_fit(prob.D, keys) else 1
         # a warp a pair (kernels/decode_pairs.cu) where the shape takes it: one split, the whole list
@@ -301,7 +302,7 @@ class FastDecode(Impl):
         setup["decode_config"] = cfg.cmerge_for(rows, cluster, prob.D).spec  # (CMERGE decided by the cluster)
         setup["splits"] = splits
         heads_d = cupy.asarray(np.stack([firsts, counts], axis=1).astype(np.int32))  # each list's (first, count)
-        list_of = cupy.asarray(np.array([order.index(t) for t in lens], np.int32))
+        list_of = cupy.asarray(np.array(list_of_seq, np.int32))
         lens_d = cupy.asarray(np.array(lens, np.int32))
         tent_d = cupy.asarray(tent)
         # partials only for the merge launch or the last split's merge: a single split stores the output itself, a
