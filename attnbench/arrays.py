@@ -38,23 +38,30 @@ WHOLE = 1 << 30
 PIECE = 1 << 27
 
 
-def random_inputs(shape, dtype: str, seed: int, xp=None, scale: float = 1.0):
-    """Fresh random q, k, v (standard normal times ``scale``) in storage dtype, on the device by default."""
+def random_inputs(shape, dtype: str, seed: int, xp=None, scale: float = 1.0, keep: str = "qkv"):
+    """Fresh random q, k, v (standard normal times ``scale``) in storage dtype, on the device by default.
+
+    ``keep`` names the arrays wanted; the others are drawn as they would be (the same generator
+    calls, so the kept ones hold the same values) but not stored, and come back as None. Decoding
+    takes k and v at the cache's shape and q at its own: the cache-shaped q it did not keep was a
+    third cache's memory (17 GB at B=8, Tk=1048576)."""
     if xp is None:
         import cupy as xp
     rng = xp.random.default_rng(seed) if hasattr(xp.random, "default_rng") else xp.random.RandomState(seed)
     size = int(np.prod(shape))
     out = []
-    for _ in range(3):
+    for name in "qkv":
         if size <= WHOLE:
             a = rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)
-            out.append(from_float32(a, dtype))
+            out.append(from_float32(a, dtype) if name in keep else None)
             continue
-        flat = xp.empty(size, dtype=STORAGE[dtype])
+        flat = xp.empty(size, dtype=STORAGE[dtype]) if name in keep else None
         for start in range(0, size, PIECE):
             n = min(PIECE, size - start)
-            flat[start:start + n] = from_float32(rng.standard_normal(n, dtype=np.float32) * np.float32(scale), dtype)
-        out.append(flat.reshape(shape))
+            piece = rng.standard_normal(n, dtype=np.float32)
+            if flat is not None:
+                flat[start:start + n] = from_float32(piece * np.float32(scale), dtype)
+        out.append(flat.reshape(shape) if flat is not None else None)
     return tuple(out)
 
 

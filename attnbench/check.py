@@ -115,14 +115,15 @@ def reference_of(prob: Problem, q, k, v, do=None):
 
 
 def problem_inputs(prob: Problem, seed: int, make=None):
-    """q, k, v of ``prob`` from ``make(shape, dtype, seed)`` (three arrays of one shape): one call
-    when q and k have one shape (prefill with H_kv = H: the inputs of before), else k and v from
-    one call at their shape and q from another at its own."""
+    """q, k, v of ``prob`` from ``make(shape, dtype, seed, keep=...)`` (q, k and v of one shape, those
+    not named in ``keep`` drawn but not stored: None): one call when q and k have one shape (prefill
+    with H_kv = H: the inputs of before), else k and v from one call at their shape and q from another
+    at its own."""
     make = make or random_inputs
     if prob.shape == prob.kv_shape:
         return make(prob.shape, prob.dtype, seed)
-    _, k, v = make(prob.kv_shape, prob.dtype, seed)
-    q = make(prob.shape, prob.dtype, seed + 1)[0]
+    _, k, v = make(prob.kv_shape, prob.dtype, seed, keep="kv")
+    q = make(prob.shape, prob.dtype, seed + 1, keep="q")[0]
     return q, k, v
 
 
@@ -132,7 +133,7 @@ def grad_inputs(prob: Problem, seed: int, make=None) -> dict:
     if prob.pass_name == "fwd":
         return {}
     make = make or random_inputs
-    return {"do": make(prob.shape, prob.dtype, (seed + DO_SEED_OFFSET) % 2 ** 31)[0]}
+    return {"do": make(prob.shape, prob.dtype, (seed + DO_SEED_OFFSET) % 2 ** 31, keep="q")[0]}
 
 
 def gate(impl: Impl, prob: Problem, seed: int | None = None) -> GateResult:

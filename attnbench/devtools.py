@@ -36,10 +36,10 @@ def _synchronize() -> None:
     cupy.cuda.runtime.deviceSynchronize()
 
 
-def _device_inputs(shape, dtype, seed):
+def _device_inputs(shape, dtype, seed, keep="qkv"):
     from .arrays import random_inputs
 
-    return random_inputs(shape, dtype, seed)
+    return random_inputs(shape, dtype, seed, keep=keep)
 
 
 def profile_launch(impl: Impl, prob: Problem, seed: int = 1, *, inputs: Callable = _device_inputs,

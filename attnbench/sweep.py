@@ -324,10 +324,10 @@ def select_impls(names=(), tile_configs=(), decode_configs=(), bwd_configs=()) -
 
 # -- running ------------------------------------------------------------------------------
 
-def _device_inputs(shape, dtype, seed):
+def _device_inputs(shape, dtype, seed, keep="qkv"):
     from .arrays import random_inputs
 
-    return random_inputs(shape, dtype, seed)
+    return random_inputs(shape, dtype, seed, keep=keep)
 
 
 def _free_device_memory():

@@ -60,8 +60,8 @@ def main(argv=None) -> int:
     ctx = sw.device_context(command="history_probe")
     made = []  # every input call's arrays, the last case's kept to the end
 
-    def inputs(shape, dtype, seed):
-        arrays = sw._device_inputs(shape, dtype, seed)
+    def inputs(shape, dtype, seed, keep="qkv"):
+        arrays = sw._device_inputs(shape, dtype, seed, keep)
         made.append(arrays)
         return arrays
 

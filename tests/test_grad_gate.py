@@ -139,7 +139,7 @@ def test_check_gate_prepares_a_backward_with_do(monkeypatch):
             seen["do"] = do
             return super().prepare(prob, q, k, v, do)
 
-    monkeypatch.setattr(check, "random_inputs", lambda shape, dtype, seed: host_inputs(shape, dtype, seed))
+    monkeypatch.setattr(check, "random_inputs", host_inputs)
     res = gate(Spy("spy", passes=PASSES), prob_of(), seed=7)
     assert res.ok, res.reason
     assert seen["do"] is not None and seen["do"].shape == (1, 2, 24, 16)
@@ -214,7 +214,7 @@ def test_the_sweep_skips_a_backward_on_serving_shapes_with_the_reason():
 
 # -- the commands ------------------------------------------------------------------------------------
 def test_check_command_gates_a_backward(registry, monkeypatch):
-    monkeypatch.setattr(check, "random_inputs", lambda shape, dtype, seed: host_inputs(shape, dtype, seed))
+    monkeypatch.setattr(check, "random_inputs", host_inputs)
     r = CliRunner().invoke(main, ["check", "--pass", "bwd", "--impl", "fake-exact", "--impl", "fake-wrong",
                                   "--pattern", "window", "--T", "24", "--D", "16", "--B", "1", "--H", "2"])
     assert r.exit_code == 1, r.output

@@ -117,8 +117,8 @@ def fake_impls():
     ]
 
 
-def host_inputs(shape, dtype, seed):
-    return random_inputs(shape, dtype, seed, xp=np)
+def host_inputs(shape, dtype, seed, keep="qkv"):
+    return random_inputs(shape, dtype, seed, xp=np, keep=keep)
 
 
 class FakeTimer:
