@@ -170,7 +170,9 @@ DECODE_CONFIG_HELP = ("a fast-decode shape: FIELD=N,... of NWARPS, BN, STAGES, M
                       "(1: a cluster's merge issues each thread's reads of all its pieces before using any; 0: piece by "
                       "piece; 2: the first where the rows give a thread of the cluster more than one piece), RAGGED "
                       "(1: a ragged batch's splits counted from every list, so long sequences take more blocks; 0: "
-                      "from the longest) (the others at their defaults); each adds a row per "
+                      "from the longest), FLAT (1: a ragged batch's lists end to end in one wave of equal runs, a "
+                      "block's run crossing pairs, where the key slices' kernel merges by the merge launch; 0: each "
+                      "list split on its own) (the others at their defaults); each adds a row per "
                       "configuration, named e.g. fast-decode[SPLITS=8], timed with the others (repeatable; the plain "
                       "fast-decode takes ATTNBENCH_DECODE_CONFIG)")
 

@@ -48,8 +48,8 @@ import numpy as np
 from .arrays import bind
 from .compile import get_module, resident_blocks
 from .decode_config import (BN, DEFAULT, ENV, EVICT_L2, HEAD_DS, HEAD_DTYPE, HEAD_ENTRIES, LONG_BN, NWARPS,
-                            SHORT_LIST_KEYS, DecodeConfig, DecodeSpec, cluster_size, cluster_tries, kernel_defines,
-                            parse_decode_config, split_count)
+                            SHORT_LIST_KEYS, DecodeConfig, DecodeSpec, cluster_size, cluster_tries, flat_stretches,
+                            kernel_defines, parse_decode_config, split_count)
 from .errors import BadInput
 from .fwd_config import WG_ARCH
 from .fast_tc import LOG2E
@@ -247,10 +247,11 @@ class FastDecode(Impl):
         table = cupy.asarray(table if table is not None else np.zeros(1, np.int32), dtype=cupy.int32)
         smem = cfg.smem_bytes(prob.D, keys)
 
-        def kernels(cluster: int = 1):
+        def kernels(cluster: int = 1, flat: bool = False):
             mod = get_module(setup["kernel"], kernel_defines(prob.D, prob.dtype, mask,
                                                              cfg.cmerge_for(rows, cluster, prob.D), keys, stride,
-                                                             cluster, heads=heads, wg=wg), WG_ARCH if wg else None)
+                                                             cluster, heads=heads, wg=wg, flat=flat),
+                             WG_ARCH if wg else None)
             split = mod.get_function(KEYS_SPLIT if keys else SPLIT)
             if smem > 48 * 1024:
                 split.max_dynamic_shared_size_bytes = smem
@@ -300,6 +301,18 @@ class FastDecode(Impl):
             cluster = 1
         setup["cluster"] = cluster
         setup["decode_config"] = cfg.cmerge_for(rows, cluster, prob.D).spec  # (CMERGE decided by the cluster)
+        # a ragged batch's lists end to end in one wave of equal runs (FLAT), where the key slices' kernel merges its
+        # splits in the merge launch
+        stretches = None
+        if (cfg.FLAT and keys and not by_pairs and cluster == 1 and not cfg.SPLITS and not cfg.MERGE
+                and len(set(pair_tiles.tolist())) > 1):
+            with timed(setup, "compile_s"):
+                split_k, _ = kernels(flat=True)
+            wave = (1 if cfg.few_pairs(prob.B * groups, sms) else resident_blocks(split_k, cfg.threads, smem)) * sms
+            stretches = flat_stretches(pair_tiles, np.repeat(firsts[list_of_seq], groups), wave, cfg.MIN_PER_SPLIT)
+            splits = stretches.slots
+            setup["flat_blocks"] = stretches.blocks
+            setup["flat_stretches"] = len(stretches.segs)
         setup["splits"] = splits
         heads_d = cupy.asarray(np.stack([firsts, counts], axis=1).astype(np.int32))  # each list's (first, count)
         list_of = cupy.asarray(np.array(list_of_seq, np.int32))
@@ -307,23 +320,30 @@ class FastDecode(Impl):
         tent_d = cupy.asarray(tent)
         # partials only for the merge launch or the last split's merge: a single split stores the output itself, a
         # cluster merges in shared memory
-        part_rows = 0 if splits == 1 or cluster > 1 else cfg.tile_rows(keys)
-        op = cupy.empty((prob.B, groups, splits, part_rows, prob.D), cupy.float32)
-        lp = cupy.empty((prob.B, groups, splits, part_rows), cupy.float32)
+        part_rows = 0 if (splits == 1 or cluster > 1) and stretches is None else cfg.tile_rows(keys)
+        if stretches is None:
+            op = cupy.empty((prob.B, groups, splits, part_rows, prob.D), cupy.float32)
+            lp = cupy.empty((prob.B, groups, splits, part_rows), cupy.float32)
+        else:  # the slots no stretch fills: weight 0 in the merge (a log-sum-exp of -inf, finite rows)
+            op = cupy.zeros((prob.B, groups, splits, part_rows, prob.D), cupy.float32)
+            lp = cupy.full((prob.B, groups, splits, part_rows), -np.inf, cupy.float32)
+        segs = cupy.asarray(stretches.segs if stretches is not None else np.zeros((1, 4), np.int32))
+        seg_at = cupy.asarray(stretches.seg_at if stretches is not None else np.zeros(2, np.int32))
         out = cupy.empty(prob.shape, dtype=qa.dtype)
         tickets = cupy.zeros(prob.B * groups, cupy.int32)  # MERGE: splits finished per row group, back to 0
         scale_log2 = np.float32(prob.softmax_scale * LOG2E)
         one_len = len(order) == 1 and order[0] == prob.T  # every sequence at T: the list head as arguments
         args = (qa, ka, va, op, lp, heads_d, tent_d, lens_d, list_of, np.int32(prob.H), np.int32(groups),
                 np.int32(prob.q_len), np.int32(prob.T), np.int32(per_split), scale_log2, table, out, tickets,
-                np.int32(one_len), np.int32(counts[0] if one_len else 0), list_head(tent))
+                np.int32(one_len), np.int32(counts[0] if one_len else 0), segs, seg_at, list_head(tent))
         merge_args = (op, lp, out, np.int32(prob.H), np.int32(groups), np.int32(prob.q_len),
                       np.int32(splits))
         # no merge launch when the last split merges, when each pair has one split (it stores the output), or
         # when the splits merge in their cluster
-        merge = None if cfg.MERGE or splits == 1 or cluster > 1 else merge_k
+        merge = None if (cfg.MERGE or splits == 1 or cluster > 1) and stretches is None else merge_k
         pdl = setup["pdl"] = bool(merge is not None and cfg.PDL and pdl_available())
-        grid = (-(-groups // cfg.NWARPS), 1, prob.B) if by_pairs else (splits, groups, prob.B)
+        grid = ((-(-groups // cfg.NWARPS), 1, prob.B) if by_pairs else (stretches.blocks, 1, 1) if stretches is not None
+                else (splits, groups, prob.B))
         return DecodeRunner(split_k, merge, grid, (prob.B * prob.H * prob.q_len,), smem, args, merge_args, out,
                             setup, prob.D, cfg.threads, pdl)
 
@@ -372,6 +392,8 @@ def standard_builds() -> list[tuple[str, dict]]:
                     add((PAIRS_KERNEL, kernel_defines(D, "bfloat16", mask, cfg, stride=stride, pairs=True)))
     # a group's query heads dealt to 4 blocks (HEADS: Tq=16 against 4 heads, 16 rows a block), on the first instance
     add((KEYS_KERNEL, kernel_defines(128, "bfloat16", c.instances[0].mask(c.build_T), keys=True, heads=4)))
+    # a ragged batch's flat walk (FLAT: the key slices' kernel, the merge launch), on the first instance
+    add((KEYS_KERNEL, kernel_defines(128, "bfloat16", c.instances[0].mask(c.build_T), keys=True, flat=True)))
     # the merge in the last split (MERGE=1), on the first instance
     add((KERNEL, kernel_defines(128, "bfloat16", c.instances[0].mask(c.build_T), replace(DEFAULT, MERGE=1))))
     # two warpgroups on the rows (KWG=2) with the splits merged in a cluster of 2, as at B=8, Tq=16

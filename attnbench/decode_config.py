@@ -82,7 +82,11 @@ class DecodeConfig:
     every list is cut at the same number of tiles a split, the most splits of the longest list whose blocks that
     hold tiles fit one wave (``ragged_splits``), so a long sequence takes more blocks than a short one; 0: from the
     longest alone, as if every list were as long (the short lists' blocks end early and leave their SMs idle). A
-    batch whose lists are of one length gets the same splits either way."""
+    batch whose lists are of one length gets the same splits either way.
+    FLAT 1: where the batch's lists differ in length and the key slices' kernel merges its splits in the merge launch
+    (no cluster, no warp a pair), the pairs' lists are laid end to end and cut into one wave of equal runs of tiles
+    (``flat_stretches``): a block walks its run's stretches, which may cross from one pair into the next, so every
+    block holds the same tiles and none is empty; 0: each pair's list split on its own (RAGGED)."""
     NWARPS: int = 4
     BN: int = 64
     STAGES: int = 3
@@ -121,6 +125,7 @@ class DecodeConfig:
     RAGGED: int = 1  # H100, B=8, Tq=1, 1 / 0 in one process (results/decode-ragged-ab-h100.csv, docs/PERF.md "decode: a
     #                  ragged batch's splits from every list"): dense, one cache of 131072 among seven of 4096 0.614,
     #                  halving lengths 0.937, the decode configuration's ragged batch 0.997; one-length lists the same
+    FLAT: int = 1  # not yet measured
 
     @property
     def rows(self) -> int:
@@ -275,7 +280,7 @@ DECODE_LIMITS = {"NWARPS": (4, 16, 4), "BN": (16, 256, 16), "STAGES": (2, 8, 1),
                  "BN_SHORT": (0, 256, 16), "PDL": (0, 1, 1), "CLUSTER": (0, 16, 1), "CLUSTER_TILES": (1, 4096, 1),
                  "CLUSTER_ROWS": (1, 4096, 1), "BY_PAIRS": (0, 2, 1), "HEADS": (0, 16, 1), "WG": (0, 1, 1),
                  "KWG": (0, 2, 1), "EVICT": (0, 2, 1), "CMERGE": (0, 2, 1),
-                 "RAGGED": (0, 1, 1)}
+                 "RAGGED": (0, 1, 1), "FLAT": (0, 1, 1)}
 DEFAULT = DecodeConfig()
 LONG_BN = DEFAULT.BN
 # lists of at most this many keys (in 64-key tiles) take BN_SHORT-key tiles. H100, B 1 to 64, Tq 1 and 16, BN=32 /
@@ -316,20 +321,22 @@ class DecodeSpec:
 def parse_decode_config(text: str, option: str = "--decode-config") -> DecodeSpec:
     """'FIELD=N,...' of NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, BY_KEYS,
     ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES, CLUSTER_ROWS, BY_PAIRS, HEADS, WG, KWG, EVICT,
-    CMERGE, RAGGED (any case; the others at their defaults) or all by position from NWARPS,BN,STAGES; BadInput naming
+    CMERGE, RAGGED, FLAT (any case; the others at their defaults) or all by position from NWARPS,BN,STAGES; BadInput naming
     ``option`` and the limit."""
     given = parse_fields(text, option, DecodeConfig, DECODE_LIMITS, min_positional=3)
     return DecodeSpec(tuple((f, given[f]) for f in DECODE_FIELDS if f in given))
 
 
 def kernel_defines(D: int, dtype: str, mask: Mask, cfg: DecodeConfig = DEFAULT, keys: bool = False,
-                   stride: int = 1, cluster: int = 1, pairs: bool = False, heads: int = 1, wg: bool = False) -> dict:
+                   stride: int = 1, cluster: int = 1, pairs: bool = False, heads: int = 1, wg: bool = False,
+                   flat: bool = False) -> dict:
     """The -D constants of kernels/decode.cu (kernels/decode_keys.cu when ``keys``: BN is then a warp's
     slice of the tile; kernels/decode_pairs.cu when ``pairs``): the head dimension, dtype, shape and the
     pattern (with ``stride`` > 1, the inner pattern of a residue class, one query a sequence: ``by_class``;
     with ``cluster`` > 1, the splits of a pair are a cluster of that many blocks that merges in the
     launch: sm_90 only; with ``heads`` > 1, each group's query heads dealt to that many blocks: HSPLIT; with ``wg``,
-    kernels/decode.cu's products on warpgroup MMA: WG 1, an sm_90a build, the softmax's max taken on every tile)."""
+    kernels/decode.cu's products on warpgroup MMA: WG 1, an sm_90a build, the softmax's max taken on every tile; with
+    ``flat``, the key slices' kernel walking a flat run of stretches a block: FLAT 1)."""
     bn = cfg.BN // cfg.NWARPS if keys else cfg.BN
     d = dict(HEAD_D=D, BN=bn, NWARPS=cfg.NWARPS, STAGES=cfg.STAGES, MT=1, MINB=cfg.MINB, QREG=1, STRIDE=stride,
              DECODE_HEAD_N=HEAD_ENTRIES)
@@ -341,6 +348,10 @@ def kernel_defines(D: int, dtype: str, mask: Mask, cfg: DecodeConfig = DEFAULT, 
             d["CMERGE"] = 1
     if heads > 1:
         d["HSPLIT"] = heads
+    if flat:
+        if not keys or cluster > 1:
+            raise ValueError("FLAT is the key slices' kernel's (kernels/decode_keys.cu), with the merge launch")
+        d["FLAT"] = 1
     if wg:
         if keys or pairs:
             raise ValueError("WG is kernels/decode.cu's (the rows kernel)")
@@ -393,6 +404,47 @@ def ragged_splits(lengths, longest: int, slots: int, least: int, most: int) -> i
             break
         best = s
     return best
+
+
+@dataclass(frozen=True)
+class Stretches:
+    """A flat walk (FLAT): block x takes ``segs[seg_at[x] : seg_at[x + 1]]``, each (pair, its partial's index,
+    first entry's index in the lists' entries, tiles); a pair's partials are ``slots`` apart (pair * slots + its
+    stretch's rank among the pair's), the slots no stretch fills left to the merge as weight 0."""
+    segs: np.ndarray  # int32 [n, 4]
+    seg_at: np.ndarray  # int32 [blocks + 1]
+    slots: int
+
+    @property
+    def blocks(self) -> int:
+        return len(self.seg_at) - 1
+
+
+def flat_stretches(lengths, firsts, blocks: int, least: int = 1) -> Stretches:
+    """The pairs' lists (``lengths`` tiles each, the first entry of pair p at ``firsts[p]``) laid end to end and cut
+    into runs of equal tiles, the fewest whose count is at most ``blocks`` (one wave), each at least ``least`` tiles
+    (the last run may be shorter); a run's stretches are its pieces of each pair it crosses."""
+    lengths = np.asarray(lengths, np.int64)
+    firsts = np.asarray(firsts, np.int64)
+    ends = np.cumsum(lengths)
+    total = int(ends[-1]) if len(ends) else 0
+    per = max(least, -(-total // max(blocks, 1)), 1)
+    segs, seg_at, rank = [], [0], np.zeros(len(lengths), np.int64)
+    p = 0
+    for lo in range(0, total, per):
+        hi = min(total, lo + per)
+        while lo < hi:
+            while ends[p] <= lo:  # (pairs of no tiles: none of their own)
+                p += 1
+            take = min(hi, int(ends[p])) - lo
+            segs.append((p, int(rank[p]), int(firsts[p] + lo - (ends[p] - lengths[p])), take))
+            rank[p] += 1
+            lo += take
+        seg_at.append(len(segs))
+    slots = max(1, int(rank.max()) if len(rank) else 1)
+    out = np.array(segs, np.int64).reshape(-1, 4)
+    out[:, 1] += out[:, 0] * slots
+    return Stretches(out.astype(np.int32), np.array(seg_at, np.int32), slots)
 
 
 def cluster_size(splits: int, longest: int, rows: int, cfg: DecodeConfig, compute_capability: int) -> int:

@@ -137,7 +137,7 @@ extern "C" __global__ void DECODE_CLUSTER __launch_bounds__(THREADS, MINB) decod
 
     // this split's rows: O normalised by the split's own row sums, and the log-sum-exp (base 2); the
     // output itself when the pair has one split
-    const bool alone = gridDim.x == 1;
+    const bool alone = decode_alone();
 #if CLUSTER > 1
     // the cluster's merge: the rows in shared memory (Q's tile and the stages are free once every warp is
     // past its last tile), [BM][HEAD_D] then the log-sum-exps [BM]

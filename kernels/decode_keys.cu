@@ -15,7 +15,8 @@
 // and a merge launch, or the output itself when the pair has one split).
 //
 // The list's tiles are KT keys (attnbench.decode builds them at KT). -D BN is the slice (16 or 32).
-// Grid: (splits, H_kv, B); block: THREADS. decode_merge grid: B * H * Tq; block: HEAD_D threads.
+// Grid: (splits, H_kv, B), or with FLAT the blocks of a flat walk, each taking stretches of several pairs' lists
+// (tc/decode_common.cuh); block: THREADS. decode_merge grid: B * H * Tq; block: HEAD_D threads.
 #include "tc/config.cuh"
 #include "tc/common.cuh"
 #include "tc/scheduler.cuh"
@@ -28,15 +29,17 @@
 #define KT (NWARPS * BN)  // keys of a list's tile: a stage
 static_assert(!WG && !TMA && MT == 1 && QREG == 1, "decode_keys: mma.sync, cp.async, one m16 tile");
 static_assert(BN <= 32, "decode_keys: a warp's slice of 16 or 32 keys (idle slices skipped)");
+static_assert(!FLAT || CLUSTER == 1, "FLAT: the stretches' partials merge in the merge launch");
 
 typedef TcMmaSync TcMma;
 typedef TcLoadAsync<TcMma, KT> TcLoad;  // a stage holds the warps' slices together
 
-extern "C" __global__ void DECODE_CLUSTER __launch_bounds__(THREADS, MINB) decode_keys_split(DECODE_SPLIT_PARAMS) {
-    extern __shared__ __align__(1024) unsigned char smem[];
-    const DecodeBlock blk = decode_block(Qg, Kg, Vg, lists, lens, list_of, H, H_kv, Tq, Tk, per_split, one_len,
-                                             list_count);
-    ab_pdl_trigger();  // a merge launched as a programmatic dependent (PDL=1) may be placed now; it waits
+// One stretch of one pair's list (a split, or with FLAT a stretch of a flat walk): the block's rows against its
+// tiles, merged across the warps and stored as the split's partial, as the output (the pair's only split), or
+// (CLUSTER > 1) left in shared memory for the cluster's merge.
+__device__ __forceinline__ void decode_keys_stretch(const DecodeBlock& blk, unsigned char* smem, const AB_PATTERN_T& pat,
+                                                    const int* tent, const DecodeHead& head, float* Op, float* Lp,
+                                                    u16* Og, int H, int H_kv, int Tq, float scale_log2) {
     const int rows = blk.rows, Tb = blk.Tb, count = blk.count;  // rows <= RW (the host refuses more)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane >> 2, t4 = lane & 3;
@@ -46,7 +49,6 @@ extern "C" __global__ void DECODE_CLUSTER __launch_bounds__(THREADS, MINB) decod
     sm.k = sm.q + RW * HEAD_D * 2;
     sm.v = sm.k + STAGES * TcLoad::STAGE_BYTES;
     const TcGlobal gm = {blk.q, blk.k, blk.v, nullptr, nullptr, nullptr, nullptr, nullptr};
-    const AB_PATTERN_T pat{AB_PATTERN_ARGS};
 
     TcLoad ld;
     ld.init(sm, gm, decode_work(blk));
@@ -100,7 +102,7 @@ extern "C" __global__ void DECODE_CLUSTER __launch_bounds__(THREADS, MINB) decod
     // the block's rows: the warps' weighed by their log-sum-exps; stored as the split's partial, or as
     // the output when the pair has one split, or (CLUSTER > 1) left in shared memory past the warps'
     // rows for the cluster's merge
-    const bool alone = gridDim.x == 1;
+    const bool alone = decode_alone();
     float* part_o = red_o + NWARPS * RW * HEAD_D;  // [RW][HEAD_D], then part_l [RW]
     float* part_l = part_o + RW * HEAD_D;
     static_assert(CLUSTER == 1 || (NWARPS + 1) * RW * HEAD_D * 4 + RW * 4 <= 2 * STAGES * KT * HEAD_D * 2,
@@ -137,5 +139,24 @@ extern "C" __global__ void DECODE_CLUSTER __launch_bounds__(THREADS, MINB) decod
     }
 #if CLUSTER > 1
     decode_cluster_merge(part_o, part_l, rows, og);
+#endif
+}
+
+extern "C" __global__ void DECODE_CLUSTER __launch_bounds__(THREADS, MINB) decode_keys_split(DECODE_SPLIT_PARAMS) {
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const AB_PATTERN_T pat{AB_PATTERN_ARGS};
+#if FLAT
+    ab_pdl_trigger();  // a merge launched as a programmatic dependent (PDL=1) may be placed now; it waits
+    for (int sg = seg_at[blockIdx.x]; sg < seg_at[blockIdx.x + 1]; ++sg) {  // the block's stretches in turn
+        __syncthreads();  // the stretch before is done with shared memory
+        decode_keys_stretch(decode_block_stretch(segs[sg], Qg, Kg, Vg, lists, lens, list_of, H, H_kv, Tq, Tk, one_len,
+                                                 list_count),
+                            smem, pat, tent, head, Op, Lp, Og, H, H_kv, Tq, scale_log2);
+    }
+#else
+    const DecodeBlock blk = decode_block(Qg, Kg, Vg, lists, lens, list_of, H, H_kv, Tq, Tk, per_split, one_len,
+                                         list_count);
+    ab_pdl_trigger();  // a merge launched as a programmatic dependent (PDL=1) may be placed now; it waits
+    decode_keys_stretch(blk, smem, pat, tent, head, Op, Lp, Og, H, H_kv, Tq, scale_log2);
 #endif
 }

@@ -154,7 +154,7 @@ def test_a_ragged_batch_takes_more_splits_and_still_passes_the_gate(pattern, par
     _, k, v = random_inputs(prob.kv_shape, prob.dtype, 4)
     splits = {}
     for ragged in (0, 1):
-        variant = IMPL.decode_variant(parse_decode_config(f"RAGGED={ragged},CLUSTER=0"))
+        variant = IMPL.decode_variant(parse_decode_config(f"RAGGED={ragged},CLUSTER=0,FLAT=0"))
         runner = variant.prepare(prob, q, k, v)
         res = judge(variant, prob, runner, q, k, v)
         assert res.ok, res
@@ -165,6 +165,33 @@ def test_a_ragged_batch_takes_more_splits_and_still_passes_the_gate(pattern, par
     assert splits[0] >= 1 and splits[1] <= -(-longest // DEFAULT.MIN_PER_SPLIT)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("pattern,params,Tq,H,H_kv", [("dense", {}, 1, 32, 8), ("window", {"window": 3000}, 1, 32, 8),
+                                                      ("dense", {}, 4, 8, 2), ("streaming", {"sink": 4, "window": 600},
+                                                                               2, 16, 2)])
+def test_a_ragged_batch_walked_flat_passes_the_gate(pattern, params, Tq, H, H_kv):
+    """FLAT=1 (the default) lays a ragged batch's lists end to end and cuts them into one wave of equal runs, a
+    block's run crossing pairs; FLAT=0 splits each pair's list on its own. Both pass the gate, one query or several
+    a sequence, the merge launch weighing every pair's slots (CLUSTER=0, so the short lists take it too)."""
+    from attnbench.arrays import random_inputs
+    from attnbench.check import judge
+
+    lens = (16384, 4096, 1024, 2048, 8192, 64, 3008, 1000)
+    prob = Problem(make_mask(pattern, 16384, True, **params), 8, H, 128, "bfloat16", H_kv=H_kv, Tq=Tq, cache_lens=lens)
+    q = random_inputs(prob.shape, prob.dtype, 3)[0]
+    _, k, v = random_inputs(prob.kv_shape, prob.dtype, 4)
+    setups = {}
+    for flat in (0, 1):
+        variant = IMPL.decode_variant(parse_decode_config(f"FLAT={flat},CLUSTER=0"))
+        runner = variant.prepare(prob, q, k, v)
+        res = judge(variant, prob, runner, q, k, v)
+        assert res.ok, res
+        setups[flat] = runner.setup
+    assert "flat_blocks" not in setups[0]
+    s = setups[1]
+    assert s["kernel"] == "decode_keys" and s["flat_stretches"] > s["flat_blocks"] > 1, s
+
+
 def test_list_says_which_shapes_each_implementation_takes():
     from attnbench.impls import get_impl
 
@@ -173,7 +200,7 @@ def test_list_says_which_shapes_each_implementation_takes():
 
 
 # ---- its shape, for tuning: --decode-config and ATTNBENCH_DECODE_CONFIG ------------------------------
-from attnbench.decode_config import (DEFAULT, ENV, DecodeConfig, parse_decode_config, ragged_splits,  # noqa: E402
+from attnbench.decode_config import (DEFAULT, ENV, DecodeConfig, flat_stretches, parse_decode_config, ragged_splits,  # noqa: E402
                                      split_count)
 
 # the choices of scripts/gpu_check.sh's decodeshapes step (DECODE_SHAPES' default)
@@ -195,7 +222,8 @@ def test_the_gpu_check_step_sweeps_these_shapes():
     ("8,32,4", (("NWARPS", 8), ("BN", 32), ("STAGES", 4), ("MINB", 1), ("SPLITS", 0), ("BLOCKS_PER_SM", 0),
                 ("MIN_PER_SPLIT", 4), ("MERGE", 0), ("BY_KEYS", 2), ("ONE_PER_SM", 8), ("CLASSES", 1),
                 ("BN_SHORT", 32), ("PDL", 1), ("CLUSTER", 8), ("CLUSTER_TILES", 9), ("CLUSTER_ROWS", 64),
-                ("BY_PAIRS", 2), ("HEADS", 0), ("WG", 1), ("KWG", 0), ("EVICT", 2), ("CMERGE", 2), ("RAGGED", 1))),
+                ("BY_PAIRS", 2), ("HEADS", 0), ("WG", 1), ("KWG", 0), ("EVICT", 2), ("CMERGE", 2), ("RAGGED", 1),
+                ("FLAT", 1))),
     ("by_keys=0", (("BY_KEYS", 0),)),
 ])
 def test_a_decode_shape_parses_named_and_positional_forms(text, given):
@@ -210,7 +238,7 @@ def test_a_decode_shape_parses_named_and_positional_forms(text, given):
     ("SPLITS=-1", "SPLITS=-1 must be from 0 to 4096"),
     ("TMA=1", "unknown field 'TMA' (fields: NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, "
               "BY_KEYS, ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES, CLUSTER_ROWS, BY_PAIRS, HEADS, WG, "
-              "KWG, EVICT, CMERGE, RAGGED)"),
+              "KWG, EVICT, CMERGE, RAGGED, FLAT)"),
     ("WG=2", "WG=2 must be 0 or 1"),
     ("CLUSTER=17", "CLUSTER=17 must be from 0 to 16"),
     ("CLUSTER_ROWS=0", "CLUSTER_ROWS=0 must be from 1 to 4096"),
@@ -266,6 +294,34 @@ def test_a_ragged_batch_gives_its_long_lists_more_splits():
     # SPLITS given wins; and no more splits than MIN_PER_SPLIT tiles each allow
     assert split_count(455, 64, 132, replace(DEFAULT, SPLITS=3), 2, pairs) == (152, 3)
     assert ragged_splits([8, 1], 8, 1000, 1, 2) == 2
+
+
+def test_a_flat_walk_cuts_the_lists_end_to_end_into_equal_runs():
+    # the decode configuration's ragged batch at Tq=1 (dense, 64-key tiles), 8 key/value heads, one wave of 264
+    seq = [-(-n // 64) for n in (29120, 23872, 20736, 14784, 15744, 9152, 9984, 8576)]
+    firsts = np.concatenate([[0], np.cumsum(seq)[:-1]])
+    pairs, pair_firsts = np.repeat(seq, 8), np.repeat(firsts, 8)  # a sequence's groups share its list
+    st = flat_stretches(pairs, pair_firsts, 264, 4)
+    total = int(pairs.sum())
+    per = -(-total // 264)
+    assert st.blocks == -(-total // per) <= 264
+    segs = st.segs.astype(np.int64)
+    runs = [segs[st.seg_at[x]:st.seg_at[x + 1]] for x in range(st.blocks)]
+    assert all(int(r[:, 3].sum()) == per for r in runs[:-1]) and 0 < int(runs[-1][:, 3].sum()) <= per
+    # every pair's tiles once, in order, its stretches in slots 0, 1, ... of its own
+    for p in range(len(pairs)):
+        mine = segs[segs[:, 0] == p]
+        assert int(mine[:, 3].sum()) == pairs[p]
+        assert list(mine[:, 1]) == [p * st.slots + i for i in range(len(mine))]
+        starts = mine[:, 2] - pair_firsts[p]
+        assert list(starts) == [0] + list(np.cumsum(mine[:, 3])[:-1])
+    assert st.slots == max(int((segs[:, 0] == p).sum()) for p in range(len(pairs)))
+    # a run crosses into the next pair: some block holds stretches of two pairs
+    assert max(len(r) for r in runs) >= 2 and (segs[:, 3] > 0).all()
+    # pairs of no tiles take no stretch; a run is at least `least` tiles
+    st = flat_stretches([3, 0, 5], [0, 3, 3], 100, 4)
+    assert st.segs.tolist() == [[0, 0, 0, 3], [2, 4, 3, 1], [2, 5, 4, 4]] and st.seg_at.tolist() == [0, 2, 3]
+    assert st.slots == 2
 
 
 def test_a_shape_the_kernel_cannot_take_is_refused_by_name(monkeypatch):

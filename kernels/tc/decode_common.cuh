@@ -20,7 +20,9 @@
 //     with STRIDE > 1 (one query a sequence) the keys and K/V of the query's residue class;
 //     decode_block_at(split, kvh, b, ...) the same for a pair named otherwise than by blockIdx;
 //   decode_out_slab(Og, blk, H, Tq): the group's first output row;
+//   decode_block_stretch(seg, ...): the same for a stretch of a flat walk (FLAT, below);
 //   decode_part_rows / decode_part_lse(..., blk, H_kv): the split's partial rows and log-sum-exps;
+//   decode_alone(): whether the block is its pair's only split (it stores the output itself);
 //   decode_work(blk): the loader's work item (TcLoadAsync::init);
 //   decode_pos(r, rows, Tb, Tq): row r's position (padding rows: the last, never stored);
 //   decode_tile<Mma>(...): one key tile's products (Mma's) and softmax for a warp's 16 rows (below);
@@ -40,7 +42,8 @@
         float *__restrict__ Lp, const int2 *__restrict__ lists, const int *__restrict__ tent,                      \
         const int *__restrict__ lens, const int *__restrict__ list_of, int H, int H_kv, int Tq, int Tk,           \
         int per_split, float scale_log2, const int *__restrict__ table, u16 *__restrict__ Og,                     \
-        int *__restrict__ tickets, int one_len, int list_count, const __grid_constant__ DecodeHead head
+        int *__restrict__ tickets, int one_len, int list_count, const int4 *__restrict__ segs,                   \
+        const int *__restrict__ seg_at, const __grid_constant__ DecodeHead head
 
 // The list's first DECODE_HEAD_N entries (tent[0 ..), zeros past its end) come with the launch as well, a kernel
 // parameter: a block reads its first entries, and every one of a short list, from the launch's constant bank,
@@ -88,6 +91,7 @@ struct DecodeBlock {
     int group, rows;    // query heads a key/value head; the block's rows, group x Tq
     int Tb;             // this sequence's keys
     int first, count;   // the split's stretch of the sequence's list: first entry's index in tent, length
+    int part;           // FLAT: its partial's index in Op / Lp (else (pair, split) of gridDim.x splits a pair)
     const u16 *q, *k, *v;  // the group's Q slab, the key/value head's K and V
 };
 
@@ -127,6 +131,27 @@ __device__ __forceinline__ DecodeBlock decode_block(const u16* Qg, const u16* Kg
                                                     int Tk, int per_split, int one_len, int list_count) {
     return decode_block_at(blockIdx.x, blockIdx.y, blockIdx.z, Qg, Kg, Vg, lists, lens, list_of, H, H_kv, Tq, Tk,
                            per_split, one_len, list_count);
+}
+
+// FLAT 1 (the key slices' kernel, a ragged batch; attnbench/decode_config.py flat_stretches): the grid is one
+// dimension, and block x walks the stretches segs[seg_at[x] .. seg_at[x + 1]), each {pair b * H_kv + kvh, its
+// partial's index in Op / Lp, first entry's index in tent, count}: the pairs' lists laid end to end and cut into
+// equal runs of tiles, so a run may cross from one pair into the next and every block holds the same tiles
+// whatever the sequences' lengths. Every stretch stores a partial (no block is a pair's only one), and the merge
+// launch weighs a pair's slots, those no stretch fills holding a log-sum-exp of -inf and zero rows (the host's).
+#ifndef FLAT
+#define FLAT 0
+#endif
+__device__ __forceinline__ DecodeBlock decode_block_stretch(const int4 seg, const u16* Qg, const u16* Kg,
+                                                            const u16* Vg, const int2* lists, const int* lens,
+                                                            const int* list_of, int H, int H_kv, int Tq, int Tk,
+                                                            int one_len, int list_count) {
+    DecodeBlock d = decode_block_at(0, seg.x % H_kv, seg.x / H_kv, Qg, Kg, Vg, lists, lens, list_of, H, H_kv, Tq, Tk,
+                                    0, one_len, list_count);
+    d.first = seg.z;
+    d.count = seg.w;
+    d.part = seg.y;
+    return d;
 }
 
 // the loader's work item (TcLoadAsync reads K and V from the TcGlobal pointers, rows >= Tb zero-filled
@@ -174,12 +199,17 @@ __device__ __forceinline__ u16* decode_out_slab(u16* Og, const DecodeBlock& d, i
 }
 
 // the split's partial rows and log-sum-exps
+__device__ __forceinline__ size_t decode_part(const DecodeBlock& d, int H_kv) {
+    return FLAT ? (size_t)d.part : ((size_t)d.b * H_kv + d.kvh) * gridDim.x + d.split;
+}
 __device__ __forceinline__ float* decode_part_rows(float* Op, const DecodeBlock& d, int H_kv) {
-    return Op + ((((size_t)d.b * H_kv + d.kvh) * gridDim.x + d.split) * DEC_ROWS) * HEAD_D;
+    return Op + decode_part(d, H_kv) * DEC_ROWS * HEAD_D;
 }
 __device__ __forceinline__ float* decode_part_lse(float* Lp, const DecodeBlock& d, int H_kv) {
-    return Lp + (((size_t)d.b * H_kv + d.kvh) * gridDim.x + d.split) * DEC_ROWS;
+    return Lp + decode_part(d, H_kv) * DEC_ROWS;
 }
+// whether the block is its pair's only split, which stores the output itself (never a stretch of a flat walk)
+__device__ __forceinline__ bool decode_alone() { return !FLAT && gridDim.x == 1; }
 
 #if CLUSTER > 1
 __device__ __forceinline__ void decode_cluster_sync() {  // every thread of every block of the cluster
