@@ -145,20 +145,9 @@ def test_a_ragged_batch_takes_more_splits_and_still_passes_the_gate(pattern, par
     """RAGGED=1 (the default) gives the long sequence of a ragged batch more splits than RAGGED=0, which counts
     them from the longest list alone; both pass the gate. The decode configuration's shape at B=8 on a small
     scale: 8 key/value heads, one query a sequence, the merge launch."""
-    from attnbench.arrays import random_inputs
-    from attnbench.check import judge
-
-    lens = (16384, 4096, 1024, 2048, 8192, 64, 3008, 1000)
-    prob = Problem(make_mask(pattern, 16384, True, **params), 8, 32, 128, "bfloat16", H_kv=8, Tq=1, cache_lens=lens)
-    q = random_inputs(prob.shape, prob.dtype, 3)[0]
-    _, k, v = random_inputs(prob.kv_shape, prob.dtype, 4)
-    splits = {}
-    for ragged in (0, 1):
-        variant = IMPL.decode_variant(parse_decode_config(f"RAGGED={ragged},CLUSTER=0,FLAT=0"))
-        runner = variant.prepare(prob, q, k, v)
-        res = judge(variant, prob, runner, q, k, v)
-        assert res.ok, res
-        splits[ragged] = runner.setup["splits"]
+    setups = _ragged_gates(make_mask(pattern, 16384, True, **params), 1, 32, 8,
+                           {r: f"RAGGED={r},CLUSTER=0,FLAT=0" for r in (0, 1)})
+    splits = {r: s["splits"] for r, s in setups.items()}
     longest = -(-16384 // 64)
     if pattern == "dense":  # 256 tiles the longest, 518 in all: the lists differ
         assert splits[1] > splits[0], splits
@@ -167,29 +156,37 @@ def test_a_ragged_batch_takes_more_splits_and_still_passes_the_gate(pattern, par
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("pattern,params,Tq,H,H_kv", [("dense", {}, 1, 32, 8), ("window", {"window": 3000}, 1, 32, 8),
-                                                      ("dense", {}, 4, 8, 2), ("streaming", {"sink": 4, "window": 600},
-                                                                               2, 16, 2)])
+                                                      ("dense", {}, 4, 8, 2), ("window", {"window": 3000}, 2, 16, 2)])
 def test_a_ragged_batch_walked_flat_passes_the_gate(pattern, params, Tq, H, H_kv):
     """FLAT=1 (the default) lays a ragged batch's lists end to end and cuts them into one wave of equal runs, a
     block's run crossing pairs; FLAT=0 splits each pair's list on its own. Both pass the gate, one query or several
-    a sequence, the merge launch weighing every pair's slots (CLUSTER=0, so the short lists take it too)."""
+    a sequence (the key slices' kernel: lists past 2048 keys, whose 64-key tiles it takes), the merge launch weighing
+    every pair's slots (CLUSTER=0, so the short lists take it too)."""
+    setups = _ragged_gates(make_mask(pattern, 16384, True, **params), Tq, H, H_kv,
+                           {f: f"FLAT={f},CLUSTER=0" for f in (0, 1)})
+    assert "flat_blocks" not in setups[0]
+    s = setups[1]
+    assert s["kernel"] == "decode_keys" and s["flat_stretches"] > s["flat_blocks"] > 1, s
+
+
+def _ragged_gates(mask, Tq: int, H: int, H_kv: int, specs: dict) -> dict:
+    """fast-decode with each of ``specs``' shapes through the gate on one ragged batch of 8 sequences (one of
+    16384 keys, one of 64, the others between, 1000 and 3008 off the tiles' edges): each shape's setup."""
     from attnbench.arrays import random_inputs
     from attnbench.check import judge
 
     lens = (16384, 4096, 1024, 2048, 8192, 64, 3008, 1000)
-    prob = Problem(make_mask(pattern, 16384, True, **params), 8, H, 128, "bfloat16", H_kv=H_kv, Tq=Tq, cache_lens=lens)
+    prob = Problem(mask, 8, H, 128, "bfloat16", H_kv=H_kv, Tq=Tq, cache_lens=lens)
     q = random_inputs(prob.shape, prob.dtype, 3)[0]
     _, k, v = random_inputs(prob.kv_shape, prob.dtype, 4)
     setups = {}
-    for flat in (0, 1):
-        variant = IMPL.decode_variant(parse_decode_config(f"FLAT={flat},CLUSTER=0"))
+    for key, spec in specs.items():
+        variant = IMPL.decode_variant(parse_decode_config(spec))
         runner = variant.prepare(prob, q, k, v)
         res = judge(variant, prob, runner, q, k, v)
-        assert res.ok, res
-        setups[flat] = runner.setup
-    assert "flat_blocks" not in setups[0]
-    s = setups[1]
-    assert s["kernel"] == "decode_keys" and s["flat_stretches"] > s["flat_blocks"] > 1, s
+        assert res.ok, (spec, res)
+        setups[key] = runner.setup
+    return setups
 
 
 def test_list_says_which_shapes_each_implementation_takes():
