@@ -125,7 +125,9 @@ class DecodeConfig:
     RAGGED: int = 1  # H100, B=8, Tq=1, 1 / 0 in one process (results/decode-ragged-ab-h100.csv, docs/PERF.md "decode: a
     #                  ragged batch's splits from every list"): dense, one cache of 131072 among seven of 4096 0.614,
     #                  halving lengths 0.937, the decode configuration's ragged batch 0.997; one-length lists the same
-    FLAT: int = 1  # not yet measured
+    FLAT: int = 1  # H100, B=8, Tq=1, dense, 1 / 0 in one process (results/decode-flat-ab-h100.csv, docs/PERF.md "decode: a
+    #                ragged batch walked flat"): the configuration's ragged batch 0.979, one cache of 131072 among seven of
+    #                4096 0.894, halving lengths 0.973
 
     @property
     def rows(self) -> int:
