@@ -121,11 +121,12 @@ def _decode_is_clean(tool: str, options: list, env: dict | None = None) -> None:
 
 
 @pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer not on PATH")
-@pytest.mark.parametrize("tool", ["memcheck"])
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
 def test_fast_decode_ragged_batch_is_sanitizer_clean(tool):
     """fast-decode through the gate on a ragged batch of pairs enough for one wave (8 sequences x 8 key/value heads,
-    one query each), where RAGGED=1 gives the long sequences more splits than the short ones and the grid blocks
-    that find no tile, the merge launch (dense's long lists) and a cluster (window 3000's short ones)."""
+    one query each): dense's lists walked flat (FLAT=1: a block's run of stretches crossing pairs, the merge launch
+    weighing each pair's slots; racecheck: the block barrier before a stretch reuses the last one's shared memory) and
+    window 3000's short ones split on their own and merged in a cluster."""
     _decode_is_clean(tool, ["--pattern", "dense", "--pattern", "window", "--window", "3000", "--T", "16384", "--Tq",
                             "1", "--D", "64", "--B", "8", "--H", "32", "--H-kv", "8", "--cache-lens",
                             "16384,4096,1024,2048,8192,64,3008,1000"])
