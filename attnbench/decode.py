@@ -6,7 +6,10 @@ positions Tk_b - Tq .. Tk_b - 1 allow (``Mask.keys``), each flagged full when ev
 positions allows every key of the tile and the tile ends within Tk_b, else partial (the kernel
 masks it with the predicate). The lists are cut into splits of equal length so that B * H_kv *
 splits blocks fill the GPU whatever B; ``decode_split`` leaves each split's rows normalised with
-their log-sum-exp and ``decode_merge`` weighs them. A block holds the H / H_kv query heads of its
+their log-sum-exp and ``decode_merge`` weighs them. In a ragged batch every list is cut at the same tiles a
+split (``RAGGED``), or, where the key slices' kernel merges by the merge launch, the lists are laid end to end
+and cut into one wave of equal runs, a block's run crossing from one pair into the next (``FLAT``,
+``decode_config.flat_stretches``). A block holds the H / H_kv query heads of its
 key/value head times the Tq positions as its rows (at most ``ROWS``); longer query stretches are
 prefill's (fast-tc). The list's first HEAD_ENTRIES entries come with the split launch as a parameter
 (``list_head``), so a block's first K/V loads wait on no read of them (docs/PERF.md "decode v11").

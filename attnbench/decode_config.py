@@ -424,8 +424,8 @@ class Stretches:
 
 def flat_stretches(lengths, firsts, blocks: int, least: int = 1) -> Stretches:
     """The pairs' lists (``lengths`` tiles each, the first entry of pair p at ``firsts[p]``) laid end to end and cut
-    into runs of equal tiles, the fewest whose count is at most ``blocks`` (one wave), each at least ``least`` tiles
-    (the last run may be shorter); a run's stretches are its pieces of each pair it crosses."""
+    into runs of ceil(total / ``blocks``) tiles, at least ``least`` (so at most ``blocks`` runs, one wave; the last
+    may be shorter); a run's stretches are its pieces of each pair it crosses."""
     lengths = np.asarray(lengths, np.int64)
     firsts = np.asarray(firsts, np.int64)
     ends = np.cumsum(lengths)
