@@ -91,9 +91,9 @@ def metered(mem, impls, **kw):
     ctx, timer = ctx_for(impls, **kw)
     ctx.memory = lambda: mem
 
-    def inputs(shape, dtype, seed):  # the inputs on the "device": the baseline, never counted
-        mem.alloc(3 * int(__import__("math").prod(shape)) * ITEMSIZE[dtype])
-        return host_inputs(shape, dtype, seed)
+    def inputs(shape, dtype, seed, keep="qkv"):  # the inputs on the "device": the baseline, never counted
+        mem.alloc(len(keep) * int(__import__("math").prod(shape)) * ITEMSIZE[dtype])
+        return host_inputs(shape, dtype, seed, keep)
     ctx.inputs = inputs
     return ctx, timer
 
