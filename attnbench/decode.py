@@ -305,10 +305,10 @@ class FastDecode(Impl):
         setup["cluster"] = cluster
         setup["decode_config"] = cfg.cmerge_for(rows, cluster, prob.D).spec  # (CMERGE decided by the cluster)
         # a ragged batch's lists end to end in one wave of equal runs (FLAT), where the key slices' kernel merges its
-        # splits in the merge launch
+        # splits in the merge launch; FLAT=2 a batch of one length too, where it has more than one split a pair
         stretches = None
         if (cfg.FLAT and keys and not by_pairs and cluster == 1 and not cfg.SPLITS and not cfg.MERGE
-                and len(set(pair_tiles.tolist())) > 1):
+                and (len(set(pair_tiles.tolist())) > 1 or (cfg.FLAT == 2 and splits > 1))):
             with timed(setup, "compile_s"):
                 split_k, _ = kernels(flat=True)
             wave = (1 if cfg.few_pairs(prob.B * groups, sms) else resident_blocks(split_k, cfg.threads, smem)) * sms

@@ -86,7 +86,10 @@ class DecodeConfig:
     FLAT 1: where the batch's lists differ in length and the key slices' kernel merges its splits in the merge launch
     (no cluster, no warp a pair), the pairs' lists are laid end to end and cut into one wave of equal runs of tiles
     (``flat_stretches``): a block walks its run's stretches, which may cross from one pair into the next, so every
-    block holds the same tiles and none is empty; 0: each pair's list split on its own (RAGGED)."""
+    block holds the same tiles and none is empty; 2: that for a batch of one length too, where its pairs' splits
+    merge in the merge launch (a uniform batch's splits are equal, but the grid of pairs x splits may leave SMs or
+    a wave's slots without a block: B=1's 8 pairs x 16 splits are 128 blocks on 132 SMs); 0: each pair's list split
+    on its own (RAGGED)."""
     NWARPS: int = 4
     BN: int = 64
     STAGES: int = 3
@@ -282,7 +285,7 @@ DECODE_LIMITS = {"NWARPS": (4, 16, 4), "BN": (16, 256, 16), "STAGES": (2, 8, 1),
                  "BN_SHORT": (0, 256, 16), "PDL": (0, 1, 1), "CLUSTER": (0, 16, 1), "CLUSTER_TILES": (1, 4096, 1),
                  "CLUSTER_ROWS": (1, 4096, 1), "BY_PAIRS": (0, 2, 1), "HEADS": (0, 16, 1), "WG": (0, 1, 1),
                  "KWG": (0, 2, 1), "EVICT": (0, 2, 1), "CMERGE": (0, 2, 1),
-                 "RAGGED": (0, 1, 1), "FLAT": (0, 1, 1)}
+                 "RAGGED": (0, 1, 1), "FLAT": (0, 2, 1)}
 DEFAULT = DecodeConfig()
 LONG_BN = DEFAULT.BN
 # lists of at most this many keys (in 64-key tiles) take BN_SHORT-key tiles. H100, B 1 to 64, Tq 1 and 16, BN=32 /

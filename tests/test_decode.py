@@ -169,14 +169,27 @@ def test_a_ragged_batch_walked_flat_passes_the_gate(pattern, params, Tq, H, H_kv
     assert s["kernel"] == "decode_keys" and s["flat_stretches"] > s["flat_blocks"] > 1, s
 
 
-def _ragged_gates(mask, Tq: int, H: int, H_kv: int, specs: dict) -> dict:
-    """fast-decode with each of ``specs``' shapes through the gate on one ragged batch of 8 sequences (one of
-    16384 keys, one of 64, the others between, 1000 and 3008 off the tiles' edges): each shape's setup."""
+@pytest.mark.gpu
+@pytest.mark.parametrize("pattern,params,B", [("dense", {}, 1), ("dense", {}, 3), ("window", {"window": 3000}, 2)])
+def test_a_batch_of_one_length_walked_flat_passes_the_gate(pattern, params, B):
+    """FLAT=2 walks a batch whose lists are of one length flat as well (FLAT=1 only ragged ones): runs of equal
+    tiles that cross pairs, where the grid took pairs x splits blocks. Both pass the gate, one query a sequence."""
+    mask = make_mask(pattern, 16384, True, **params)
+    setups = _ragged_gates(mask, 1, 32, 8, {f: f"FLAT={f},CLUSTER=0" for f in (1, 2)}, lens=(16384,) * B)
+    assert "flat_blocks" not in setups[1]
+    s = setups[2]
+    assert s["kernel"] == "decode_keys" and s["flat_stretches"] > s["flat_blocks"] > 1, s
+
+
+def _ragged_gates(mask, Tq: int, H: int, H_kv: int, specs: dict,
+                  lens=(16384, 4096, 1024, 2048, 8192, 64, 3008, 1000)) -> dict:
+    """fast-decode with each of ``specs``' shapes through the gate on one batch of ``lens`` keys (by default a
+    ragged batch of 8 sequences: one of 16384 keys, one of 64, the others between, 1000 and 3008 off the tiles'
+    edges): each shape's setup."""
     from attnbench.arrays import random_inputs
     from attnbench.check import judge
 
-    lens = (16384, 4096, 1024, 2048, 8192, 64, 3008, 1000)
-    prob = Problem(mask, 8, H, 128, "bfloat16", H_kv=H_kv, Tq=Tq, cache_lens=lens)
+    prob = Problem(mask, len(lens), H, 128, "bfloat16", H_kv=H_kv, Tq=Tq, cache_lens=lens)
     q = random_inputs(prob.shape, prob.dtype, 3)[0]
     _, k, v = random_inputs(prob.kv_shape, prob.dtype, 4)
     setups = {}
@@ -237,6 +250,7 @@ def test_a_decode_shape_parses_named_and_positional_forms(text, given):
               "BY_KEYS, ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES, CLUSTER_ROWS, BY_PAIRS, HEADS, WG, "
               "KWG, EVICT, CMERGE, RAGGED, FLAT)"),
     ("WG=2", "WG=2 must be 0 or 1"),
+    ("FLAT=3", "FLAT=3 must be from 0 to 2"),
     ("CLUSTER=17", "CLUSTER=17 must be from 0 to 16"),
     ("CLUSTER_ROWS=0", "CLUSTER_ROWS=0 must be from 1 to 4096"),
     ("PDL=2", "PDL=2 must be 0 or 1"),
