@@ -173,12 +173,16 @@ def test_a_ragged_batch_walked_flat_passes_the_gate(pattern, params, Tq, H, H_kv
 @pytest.mark.parametrize("pattern,params,B", [("dense", {}, 1), ("dense", {}, 3), ("window", {"window": 3000}, 2)])
 def test_a_batch_of_one_length_walked_flat_passes_the_gate(pattern, params, B):
     """FLAT=2 walks a batch whose lists are of one length flat as well (FLAT=1 only ragged ones): runs of equal
-    tiles that cross pairs, where the grid took pairs x splits blocks. Both pass the gate, one query a sequence."""
+    tiles, where the grid took pairs x splits blocks. Both pass the gate, one query a sequence. (A run crosses pairs
+    where its tiles do not divide a list's: B=3's 24 lists of 256 tiles in 256 runs of 24; B=1's 8 lists in 128 runs
+    of 16 do not.)"""
     mask = make_mask(pattern, 16384, True, **params)
     setups = _ragged_gates(mask, 1, 32, 8, {f: f"FLAT={f},CLUSTER=0" for f in (1, 2)}, lens=(16384,) * B)
     assert "flat_blocks" not in setups[1]
     s = setups[2]
-    assert s["kernel"] == "decode_keys" and s["flat_stretches"] > s["flat_blocks"] > 1, s
+    assert s["kernel"] == "decode_keys" and s["flat_stretches"] >= s["flat_blocks"] > 1, s
+    if B == 3:
+        assert s["flat_stretches"] > s["flat_blocks"], s
 
 
 def _ragged_gates(mask, Tq: int, H: int, H_kv: int, specs: dict,
