@@ -130,7 +130,8 @@ class DecodeConfig:
     #                  halving lengths 0.937, the decode configuration's ragged batch 0.997; one-length lists the same
     FLAT: int = 1  # H100, B=8, Tq=1, dense, 1 / 0 in one process (results/decode-flat-ab-h100.csv, docs/PERF.md "decode: a
     #                ragged batch walked flat"): the configuration's ragged batch 0.979, one cache of 131072 among seven of
-    #                4096 0.894, halving lengths 0.973
+    #                4096 0.894, halving lengths 0.973; FLAT=2 / 1 on batches of one length (B 1 and 8, Tk 32768 and
+    #                131072; results/decode-flat2-ab-h100.csv) 0.998-1.015
 
     @property
     def rows(self) -> int:

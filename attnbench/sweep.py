@@ -195,8 +195,8 @@ def serving_cases(config: str, cases: list[Case], *, B=(), H_kv=None, Tq=(), cac
                                   if cs.T == cases[0].T and cs.inst.pattern in c.long_patterns]
     for cs in cases + long:
         for b in Bs:
-            if cs in long and c.long_Bs and b not in c.long_Bs and not B:
-                continue  # the config's batches whose caches fit at the longer T
+            if cs in long and c.long_Bs and (b not in c.long_Bs if not B else (b or 1) > max(c.long_Bs)):
+                continue  # the config's batches whose caches fit at the longer T (a batch given: none larger)
             for tq in Tqs:
                 case = dataclasses.replace(cs, B=cs.B if b is None else b, H_kv=H_kv, Tq=tq)
                 if cache_dist is not None:
@@ -210,6 +210,8 @@ def serving_cases(config: str, cases: list[Case], *, B=(), H_kv=None, Tq=(), cac
         for cs in cases:
             firsts.setdefault((cs.dtype, cs.D, cs.inst), cs)
         for b, tq, t, dist, seed in c.ragged:
+            if (B and b not in B) or (Tq and tq not in Tq):
+                continue  # --B and --Tq narrow the ragged batches too
             for cs in firsts.values():
                 out.append(dataclasses.replace(cs, B=b, T=t, H_kv=H_kv, Tq=tq,
                                                cache_lens=draw_lens(dist, seed, b, t, tq)))

@@ -169,6 +169,20 @@ def test_check_runs_the_gate_on_serving_shapes(registry, monkeypatch):
     assert "failed 0" in r.output and "skipped" in r.output and "H_kv=2 < H=4" in r.output
 
 
+def test_batches_and_query_lengths_given_narrow_the_long_caches_and_the_ragged_batch():
+    """--B and --Tq narrow the decode configuration's extra cases as they do its grid: no longest cache for a batch
+    above the configuration's (B=64 at T=1048576 would not fit), and the ragged batch (B=8, Tq=1) only where its B
+    and Tq are among those given."""
+    b64 = sw.plan("decode", B=(64,), Tq=(16,))
+    assert {c.B for c in b64} == {64} and {c.T for c in b64} == {4096, 32768, 131072}
+    assert all(c.cache_lens is None for c in b64)
+    assert not [c for c in sw.plan("decode", Tq=(16,)) if c.cache_lens is not None]
+    b8 = sw.plan("decode", B=(8,), Tq=(1,))
+    assert 1048576 in {c.T for c in b8}
+    assert {(c.B, c.Tq) for c in b8 if c.cache_lens is not None} == {(8, 1)}
+    assert 1048576 in {c.T for c in sw.plan("decode", B=(4,))}  # (a smaller batch than the config's fits too)
+
+
 def test_keys_beyond_a_short_cache_never_reach_a_ragged_problem():
     p = Problem(make_mask("window", 64, True, window=8), 2, 2, 16, "float32", Tq=2, cache_lens=(64, 16))
     assert p.pairs == 2 * (8 + 8)
