@@ -41,6 +41,25 @@ def output_bytes(prob: Problem) -> int:
     return {"fwd": o, "bwd": grads, "fwd+bwd": o + grads}[prob.pass_name]
 
 
+def input_bytes(prob: Problem) -> int:
+    """Bytes of the pass's inputs: q [B, H, Tq, D], k and v [B, H_kv, Tk, D]; a backward's output gradient too."""
+    n = math.prod(prob.shape) + 2 * math.prod(prob.kv_shape) + (math.prod(prob.shape) if prob.pass_name != "fwd" else 0)
+    return n * ITEMSIZE[prob.dtype]
+
+
+def device_bytes() -> int:
+    """The current device's memory in bytes (CUDA's total, not what is free now)."""
+    import cupy
+
+    return int(cupy.cuda.Device().mem_info[1])
+
+
+def needed_bytes(prob: Problem) -> int:
+    """The least device memory a row of ``prob`` takes: its inputs and the pass's outputs, nothing an implementation
+    adds (``peak_mem_mb``)."""
+    return input_bytes(prob) + output_bytes(prob)
+
+
 class PeakWindow:
     """The most a meter saw allocated above its level at ``begin`` until ``end``, with what happens
     inside ``aside()`` left out. ``begin`` calls the meter's ``fresh`` first (when it has one)."""

@@ -4,8 +4,9 @@ the survivors timed against each other (SPEC sections 3, 4, 5).
 A configuration is a pattern instance (pattern, parameters, causal flag) at one T, B, H, D and
 dtype. For each one, every implementation gives exactly one row:
 
-* ``skipped``: the configuration does not fit (BadInput from the pattern), the implementation
-  is not available here, does not take the problem, or refuses it while preparing;
+* ``skipped``: the configuration does not fit (BadInput from the pattern, or its inputs and outputs alone exceed
+  the device's memory, found before anything is allocated), the implementation is not available here, does not take
+  the problem, or refuses it while preparing;
 * ``failed``: the correctness gate failed, or an exception (out of memory, a compile error)
   came up while preparing, checking or timing it; its reason is kept;
 * ``ok``: passed the gate and was timed, interleaved with the other implementations that
@@ -25,7 +26,7 @@ from .check import grad_inputs, judge, problem_inputs, reference_of
 from .configs import Instance, get_config
 from .errors import BadInput
 from .impls import DTYPES, PASSES, Impl, Problem, all_impls, get_impl
-from .memory import MeteredRunner, PeakWindow
+from .memory import MeteredRunner, PeakWindow, needed_bytes
 from .patterns import all_params, get_pattern, make_mask, param_columns, pattern_label
 from .results import COLUMNS, ResultWriter, Tally, now, params_json, row_key
 from .serving import draw_lens, lens_text
@@ -404,6 +405,9 @@ class Context:
     references: "ReferenceCache" = field(default_factory=lambda: ReferenceCache())
     # called between a configuration's gate and its timing (the device's: a pause of timing.SETTLE_S); None: none
     settle: Callable[[], None] | None = None
+    # the device's memory in bytes: a configuration whose inputs and outputs alone take more is skipped before anything
+    # is allocated (None: no such check)
+    device_bytes: int | None = None
 
     def timing_options(self) -> dict:
         """The keywords ``time`` takes: the budget, or the fixed sample count when one is set."""
@@ -495,6 +499,13 @@ def run_case(case: Case, impls: list[Impl], ctx: Context, done: Callable[[dict],
     runners = {}
     ref_key = ReferenceCache.key_of(case, case_seed(case, ctx.seed))
     ctx.references.forget_unless(ref_key)  # another configuration's reference goes before these inputs come
+    need = needed_bytes(prob)
+    if candidates and ctx.device_bytes is not None and need > ctx.device_bytes:
+        why = (f"its inputs and outputs alone take {need / 1e9:.1f} GB, more than the device's "
+               f"{ctx.device_bytes / 1e9:.1f} GB")
+        for impl in candidates:
+            out[impl.name] = _finish(rows[impl.name], "skipped", why)
+        candidates = []
     if candidates:
         try:
             seed = case_seed(case, ctx.seed)
@@ -652,7 +663,7 @@ def device_context(seed: int = 0, budget_s: float = DEFAULT_BUDGET_S, command: s
     """The real thing: provenance, peaks measured once, CUDA-event timing with L2 flushes.
     BadInput, before anything is measured, when there is no device to sweep on."""
     from .impls import device_problem
-    from .memory import DeviceMemory
+    from . import memory
     from .results import provenance
     from .timing import EventTimer, measure_peaks
 
@@ -663,7 +674,8 @@ def device_context(seed: int = 0, budget_s: float = DEFAULT_BUDGET_S, command: s
     peaks = measure_peaks()
     timer = EventTimer()
     return Context(time=timer.time, peaks=peaks, provenance=prov, seed=seed, budget_s=budget_s,
-                   command=command, progress=progress, samples=samples, memory=DeviceMemory, settle=settle)
+                   command=command, progress=progress, samples=samples, memory=memory.DeviceMemory, settle=settle,
+                   device_bytes=memory.device_bytes())
 
 
 def settle() -> None:

@@ -156,6 +156,32 @@ def test_a_configuration_that_does_not_fit_is_skipped_for_every_impl():
     assert timer.calls == [] and all(i.prepared == 0 for i in impls)
 
 
+def test_a_configuration_whose_inputs_exceed_the_device_is_skipped_before_any_allocation():
+    """The device's memory known (the real context's ``device_bytes``): a case whose q, k, v and output alone take
+    more is skipped for every candidate, its reason giving both sizes, and no input is made; one that fits runs."""
+    from attnbench.memory import needed_bytes
+
+    impls = [FakeImpl("a"), FakeImpl("b", unavailable="no")]
+    made = []
+
+    def inputs(*a, **kw):
+        made.append(a)
+        return host_inputs(*a, **kw)
+
+    c = case()
+    prob = sw.Problem(sw.make_mask(c.inst.pattern, c.T, c.inst.causal, **c.inst.param_dict), c.B, c.H, c.D, c.dtype)
+    need = needed_bytes(prob)
+    assert need == 4 * c.B * c.H * c.T * c.D * (4 if c.dtype == "float32" else 2)  # q, k, v and O
+    ctx = sw.Context(time=FakeTimer(impls), peaks=PEAKS, provenance=dict(PROVENANCE), inputs=inputs,
+                     cleanup=lambda: None, device_bytes=need - 1)
+    st = {r["impl"]: (r["status"], r["reason"]) for r in sw.run_case(c, impls, ctx)}
+    assert st["b"] == ("skipped", "no") and st["a"][0] == "skipped", st
+    assert f"{need / 1e9:.1f} GB" in st["a"][1] and "more than the device's" in st["a"][1]
+    assert made == [] and impls[0].prepared == 0
+    ctx.device_bytes = need
+    assert {r["impl"]: r["status"] for r in sw.run_case(c, impls, ctx)}["a"] == "ok" and made
+
+
 def test_an_exception_while_timing_fails_that_impl_only():
     impls = [FakeImpl("a"), FakeImpl("b")]
 
@@ -233,7 +259,7 @@ def test_the_device_context_pauses_between_gate_and_timing(monkeypatch):
 
     from attnbench import timing
 
-    from attnbench import impls, results
+    from attnbench import impls, memory, results
 
     slept = []
     monkeypatch.setattr(_time, "sleep", slept.append)
@@ -244,7 +270,10 @@ def test_the_device_context_pauses_between_gate_and_timing(monkeypatch):
     monkeypatch.setattr(results, "provenance", lambda: dict(PROVENANCE))
     monkeypatch.setattr(timing, "measure_peaks", lambda: PEAKS)
     monkeypatch.setattr(timing, "EventTimer", lambda: types.SimpleNamespace(time=None))
-    assert sw.device_context().settle is sw.settle
+    monkeypatch.setattr(memory, "device_bytes", lambda: 80 << 30)
+    ctx = sw.device_context()
+    assert ctx.settle is sw.settle
+    assert ctx.device_bytes == 80 << 30  # ... and knows the device's memory, so a case that cannot fit is skipped
 
 
 def test_failed_inputs_fail_every_candidate():
