@@ -196,7 +196,7 @@ def serving_cases(config: str, cases: list[Case], *, B=(), H_kv=None, Tq=(), cac
                                   if cs.T == cases[0].T and cs.inst.pattern in c.long_patterns]
     for cs in cases + long:
         for b in Bs:
-            if cs in long and c.long_Bs and (b not in c.long_Bs if not B else (b or 1) > max(c.long_Bs)):
+            if cs in long and c.long_Bs and (b > max(c.long_Bs) if B else b not in c.long_Bs):
                 continue  # the config's batches whose caches fit at the longer T (a batch given: none larger)
             for tq in Tqs:
                 case = dataclasses.replace(cs, B=cs.B if b is None else b, H_kv=H_kv, Tq=tq)
