@@ -79,21 +79,52 @@ def class_len(Tk: int, r: int) -> int:
     return (Tk - 1) // r + 1
 
 
+# a list entry's span (kernels/tc/scheduler.cuh ENTRY_SPAN): the rows of its tile that some query may read, in steps
+# of SPAN_UNIT keys, as four bits each of the step it starts at and of the steps past its end; the tile in the bits
+# above them, so a list names at most MAX_TILES tiles
+SPAN_UNIT, SPAN_BITS = 16, 4
+MAX_TILES = 1 << (31 - 1 - 2 * SPAN_BITS)
+
+
 @dataclass(frozen=True)
 class DecodeList:
-    """The key tiles of one cache length's Tq positions: entries ``kt << 1 | partial``."""
+    """The key tiles of one cache length's Tq positions: entries ``kt << 1 | partial``, and of each tile the keys
+    some position reads, from its offset ``lo`` to ``hi`` (exclusive) in the tile."""
     Tk: int
     entries: np.ndarray  # int32
     build_s: float
+    lo: np.ndarray | None = None  # int32, as entries (None: the whole tile)
+    hi: np.ndarray | None = None
+
+    def device_entries(self, BN: int, spans: bool = True) -> np.ndarray:
+        """The entries the kernels read (ENTRY_SPAN): ``kt << 9 | lo << 5 | tail << 1 | partial``, the tile's keys
+        from SPAN_UNIT x lo to BN - SPAN_UNIT x tail holding every key some position reads (the loads zero-fill the
+        others); with ``spans`` False (``--decode-config SPANS=0``) or no spans known, every tile whole."""
+        kt, partial = self.entries.astype(np.int64) >> 1, self.entries.astype(np.int64) & 1
+        if (kt >= MAX_TILES).any():
+            raise ValueError(f"a decode list names at most {MAX_TILES} key tiles")
+        lo = tail = np.zeros_like(kt)
+        if spans and self.lo is not None and BN // SPAN_UNIT > 1:
+            lo = np.minimum(self.lo // SPAN_UNIT, (1 << SPAN_BITS) - 1)
+            tail = np.minimum(BN // SPAN_UNIT - -(-self.hi.astype(np.int64) // SPAN_UNIT), (1 << SPAN_BITS) - 1)
+        return (kt << (1 + 2 * SPAN_BITS) | lo << (1 + SPAN_BITS) | tail << 1 | partial).astype(np.int32)
+
+    def span_keys(self, BN: int, spans: bool = True) -> int:
+        """The keys (K and V rows) a walk of this list loads: whole tiles, or with ``spans`` each tile's span."""
+        e = self.device_entries(BN, spans).astype(np.int64)
+        return int((BN - SPAN_UNIT * ((e >> (1 + SPAN_BITS) & 15) + (e >> 1 & 15))).sum())
 
 
 def decode_list(mask: Mask, Tq: int, BN: int = BN) -> DecodeList:
-    """The key tiles (of BN keys) the last Tq positions of ``mask`` (at its T) may read, full or partial."""
+    """The key tiles (of BN keys) the last Tq positions of ``mask`` (at its T) may read, full or partial, and
+    the span of each that they read."""
     t0 = time.perf_counter()
     T = mask.T
     rows = np.arange(T - Tq, T, dtype=np.int64)
-    keys = mask.keys(rows)
-    kts = np.unique(keys // BN)
+    keys = mask.keys(rows)  # sorted
+    kts, first = np.unique(keys // BN, return_index=True)
+    last = np.append(first[1:], keys.size) - 1
+    lo, hi = keys[first] - kts * BN, keys[last] - kts * BN + 1
     full = np.zeros(kts.size, bool)
     inside = np.flatnonzero((kts + 1) * BN <= T)
     step = max(1, (1 << 24) // (Tq * BN))  # tiles tested at once: every position against every key
@@ -102,7 +133,7 @@ def decode_list(mask: Mask, Tq: int, BN: int = BN) -> DecodeList:
         cols = (kts[n, None] * BN + np.arange(BN)).ravel()
         full[n] = mask.allowed(rows[:, None], cols[None, :]).reshape(Tq, n.size, BN).all(axis=(0, 2))
     ent = (kts << 1 | (~full).astype(np.int64)).astype(np.int32)
-    return DecodeList(T, ent, time.perf_counter() - t0)
+    return DecodeList(T, ent, time.perf_counter() - t0, lo.astype(np.int32), hi.astype(np.int32))
 
 
 def plan_lists(prob: Problem, cfg: DecodeConfig, order: list[int], rows: int | None = None,
@@ -194,6 +225,10 @@ class FastDecode(Impl):
         if cfg.HEADS and group % cfg.HEADS:
             return (f"{self.name}: HEADS={cfg.HEADS} does not divide the {group} query heads of a key/value head "
                     f"(H={prob.H}, H_kv={prob.kv_heads})")
+        bn = min(cfg.BN, cfg.BN_SHORT or cfg.BN)  # (the smallest tiles its lists may take)
+        if -(-prob.T // bn) > MAX_TILES:
+            return (f"{self.name}: T={prob.T} keys are {-(-prob.T // bn)} tiles of {bn}; its lists name at most "
+                    f"{MAX_TILES} tiles (T up to {MAX_TILES * bn} at BN={bn})")
         rows = group // (cfg.HEADS or 1) * prob.q_len  # (HEADS 0 deals a group out only where it fits unsplit too)
         keys = cfg.by_keys(rows, prob.D)
         why = cfg.problem(prob.D, keys)
@@ -229,8 +264,8 @@ class FastDecode(Impl):
         if heads > 1:  # the shape (short lists' tiles) for the block's rows
             cfg, stride, mask, lists = plan_lists(prob, given, order, rows, cc, sms)
         # K's and V's bytes the launch reads from memory (each sequence's list, every key/value head once)
-        kv_bytes = setup["kv_bytes"] = (sum(lists[i].entries.size for i in list_of_seq) * cfg.BN * prob.D * 4
-                                        * prob.kv_heads)
+        kv_bytes = setup["kv_bytes"] = (sum(lists[i].span_keys(cfg.BN, bool(cfg.SPANS)) for i in list_of_seq)
+                                        * prob.D * 4 * prob.kv_heads)
         cfg = cfg.evict_for(kv_bytes, cupy.cuda.Device().attributes["L2CacheSize"], heads)
         setup["decode_config"] = cfg.spec
         keys = cfg.by_keys(rows, prob.D)
@@ -243,7 +278,7 @@ class FastDecode(Impl):
         setup["tiles_build_s"] = sum(x.build_s for x in lists)
         counts = np.array([x.entries.size for x in lists], np.int64)
         firsts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        tent = np.concatenate([x.entries for x in lists] + [np.zeros(1, np.int32)])
+        tent = np.concatenate([x.device_entries(cfg.BN, bool(cfg.SPANS)) for x in lists] + [np.zeros(1, np.int32)])
         # one predicate for every cache length (``unsupported`` refuses patterns whose predicate or
         # table depends on it)
         table = mask.table
@@ -426,5 +461,5 @@ def standard_builds() -> list[tuple[str, dict]]:
     return builds
 
 
-__all__ = ["FastDecode", "IMPL", "KERNEL", "KEYS_KERNEL", "PAIRS_KERNEL", "decode_list", "standard_builds", "by_class",
+__all__ = ["FastDecode", "IMPL", "KERNEL", "KEYS_KERNEL", "PAIRS_KERNEL", "MAX_TILES", "SPAN_UNIT", "decode_list", "standard_builds", "by_class",
            "class_len", "plan_lists", "list_head"]

@@ -89,7 +89,10 @@ class DecodeConfig:
     block holds the same tiles and none is empty; 2: that for a batch of one length too, where its pairs' splits
     merge in the merge launch (a uniform batch's splits are equal, but the grid of pairs x splits may leave SMs or
     a wave's slots without a block: B=1's 8 pairs x 16 splits are 128 blocks on 132 SMs); 0: each pair's list split
-    on its own (RAGGED)."""
+    on its own (RAGGED).
+    SPANS 1: a partial tile's K and V rows that no query of the block reads (past the sinks, before the window's first
+    key) are zero-filled, never loaded: each list entry carries the span of its tile that some query reads, in steps
+    of 16 keys (``decode.DecodeList.device_entries``); 0: every tile loaded whole."""
     NWARPS: int = 4
     BN: int = 64
     STAGES: int = 3
@@ -132,6 +135,7 @@ class DecodeConfig:
     #                ragged batch walked flat"): the configuration's ragged batch 0.979, one cache of 131072 among seven of
     #                4096 0.894, halving lengths 0.973; FLAT=2 / 1 on batches of one length (B 1 and 8, Tk 32768 and
     #                131072; results/decode-flat2-ab-h100.csv) 0.998-1.015
+    SPANS: int = 1  # (not yet measured against SPANS=0)
 
     @property
     def rows(self) -> int:
@@ -286,7 +290,7 @@ DECODE_LIMITS = {"NWARPS": (4, 16, 4), "BN": (16, 256, 16), "STAGES": (2, 8, 1),
                  "BN_SHORT": (0, 256, 16), "PDL": (0, 1, 1), "CLUSTER": (0, 16, 1), "CLUSTER_TILES": (1, 4096, 1),
                  "CLUSTER_ROWS": (1, 4096, 1), "BY_PAIRS": (0, 2, 1), "HEADS": (0, 16, 1), "WG": (0, 1, 1),
                  "KWG": (0, 2, 1), "EVICT": (0, 2, 1), "CMERGE": (0, 2, 1),
-                 "RAGGED": (0, 1, 1), "FLAT": (0, 2, 1)}
+                 "RAGGED": (0, 1, 1), "FLAT": (0, 2, 1), "SPANS": (0, 1, 1)}
 DEFAULT = DecodeConfig()
 LONG_BN = DEFAULT.BN
 # lists of at most this many keys (in 64-key tiles) take BN_SHORT-key tiles. H100, B 1 to 64, Tq 1 and 16, BN=32 /
@@ -327,7 +331,7 @@ class DecodeSpec:
 def parse_decode_config(text: str, option: str = "--decode-config") -> DecodeSpec:
     """'FIELD=N,...' of NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, BY_KEYS,
     ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES, CLUSTER_ROWS, BY_PAIRS, HEADS, WG, KWG, EVICT,
-    CMERGE, RAGGED, FLAT (any case; the others at their defaults) or all by position from NWARPS,BN,STAGES; BadInput naming
+    CMERGE, RAGGED, FLAT, SPANS (any case; the others at their defaults) or all by position from NWARPS,BN,STAGES; BadInput naming
     ``option`` and the limit."""
     given = parse_fields(text, option, DecodeConfig, DECODE_LIMITS, min_positional=3)
     return DecodeSpec(tuple((f, given[f]) for f in DECODE_FIELDS if f in given))
@@ -345,7 +349,7 @@ def kernel_defines(D: int, dtype: str, mask: Mask, cfg: DecodeConfig = DEFAULT, 
     ``flat``, the key slices' kernel walking a flat run of stretches a block: FLAT 1)."""
     bn = cfg.BN // cfg.NWARPS if keys else cfg.BN
     d = dict(HEAD_D=D, BN=bn, NWARPS=cfg.NWARPS, STAGES=cfg.STAGES, MT=1, MINB=cfg.MINB, QREG=1, STRIDE=stride,
-             DECODE_HEAD_N=HEAD_ENTRIES)
+             DECODE_HEAD_N=HEAD_ENTRIES, ENTRY_SPAN=1)  # (the lists' entries carry their tiles' spans: SPANS)
     if not keys and not pairs:
         d["MERGE_LAST"] = cfg.MERGE
     if cluster > 1:

@@ -34,9 +34,10 @@ typedef TcMmaSync TcMma;
 
 // rows [row0, row0 + ROWS) of a [T][HEAD_D] matrix whose rows lie RS rows of HEAD_D apart into a swizzled
 // tile (TcRowLayout), by the warp's lanes alone: lane copies chunk lane % CH of rows lane / CH + i * RSTEP
-// (rows >= T zero-filled)
+// (rows >= T zero-filled, and with ENTRY_SPAN the rows below lo and the last tail: a list entry's span)
 template <int ROWS, int RS, int EVF = 0>
-__device__ __forceinline__ void decode_warp_load(u32 dst, const u16* __restrict__ src, int row0, int T, int lane) {
+__device__ __forceinline__ void decode_warp_load(u32 dst, const u16* __restrict__ src, int row0, int T, int lane,
+                                                 int lo = 0, int tail = 0) {
     constexpr int RSTEP = 32 / CH;
     static_assert(32 % CH == 0 && ROWS % RSTEP == 0, "a tile's chunks must divide evenly among a warp's lanes");
     const int r0 = lane / CH, c = lane % CH;
@@ -44,16 +45,17 @@ __device__ __forceinline__ void decode_warp_load(u32 dst, const u16* __restrict_
 #pragma unroll
     for (int i = 0; i < ROWS / RSTEP; ++i) {
         const int r = r0 + i * RSTEP;
-        const bool ok = row0 + r < T;
+        const bool ok = row0 + r < T && (!ENTRY_SPAN || (r >= lo && r < ROWS - tail));
         tc_cp_async16_kv<EVF>(dst + TcRowLayout::swz<ROWS>(r, c),
                               ok ? src + (size_t)(row0 + r) * (RS * HEAD_D) + c * 8 : src, ok ? 16 : 0, policy);
     }
 }
 
-// key tile kt of the pair's K and V into stage st
-__device__ __forceinline__ void decode_warp_tile(const TcSmem& sm, const DecodeBlock& blk, int kt, int st, int lane) {
-    decode_warp_load<BN, STRIDE, KV_EVICT>(sm.k + st * TILE_BYTES, blk.k, kt * BN, blk.Tb, lane);
-    decode_warp_load<BN, STRIDE, KV_EVICT>(sm.v + st * TILE_BYTES, blk.v, kt * BN, blk.Tb, lane);
+// list entry ent's key tile of the pair's K and V (its span's rows) into stage st
+__device__ __forceinline__ void decode_warp_tile(const TcSmem& sm, const DecodeBlock& blk, int ent, int st, int lane) {
+    const int kt = tc_entry_tile(ent), lo = tc_entry_lo(ent), tail = tc_entry_tail(ent);
+    decode_warp_load<BN, STRIDE, KV_EVICT>(sm.k + st * TILE_BYTES, blk.k, kt * BN, blk.Tb, lane, lo, tail);
+    decode_warp_load<BN, STRIDE, KV_EVICT>(sm.v + st * TILE_BYTES, blk.v, kt * BN, blk.Tb, lane, lo, tail);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, MINB) decode_pairs(DECODE_SPLIT_PARAMS) {
@@ -78,7 +80,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) decode_pairs(DECODE_
     list.init_range(ents, blk.first, count);
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < count) decode_warp_tile(sm, blk, tc_entry_tile(list.ring[s]), s, lane);
+        if (s < count) decode_warp_tile(sm, blk, list.ring[s], s, lane);
         tc_commit();
     }
     tc_wait<STAGES - 1>();  // the Q group is the oldest
@@ -100,7 +102,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) decode_pairs(DECODE_
         const int ent = list.next(ents, it, ent_nx);
         tc_wait<STAGES - 2>();
         __syncwarp();  // tile `it` is visible to every lane; the stage refilled below was read last tile
-        if (nx < count) decode_warp_tile(sm, blk, tc_entry_tile(ent_nx), st_fill, lane);
+        if (nx < count) decode_warp_tile(sm, blk, ent_nx, st_fill, lane);
         tc_commit();
         st_fill = st_fill == STAGES - 1 ? 0 : st_fill + 1;
         const int sc = st;

@@ -48,6 +48,48 @@ def test_a_list_holds_every_tile_the_positions_read_flagged_exactly(T, Tq, causa
     assert n >= 8
 
 
+@pytest.mark.parametrize("T", [7, 100, 1000, 4096])
+@pytest.mark.parametrize("Tq", [1, 16])
+@pytest.mark.parametrize("bn", [32, 64, 128])
+def test_a_lists_spans_leave_out_only_keys_no_position_reads(T, Tq, bn):
+    """The kernels' entries (SPANS): each names the list's tile and flag, and a span of it in 16-key steps; every
+    key outside the span is one that none of the last Tq positions allows (the loads zero-fill those rows, and a
+    partial tile's mask covers them). Without spans every tile is whole. The sinks' tile of streaming 4+64 holds
+    keys past its span."""
+    from attnbench.decode import SPAN_UNIT
+
+    if Tq > T:
+        pytest.skip("Tq > T")
+    skipped = 0
+    for m in _masks(T):
+        lst = decode_list(m, Tq, bn)
+        dev = lst.device_entries(bn).astype(np.int64)
+        assert list(dev >> 9) == list(lst.entries >> 1) and list(dev & 1) == list(lst.entries & 1), m.label()
+        lo, tail = (dev >> 5 & 15) * SPAN_UNIT, (dev >> 1 & 15) * SPAN_UNIT
+        rows = np.arange(T - Tq, T)
+        for kt, a, t in zip(dev >> 9, lo, tail):
+            keys = kt * bn + np.concatenate([np.arange(a), np.arange(bn - t, bn)])
+            keys = keys[keys < T]
+            assert not m.allowed(rows[:, None], keys[None, :]).any(), (m.label(), int(kt))
+            skipped += keys.size
+        whole = lst.device_entries(bn, spans=False).astype(np.int64)
+        assert list(whole >> 9) == list(dev >> 9) and not (whole & 0x1FE).any()
+        assert lst.span_keys(bn, False) == bn * lst.entries.size >= lst.span_keys(bn)
+    sinks = decode_list(make_mask("streaming", T, True, sink=4, window=64), Tq, bn)
+    if T >= 1000 and bn > SPAN_UNIT:
+        assert skipped > 0 and sinks.span_keys(bn) < sinks.span_keys(bn, False)
+
+
+def test_a_cache_longer_than_the_lists_can_name_is_refused():
+    from attnbench.decode import MAX_TILES
+
+    m = make_mask("streaming", MAX_TILES * 32 + 1, True, sink=4, window=64)
+    why = IMPL.unsupported(Problem(m, 1, 8, 128, "bfloat16", H_kv=8, Tq=1))
+    assert f"at most {MAX_TILES} tiles" in why and f"T={MAX_TILES * 32 + 1}" in why
+    m = make_mask("streaming", MAX_TILES * 32, True, sink=4, window=64)
+    assert IMPL.unsupported(Problem(m, 1, 8, 128, "bfloat16", H_kv=8, Tq=1)) is None
+
+
 def test_it_takes_decoding_shapes_and_refuses_the_others_with_the_reason():
     m = make_mask("streaming", 4096, True, sink=4, window=64)
     assert IMPL.unsupported(Problem(m, 2, 8, 128, "bfloat16", H_kv=2, Tq=16)) is None
@@ -206,6 +248,25 @@ def _ragged_gates(mask, Tq: int, H: int, H_kv: int, specs: dict,
     return setups
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec,kernel", [("", "decode"), ("NWARPS=8,KWG=2,CLUSTER=0", "decode"), ("", "decode_keys"),
+                                         ("BY_PAIRS=1", "decode_pairs")])
+@pytest.mark.parametrize("pattern,params", [("streaming", {"sink": 4, "window": 1000}),
+                                            ("streaming", {"sink": 16, "window": 64}),
+                                            ("dilated", {"window": 512, "dilation": 2})])
+def test_tiles_loaded_by_their_spans_pass_the_gate_and_read_fewer_bytes(spec, kernel, pattern, params):
+    """SPANS=1 (the default) and SPANS=0 through the gate on each kernel (the rows kernel with one and two warpgroups,
+    the key slices, a warp a pair), with a sinks' tile and a window's first tile partly outside what the queries
+    read; where the sinks' tile holds keys past the sinks, the launch's K and V bytes (``kv_bytes``) fall with the
+    spans."""
+    Tq, H = (16, 8) if kernel == "decode" else (1, 8)
+    specs = {x: ",".join(filter(None, [spec, f"SPANS={x}"])) for x in (0, 1)}
+    setups = _ragged_gates(make_mask(pattern, 8192, True, **params), Tq, H, 2, specs, lens=(8192, 8192 - 40))
+    assert {s["kernel"] for s in setups.values()} == {kernel}, setups
+    if pattern == "streaming":
+        assert setups[1]["kv_bytes"] < setups[0]["kv_bytes"], setups
+
+
 def test_list_says_which_shapes_each_implementation_takes():
     from attnbench.impls import get_impl
 
@@ -237,7 +298,7 @@ def test_the_gpu_check_step_sweeps_these_shapes():
                 ("MIN_PER_SPLIT", 4), ("MERGE", 0), ("BY_KEYS", 2), ("ONE_PER_SM", 8), ("CLASSES", 1),
                 ("BN_SHORT", 32), ("PDL", 1), ("CLUSTER", 8), ("CLUSTER_TILES", 9), ("CLUSTER_ROWS", 64),
                 ("BY_PAIRS", 2), ("HEADS", 0), ("WG", 1), ("KWG", 0), ("EVICT", 2), ("CMERGE", 2), ("RAGGED", 1),
-                ("FLAT", 1))),
+                ("FLAT", 1), ("SPANS", 1))),
     ("by_keys=0", (("BY_KEYS", 0),)),
 ])
 def test_a_decode_shape_parses_named_and_positional_forms(text, given):
@@ -252,7 +313,7 @@ def test_a_decode_shape_parses_named_and_positional_forms(text, given):
     ("SPLITS=-1", "SPLITS=-1 must be from 0 to 4096"),
     ("TMA=1", "unknown field 'TMA' (fields: NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, "
               "BY_KEYS, ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES, CLUSTER_ROWS, BY_PAIRS, HEADS, WG, "
-              "KWG, EVICT, CMERGE, RAGGED, FLAT)"),
+              "KWG, EVICT, CMERGE, RAGGED, FLAT, SPANS)"),
     ("WG=2", "WG=2 must be 0 or 1"),
     ("FLAT=3", "FLAT=3 must be from 0 to 2"),
     ("CLUSTER=17", "CLUSTER=17 must be from 0 to 16"),

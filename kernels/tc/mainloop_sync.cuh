@@ -22,9 +22,11 @@
 //     (stage st), loads tile nx (entry ent_nx) into stage st_fill when nx < n;
 //   release(bar, st) (static): a warp done with stage st (nothing here; TcLoadTmaReleased's arrival, REL 1).
 //   drain(): waits for what is left.
-//   tc_load_tile<Layout, ROWS[, RS]>(dst, src, row0, T): rows [row0, row0 + ROWS) of a [T][HEAD_D]
+//   tc_load_tile<Layout, ROWS[, RS]>(dst, src, row0, T[, lo, tail]): rows [row0, row0 + ROWS) of a [T][HEAD_D]
 //     matrix whose rows lie RS (default STRIDE) rows apart into a swizzled tile (any rows: Q, K or V); with
-//     LAYOUT_R > 1 each layout row where it lies in the arrays (tc/rows.cuh: the tile's rows LAYOUT_R apart).
+//     LAYOUT_R > 1 each layout row where it lies in the arrays (tc/rows.cuh: the tile's rows LAYOUT_R apart);
+//     with ENTRY_SPAN the tile's rows below lo and its last tail rows zero-filled too, never read (a decode
+//     list entry's span: tc/scheduler.cuh).
 #pragma once
 #include "tc/scheduler.cuh"
 
@@ -121,7 +123,8 @@ struct TcMmaSync {
 // so every one of its rows has the same swizzle and the addresses differ by constants). RS: the
 // matrix's rows lie RS rows of HEAD_D apart (STRIDE: a residue class's; 1: rows that are not).
 template <class Layout, int ROWS, int RS = STRIDE, int EVF = 0>
-__device__ __forceinline__ void tc_load_tile(u32 dst, const u16* __restrict__ src, int row0, int T) {
+__device__ __forceinline__ void tc_load_tile(u32 dst, const u16* __restrict__ src, int row0, int T, int lo = 0,
+                                             int tail = 0) {
     constexpr int RSTEP = THREADS / CH;
     static_assert(THREADS % CH == 0 && RSTEP % 8 == 0 && ROWS % RSTEP == 0,
                   "a tile's chunks must divide evenly among the threads, 8 rows apart");
@@ -133,7 +136,8 @@ __device__ __forceinline__ void tc_load_tile(u32 dst, const u16* __restrict__ sr
     const unsigned long long policy = EVF ? tc_evict_first_policy() : 0ull;  // EVF: K and V under KV_EVICT's policy
 #pragma unroll
     for (int i = 0; i < ROWS / RSTEP; ++i) {
-        const bool ok = row0 + r0 + i * RSTEP < T;
+        const int r = r0 + i * RSTEP;
+        const bool ok = row0 + r < T && (!ENTRY_SPAN || (r >= lo && r < ROWS - tail));
         tc_cp_async16_kv<EVF>(d0 + i * RSTEP * Layout::ROWB,
                               ok ? g0 + (size_t)i * RSTEP * RS * TC_ROW_STEP * HEAD_D : src, ok ? 16 : 0, policy);
     }
@@ -175,9 +179,9 @@ struct TcLoadAsync {
 #pragma unroll
         for (int s = 0; s < STAGES - 1; ++s) {
             if (s < list.n) {
-                const int kt = tc_entry_tile(list.ring[s]);
-                tc_load_tile<Layout, TROWS, STRIDE, KV_EVICT>(sm.k + s * STAGE_BYTES, gm.k, kt * TROWS, T);
-                tc_load_tile<Layout, TROWS, STRIDE, KV_EVICT>(sm.v + s * STAGE_BYTES, gm.v, kt * TROWS, T);
+                const int ent = list.ring[s], kt = tc_entry_tile(ent), lo = tc_entry_lo(ent), tail = tc_entry_tail(ent);
+                tc_load_tile<Layout, TROWS, STRIDE, KV_EVICT>(sm.k + s * STAGE_BYTES, gm.k, kt * TROWS, T, lo, tail);
+                tc_load_tile<Layout, TROWS, STRIDE, KV_EVICT>(sm.v + s * STAGE_BYTES, gm.v, kt * TROWS, T, lo, tail);
             }
             tc_commit();
         }
@@ -198,9 +202,9 @@ struct TcLoadAsync {
         Mma::fence_loads();
         __syncthreads();  // tile `it` is visible to all; the stage refilled below is free
         if (nx < n) {
-            const int ktn = tc_entry_tile(ent_nx);
-            tc_load_tile<Layout, TROWS, STRIDE, KV_EVICT>(sm.k + st_fill * STAGE_BYTES, gm.k, ktn * TROWS, T);
-            tc_load_tile<Layout, TROWS, STRIDE, KV_EVICT>(sm.v + st_fill * STAGE_BYTES, gm.v, ktn * TROWS, T);
+            const int ktn = tc_entry_tile(ent_nx), lo = tc_entry_lo(ent_nx), tail = tc_entry_tail(ent_nx);
+            tc_load_tile<Layout, TROWS, STRIDE, KV_EVICT>(sm.k + st_fill * STAGE_BYTES, gm.k, ktn * TROWS, T, lo, tail);
+            tc_load_tile<Layout, TROWS, STRIDE, KV_EVICT>(sm.v + st_fill * STAGE_BYTES, gm.v, ktn * TROWS, T, lo, tail);
         }
         tc_commit();
     }
