@@ -249,7 +249,7 @@ def _ragged_gates(mask, Tq: int, H: int, H_kv: int, specs: dict,
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("spec,kernel", [("", "decode"), ("NWARPS=8,KWG=2,CLUSTER=0", "decode"), ("", "decode_keys"),
+@pytest.mark.parametrize("spec,kernel", [("", "decode"), ("NWARPS=8,KWG=2,CLUSTER=0", "decode"), ("BN_SHORT=0", "decode_keys"),
                                          ("BY_PAIRS=1", "decode_pairs")])
 @pytest.mark.parametrize("pattern,params", [("streaming", {"sink": 4, "window": 1000}),
                                             ("streaming", {"sink": 16, "window": 64}),
