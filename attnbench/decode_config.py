@@ -135,7 +135,9 @@ class DecodeConfig:
     #                ragged batch walked flat"): the configuration's ragged batch 0.979, one cache of 131072 among seven of
     #                4096 0.894, halving lengths 0.973; FLAT=2 / 1 on batches of one length (B 1 and 8, Tk 32768 and
     #                131072; results/decode-flat2-ab-h100.csv) 0.998-1.015
-    SPANS: int = 1  # (not yet measured against SPANS=0)
+    SPANS: int = 1  # H100, T=32768, 1 / 0 in one process (results/decode-spans-ab-h100.csv, docs/PERF.md "decode v13"):
+    #                 where the K and V bytes fall 8-25%, 0.886-0.955 (streaming 16+64 B=64 Tq=1 16.45 -> 14.78 us); where
+    #                 they do not, 0.990-1.025
 
     @property
     def rows(self) -> int:
