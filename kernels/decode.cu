@@ -161,13 +161,10 @@ extern "C" __global__ void DECODE_CLUSTER __launch_bounds__(THREADS, MINB) decod
 #pragma unroll
             for (int d = 0; d < HEAD_D / 8; ++d) {
                 const float y0 = acc[0][d][2 * r] * inv, y1 = acc[0][d][2 * r + 1] * inv;
-                // (a cluster's rows in shared memory: their pieces where decode_piece places them)
-                const size_t at = CLUSTER > 1 ? (size_t)decode_piece(row, 2 * d + (t4 >> 1)) * 4 + 2 * (t4 & 1)
-                                              : (size_t)row * HEAD_D + d * 8 + 2 * t4;
                 if (alone)
                     *reinterpret_cast<u32*>(og + (size_t)row * HEAD_D + d * 8 + 2 * t4) = tc_pack(y0, y1);
                 else
-                    *reinterpret_cast<float2*>(o + at) = make_float2(y0, y1);
+                    *reinterpret_cast<float2*>(o + (size_t)row * HEAD_D + d * 8 + 2 * t4) = make_float2(y0, y1);
             }
             if (t4 == 0 && !alone) l[row] = x > 0.f ? sf.m[0][r] * scale_log2 + __log2f(x) : AB_NEG_INF;
         }

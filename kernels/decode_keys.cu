@@ -128,7 +128,7 @@ __device__ __forceinline__ void decode_keys_stretch(const DecodeBlock& blk, unsi
         }
         const float y = den > 0.f ? num / den : 0.f;
         if (CLUSTER > 1) {
-            part_o[decode_piece(r, d / 4) * 4 + d % 4] = y;
+            part_o[e] = y;
             if (d == 0) part_l[r] = den > 0.f ? mx + __log2f(den) : AB_NEG_INF;
         } else if (alone) {
             og[e] = decode_to_u16(y);

@@ -211,16 +211,6 @@ __device__ __forceinline__ float* decode_part_lse(float* Lp, const DecodeBlock& 
 // whether the block is its pair's only split, which stores the output itself (never a stretch of a flat walk)
 __device__ __forceinline__ bool decode_alone() { return !FLAT && gridDim.x == 1; }
 
-// Where a split leaves row r's four-column piece p for the cluster's merge, in pieces from part_o: XOR-swizzled by the
-// row's low three bits, so that a warp's stores of eight rows at the same columns (kernels/decode.cu: a thread's
-// rows g and g + 8, columns 2 t4 of every 8) fall in eight different bank groups instead of one (without it the rows'
-// 512-byte stride put them in the same banks: 8-way conflicts); a row's pieces stay within its 32 x 4 bytes' aligned
-// groups of eight, so element-wise stores of consecutive columns (kernels/decode_keys.cu) stay conflict-free.
-__device__ __forceinline__ int decode_piece(int r, int p) {
-    static_assert(HEAD_D / 4 % 8 == 0, "a row holds whole groups of eight pieces");
-    return r * (HEAD_D / 4) + (p ^ (r & 7));
-}
-
 #if CLUSTER > 1
 __device__ __forceinline__ void decode_cluster_sync() {  // every thread of every block of the cluster
     asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
@@ -253,7 +243,7 @@ __device__ __forceinline__ float4 decode_dsmem_f32x4(u32 addr, int rank) {
 }
 
 // The splits of a pair, one cluster, merge: each block has left its rows (normalised by its own sums) in
-// part_o [DEC_ROWS][HEAD_D] (16-byte aligned; its pieces where decode_piece places them) and their log-sum-exps (base 2) in part_l [DEC_ROWS], both in
+// part_o [DEC_ROWS][HEAD_D] (16-byte aligned) and their log-sum-exps (base 2) in part_l [DEC_ROWS], both in
 // its shared memory at the same offsets as every other block of the cluster. After the cluster's barrier,
 // block k (blockIdx.x, its rank) merges the output's four-column pieces k * THREADS + tid, stepping
 // CLUSTER * THREADS: the piece's row's CLUSTER log-sum-exps, then its CLUSTER float4s, read through distributed
@@ -270,7 +260,7 @@ __device__ __forceinline__ void decode_cluster_merge_turns(const float* part_o, 
 #pragma unroll
         for (int s = 0; s < CLUSTER; ++s) lse[s] = decode_dsmem_f32(l_at + 4u * r, s);
 #pragma unroll
-        for (int s = 0; s < CLUSTER; ++s) v[s] = decode_dsmem_f32x4(o_at + 16u * decode_piece(e / PIECES, e % PIECES), s);
+        for (int s = 0; s < CLUSTER; ++s) v[s] = decode_dsmem_f32x4(o_at + 16u * e, s);
         float mx = AB_NEG_INF;
 #pragma unroll
         for (int s = 0; s < CLUSTER; ++s) mx = fmaxf(mx, lse[s]);
@@ -320,7 +310,7 @@ __device__ __forceinline__ void decode_cluster_merge_gathered(const float* part_
 #pragma unroll
             for (int s = 0; s < CLUSTER; ++s) lse[t][s] = decode_dsmem_f32(l_at + 4u * (e / PIECES), s);
 #pragma unroll
-            for (int s = 0; s < CLUSTER; ++s) v[t][s] = decode_dsmem_f32x4(o_at + 16u * decode_piece(e / PIECES, e % PIECES), s);
+            for (int s = 0; s < CLUSTER; ++s) v[t][s] = decode_dsmem_f32x4(o_at + 16u * e, s);
         }
     }
 #pragma unroll
