@@ -4,7 +4,8 @@ of each sequence's cache, grouped-query heads and ragged batches, every pattern,
 The host lists, for each distinct cache length Tk_b of the batch, the key tiles some of the Tq
 positions Tk_b - Tq .. Tk_b - 1 allow (``Mask.keys``), each flagged full when every one of those
 positions allows every key of the tile and the tile ends within Tk_b, else partial (the kernel
-masks it with the predicate). The lists are cut into splits of equal length so that B * H_kv *
+masks it with the predicate), with the span of the tile those positions read: the loads leave the
+rest unread (``SPANS``, ``DecodeList.device_entries``). The lists are cut into splits of equal length so that B * H_kv *
 splits blocks fill the GPU whatever B; ``decode_split`` leaves each split's rows normalised with
 their log-sum-exp and ``decode_merge`` weighs them. In a ragged batch every list is cut at the same tiles a
 split (``RAGGED``), or, where the key slices' kernel merges by the merge launch, the lists are laid end to end
@@ -111,8 +112,8 @@ class DecodeList:
 
     def span_keys(self, BN: int, spans: bool = True) -> int:
         """The keys (K and V rows) a walk of this list loads: whole tiles, or with ``spans`` each tile's span."""
-        e = self.device_entries(BN, spans).astype(np.int64)
-        return int((BN - SPAN_UNIT * ((e >> (1 + SPAN_BITS) & 15) + (e >> 1 & 15))).sum())
+        e, step = self.device_entries(BN, spans).astype(np.int64), (1 << SPAN_BITS) - 1
+        return int((BN - SPAN_UNIT * ((e >> (1 + SPAN_BITS) & step) + (e >> 1 & step))).sum())
 
 
 def decode_list(mask: Mask, Tq: int, BN: int = BN) -> DecodeList:
@@ -461,5 +462,5 @@ def standard_builds() -> list[tuple[str, dict]]:
     return builds
 
 
-__all__ = ["FastDecode", "IMPL", "KERNEL", "KEYS_KERNEL", "PAIRS_KERNEL", "MAX_TILES", "SPAN_UNIT", "decode_list", "standard_builds", "by_class",
-           "class_len", "plan_lists", "list_head"]
+__all__ = ["FastDecode", "IMPL", "KERNEL", "KEYS_KERNEL", "PAIRS_KERNEL", "MAX_TILES", "SPAN_UNIT", "decode_list",
+           "standard_builds", "by_class", "class_len", "plan_lists", "list_head"]
