@@ -51,8 +51,8 @@ import numpy as np
 
 from .arrays import bind
 from .compile import get_module, resident_blocks
-from .decode_config import (BN, DEFAULT, ENV, EVICT_L2, HEAD_DS, HEAD_DTYPE, HEAD_ENTRIES, LONG_BN, NWARPS,
-                            SHORT_LIST_KEYS, DecodeConfig, DecodeSpec, cluster_size, cluster_tries, flat_stretches,
+from .decode_config import (BN, DEFAULT, ENV, EVICT_L2, HEAD_DS, HEAD_DTYPE, HEAD_ENTRIES, LONG_BN, MAX_TILES, NWARPS,
+                            SHORT_LIST_KEYS, SPAN_BITS, SPAN_UNIT, DecodeConfig, DecodeSpec, cluster_size, cluster_tries, flat_stretches,
                             kernel_defines, parse_decode_config, split_count)
 from .errors import BadInput
 from .fwd_config import WG_ARCH
@@ -80,13 +80,6 @@ def class_len(Tk: int, r: int) -> int:
     return (Tk - 1) // r + 1
 
 
-# a list entry's span (kernels/tc/scheduler.cuh ENTRY_SPAN): the rows of its tile that some query may read, in steps
-# of SPAN_UNIT keys, as four bits each of the step it starts at and of the steps past its end; the tile in the bits
-# above them, so a list names at most MAX_TILES tiles
-SPAN_UNIT, SPAN_BITS = 16, 4
-MAX_TILES = 1 << (31 - 1 - 2 * SPAN_BITS)
-
-
 @dataclass(frozen=True)
 class DecodeList:
     """The key tiles of one cache length's Tq positions: entries ``kt << 1 | partial``, and of each tile the keys
@@ -94,18 +87,18 @@ class DecodeList:
     Tk: int
     entries: np.ndarray  # int32
     build_s: float
-    lo: np.ndarray | None = None  # int32, as entries (None: the whole tile)
-    hi: np.ndarray | None = None
+    lo: np.ndarray  # int32, as entries
+    hi: np.ndarray
 
     def device_entries(self, BN: int, spans: bool = True) -> np.ndarray:
         """The entries the kernels read (ENTRY_SPAN): ``kt << 9 | lo << 5 | tail << 1 | partial``, the tile's keys
         from SPAN_UNIT x lo to BN - SPAN_UNIT x tail holding every key some position reads (the loads zero-fill the
-        others); with ``spans`` False (``--decode-config SPANS=0``) or no spans known, every tile whole."""
+        others); with ``spans`` False (``--decode-config SPANS=0``), every tile whole."""
         kt, partial = self.entries.astype(np.int64) >> 1, self.entries.astype(np.int64) & 1
         if (kt >= MAX_TILES).any():
             raise ValueError(f"a decode list names at most {MAX_TILES} key tiles")
         lo = tail = np.zeros_like(kt)
-        if spans and self.lo is not None and BN // SPAN_UNIT > 1:
+        if spans and BN // SPAN_UNIT > 1:
             lo = np.minimum(self.lo // SPAN_UNIT, (1 << SPAN_BITS) - 1)
             tail = np.minimum(BN // SPAN_UNIT - -(-self.hi.astype(np.int64) // SPAN_UNIT), (1 << SPAN_BITS) - 1)
         return (kt << (1 + 2 * SPAN_BITS) | lo << (1 + SPAN_BITS) | tail << 1 | partial).astype(np.int32)

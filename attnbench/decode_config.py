@@ -20,6 +20,11 @@ ENV = "ATTNBENCH_DECODE_CONFIG"
 HEAD_ENTRIES = 128
 HEAD_DTYPE = np.dtype([("e", np.int32, (HEAD_ENTRIES,))])
 MAX_SMEM = 227 * 1024  # dynamic shared memory a block may ask for (sm_80 163 KiB: refused there at launch)
+# a decode list entry's span (kernels/tc/scheduler.cuh ENTRY_SPAN, given these as -D constants): the rows of its tile
+# that some query may read, in steps of SPAN_UNIT keys, as SPAN_BITS bits each of the step it starts at and of the
+# steps past its end; the tile in the bits above them, so a list names at most MAX_TILES tiles
+SPAN_UNIT, SPAN_BITS = 16, 4
+MAX_TILES = 1 << (31 - 1 - 2 * SPAN_BITS)
 
 
 @dataclass(frozen=True)
@@ -351,7 +356,7 @@ def kernel_defines(D: int, dtype: str, mask: Mask, cfg: DecodeConfig = DEFAULT, 
     ``flat``, the key slices' kernel walking a flat run of stretches a block: FLAT 1)."""
     bn = cfg.BN // cfg.NWARPS if keys else cfg.BN
     d = dict(HEAD_D=D, BN=bn, NWARPS=cfg.NWARPS, STAGES=cfg.STAGES, MT=1, MINB=cfg.MINB, QREG=1, STRIDE=stride,
-             DECODE_HEAD_N=HEAD_ENTRIES, ENTRY_SPAN=1)  # (the lists' entries carry their tiles' spans: SPANS)
+             DECODE_HEAD_N=HEAD_ENTRIES, ENTRY_SPAN=1, SPAN_UNIT=SPAN_UNIT, SPAN_BITS=SPAN_BITS)  # (SPANS)
     if not keys and not pairs:
         d["MERGE_LAST"] = cfg.MERGE
     if cluster > 1:

@@ -24,9 +24,9 @@
 //   tile it + STAGES - 1 (the one loaded now; 0 past the list) and reading the entry a tile further;
 //   tc_entry_tile(ent): its key tile. (tent comes in each time: kept in the struct, the kernel
 //   lost its __restrict__ and the cubins changed.)
-// Lists (tiles.py): entry = key_tile << 1 | partial (the decoding kernels': ENTRY_SPAN below); tent holds the lists one after another,
-// thead[qt] = {first entry's index, count, first entry, second entry}, so that a block starts its
-// first loads after one 16-byte read.
+// Lists (tiles.py): entry = key_tile << 1 | partial (the decoding kernels': ENTRY_SPAN below); tent holds the
+// lists one after another, thead[qt] = {first entry's index, count, first entry, second entry}, so that a
+// block starts its first loads after one 16-byte read.
 #pragma once
 #include "tc/common.cuh"
 
@@ -94,16 +94,24 @@ __device__ __forceinline__ TcWork tc_block_work_flat(int T_all, int nq, int BH, 
     return tc_block_work_at(T_all, nq, x, r - cls * BH, cls);
 }
 
-// ENTRY_SPAN 1 (the decoding kernels' lists, attnbench/decode.py DecodeList.device_entries): entry = key_tile << 9 |
-// lo << 5 | tail << 1 | partial, where the tile's rows that some query of the block may read lie in [SPAN_UNIT lo,
-// tile rows - SPAN_UNIT tail); the K/V loads zero-fill the rows outside (tc_entry_lo, tc_entry_tail: 0 without it)
+// ENTRY_SPAN 1 (the decoding kernels' lists, attnbench/decode.py DecodeList.device_entries): entry = key_tile <<
+// (1 + 2 SPAN_BITS) | lo << (1 + SPAN_BITS) | tail << 1 | partial, where the tile's rows that some query of the block
+// may read lie in [SPAN_UNIT lo, tile rows - SPAN_UNIT tail); the K/V loads zero-fill the rows outside (tc_entry_lo,
+// tc_entry_tail: 0 without it). SPAN_UNIT and SPAN_BITS come from the host (attnbench/decode_config.py).
 #ifndef ENTRY_SPAN
 #define ENTRY_SPAN 0
 #endif
-#define SPAN_UNIT 16
-__device__ __forceinline__ int tc_entry_tile(int ent) { return ent >> (ENTRY_SPAN ? 9 : 1); }
-__device__ __forceinline__ int tc_entry_lo(int ent) { return ENTRY_SPAN ? (ent >> 5 & 15) * SPAN_UNIT : 0; }
-__device__ __forceinline__ int tc_entry_tail(int ent) { return ENTRY_SPAN ? (ent >> 1 & 15) * SPAN_UNIT : 0; }
+#if ENTRY_SPAN && !(defined(SPAN_UNIT) && defined(SPAN_BITS))
+#error "ENTRY_SPAN: the host gives SPAN_UNIT and SPAN_BITS"
+#endif
+#if !ENTRY_SPAN
+#define SPAN_UNIT 0
+#define SPAN_BITS 0
+#endif
+#define TC_SPAN_MASK ((1 << SPAN_BITS) - 1)
+__device__ __forceinline__ int tc_entry_tile(int ent) { return ent >> (1 + 2 * SPAN_BITS); }
+__device__ __forceinline__ int tc_entry_lo(int ent) { return (ent >> (1 + SPAN_BITS) & TC_SPAN_MASK) * SPAN_UNIT; }
+__device__ __forceinline__ int tc_entry_tail(int ent) { return (ent >> 1 & TC_SPAN_MASK) * SPAN_UNIT; }
 
 struct TcTileList {
     int e0, n;        // the list's first entry's index in tent, its length
