@@ -42,10 +42,12 @@ __device__ __forceinline__ void decode_warp_load(u32 dst, const u16* __restrict_
     static_assert(32 % CH == 0 && ROWS % RSTEP == 0, "a tile's chunks must divide evenly among a warp's lanes");
     const int r0 = lane / CH, c = lane % CH;
     const unsigned long long policy = EVF ? tc_evict_first_policy() : 0ull;  // EVF: K and V under KV_EVICT's policy
+    // (ENTRY_SPAN: rows [lo, min(ROWS - tail, T - row0)) of the tile, one unsigned compare a row)
+    const unsigned span = (unsigned)max(0, min(ROWS - tail, T - row0) - lo);
 #pragma unroll
     for (int i = 0; i < ROWS / RSTEP; ++i) {
         const int r = r0 + i * RSTEP;
-        const bool ok = row0 + r < T && (!ENTRY_SPAN || (r >= lo && r < ROWS - tail));
+        const bool ok = ENTRY_SPAN ? (unsigned)(r - lo) < span : row0 + r < T;
         tc_cp_async16_kv<EVF>(dst + TcRowLayout::swz<ROWS>(r, c),
                               ok ? src + (size_t)(row0 + r) * (RS * HEAD_D) + c * 8 : src, ok ? 16 : 0, policy);
     }

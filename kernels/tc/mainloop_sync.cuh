@@ -133,11 +133,13 @@ __device__ __forceinline__ void tc_load_tile(u32 dst, const u16* __restrict__ sr
     if (EVF && WG)  // ptxas would otherwise share a uniform register between d0's uniform part and the policy,
         d0 = __shfl_sync(0xffffffffu, d0, threadIdx.x & 31);  // naming it desc[UR5]: an illegal instruction
     const u16* g0 = src + (size_t)tc_seq_row(row0 + r0) * (RS * HEAD_D) + c * 8;  // (tc/rows.cuh)
+    // (ENTRY_SPAN: rows [lo, min(ROWS - tail, T - row0)) of the tile, one unsigned compare a row)
+    const unsigned span = (unsigned)max(0, min(ROWS - tail, T - row0) - lo);
     const unsigned long long policy = EVF ? tc_evict_first_policy() : 0ull;  // EVF: K and V under KV_EVICT's policy
 #pragma unroll
     for (int i = 0; i < ROWS / RSTEP; ++i) {
         const int r = r0 + i * RSTEP;
-        const bool ok = row0 + r < T && (!ENTRY_SPAN || (r >= lo && r < ROWS - tail));
+        const bool ok = ENTRY_SPAN ? (unsigned)(r - lo) < span : row0 + r < T;
         tc_cp_async16_kv<EVF>(d0 + i * RSTEP * Layout::ROWB,
                               ok ? g0 + (size_t)i * RSTEP * RS * TC_ROW_STEP * HEAD_D : src, ok ? 16 : 0, policy);
     }
