@@ -1235,10 +1235,10 @@ def test_two_warpgroups_take_the_rows_by_default_where_the_pairs_are_neither_few
     if cupy.cuda.Device().compute_capability != "90" or cupy.cuda.Device().attributes["MultiProcessorCount"] < 64:
         pytest.skip("KWG runs on sm_90's warpgroup MMA; 64 pairs must not outnumber the SMs")
     mask = make_mask(pattern, 8192, True, **params)
-    for B, nwarps, kwg in ((8, "8", "2"), (1, None, "1")):
+    for B, nwarps, kwg in ((8, 8, 2), (1, None, 1)):
         prob = Problem(mask, B, 32, 128, "bfloat16", H_kv=8, Tq=16)
         setup = IMPL.prepare(prob, *_gate_inputs(prob)).setup
-        fields = dict(field.split("=") for field in setup["decode_config"].split(","))
+        fields = dict(parse_decode_config(setup["decode_config"]).given)
         assert fields["KWG"] == kwg and nwarps in (None, fields["NWARPS"]) and setup["wgmma"], setup
         res = gate(IMPL, prob)
         assert res.ok, (B, res)
