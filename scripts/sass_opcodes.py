@@ -75,7 +75,7 @@ def listing(wanted: set[int] = frozenset()) -> list[dict]:
         for section, text in sorted(text_sections(cubin).items()):
             out.append(dict(build=label, kernel=section[len(".text."):], instructions=len(text) // 16,
                             opcodes={f"0x{k:03x}": v for k, v in sorted(opcodes(text).items())},
-                            words=words(text, wanted)))
+                            words=words(text, wanted), words_for=[f"0x{w:03x}" for w in sorted(wanted)]))
     return out
 
 
@@ -91,7 +91,9 @@ def compare(a: list[dict], b: list[dict]) -> None:
         what = ", ".join(f"{k} {x} -> {y}" for k, (x, y) in diff.items()) or "the same opcode counts"
         print(f"{r['build']} / {r['kernel']}: {o['instructions']} -> {r['instructions']} instructions; {what}")
         ow, nw = o.get("words", {}), r.get("words", {})
-        for k in sorted(set(ow) | set(nw)):
+        # only the opcodes both listings were asked for (--words): a listing made without them has none
+        both = set(o.get("words_for", ow)) & set(r.get("words_for", nw))
+        for k in sorted(both):
             if ow.get(k, []) != nw.get(k, []):
                 print(f"  {k} words: {' '.join(ow.get(k, [])) or '-'} -> {' '.join(nw.get(k, [])) or '-'}")
 
@@ -115,7 +117,12 @@ def main(argv=None) -> int:
             return 1
         compare(*lists)
         return 0
-    json.dump(listing(wanted), sys.stdout, indent=1)
+    try:
+        got = listing(wanted)
+    except KeyboardInterrupt:
+        print("sass_opcodes: interrupted before the listing was complete; nothing written", file=sys.stderr)
+        return 130
+    json.dump(got, sys.stdout, indent=1)
     print()
     return 0
 
