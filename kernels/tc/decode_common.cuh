@@ -212,8 +212,16 @@ __device__ __forceinline__ float* decode_part_lse(float* Lp, const DecodeBlock& 
 __device__ __forceinline__ bool decode_alone() { return !FLAT && gridDim.x == 1; }
 
 #if CLUSTER > 1
+// (the release restricted to this block's own shared memory, the only memory whose writes the cluster's other blocks
+// read past it: the split's rows and log-sum-exps; the arrive itself relaxed, the wait acquiring. The restricted
+// fence needs PTX ISA 8.6: with an NVRTC before 12.8 the arrive releases everything, as it did before)
 __device__ __forceinline__ void decode_cluster_sync() {  // every thread of every block of the cluster
+#if __CUDACC_VER_MAJOR__ > 12 || (__CUDACC_VER_MAJOR__ == 12 && __CUDACC_VER_MINOR__ >= 8)
+    asm volatile("fence.release.sync_restrict::shared::cta.cluster;\n\tbarrier.cluster.arrive.relaxed.aligned;\n\t"
+                 "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
     asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
 }
 // the same without ordering this block's earlier memory operations (no fence before the arrive): for the
 // last barrier, which only keeps each block's shared memory alive until the others' reads of it are done
