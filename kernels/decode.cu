@@ -11,7 +11,8 @@
 // MMA (TcMmaWgmma: a warpgroup's 64 rows a product, Q and the K/V stages in 64-column panels, the
 // 128-byte swizzle; with KWG 2 two warpgroups on the same rows, each on its BN keys of a stage of 2 x BN
 // and its own softmax, merged in shared memory after the last tile: decode_kwg_merge), K/V tiles by
-// cp.async (TcLoadAsync), partial tiles masked with the pattern
+// cp.async (TcLoadAsync; with KWG 2 DecodeLoadHalves, tc/decode_halves.cuh: each warpgroup loads its own
+// keys of every stage and waits on a barrier of its own), partial tiles masked with the pattern
 // predicate at each row's own position (tc_mask_rows), the online softmax (TcSoftmax). Each split
 // stores its rows' output normalised by its own row sums, in
 // float32, with the rows' log-sum-exp (base 2); decode_merge (tc/decode_common.cuh) then weighs the
@@ -42,7 +43,12 @@ typedef TcMmaWgmma TcMma;
 #else
 typedef TcMmaSync TcMma;
 #endif
-typedef TcLoadAsync<TcMma, KWG * BN> TcLoad;  // (KWG 2: a stage of 2 x BN keys, a warpgroup's BN each)
+#if KWG > 1
+#include "tc/decode_halves.cuh"
+typedef DecodeLoadHalves<TcMma> TcLoad;  // a stage of 2 x BN keys, each warpgroup loading and reading its BN
+#else
+typedef TcLoadAsync<TcMma, BN> TcLoad;
+#endif
 
 #if KWG > 1
 // KWG 2: the second warpgroup's online-softmax state (its rows' max, each thread's partial row sums, O) merged

@@ -122,13 +122,16 @@ struct TcMmaSync {
 // A thread copies chunk c = tid % CH of rows r0 + i * RSTEP (RSTEP = THREADS / CH, a multiple of 8,
 // so every one of its rows has the same swizzle and the addresses differ by constants). RS: the
 // matrix's rows lie RS rows of HEAD_D apart (STRIDE: a residue class's; 1: rows that are not).
-template <class Layout, int ROWS, int RS = STRIDE, int EVF = 0>
+// NT, PROWS, tid, part0: NT threads (tid the thread's index among them) copy rows [part0, part0 + PROWS) of the
+// ROWS-row tile (part0 a multiple of 8), the rest left to others (tc/decode_halves.cuh: a warpgroup's half);
+// by default the block copies the whole tile.
+template <class Layout, int ROWS, int RS = STRIDE, int EVF = 0, int NT = THREADS, int PROWS = ROWS>
 __device__ __forceinline__ void tc_load_tile(u32 dst, const u16* __restrict__ src, int row0, int T, int lo = 0,
-                                             int tail = 0) {
-    constexpr int RSTEP = THREADS / CH;
-    static_assert(THREADS % CH == 0 && RSTEP % 8 == 0 && ROWS % RSTEP == 0,
+                                             int tail = 0, unsigned tid = threadIdx.x, int part0 = 0) {
+    constexpr int RSTEP = NT / CH;
+    static_assert(NT % CH == 0 && RSTEP % 8 == 0 && PROWS % RSTEP == 0 && PROWS <= ROWS,
                   "a tile's chunks must divide evenly among the threads, 8 rows apart");
-    const int r0 = threadIdx.x / CH, c = threadIdx.x % CH;
+    const int r0 = part0 + (int)(tid / CH), c = tid % CH;
     u32 d0 = dst + Layout::template swz<ROWS>(r0, c);
     if (EVF && WG)  // ptxas would otherwise share a uniform register between d0's uniform part and the policy,
         d0 = __shfl_sync(0xffffffffu, d0, threadIdx.x & 31);  // naming it desc[UR5]: an illegal instruction
@@ -137,7 +140,7 @@ __device__ __forceinline__ void tc_load_tile(u32 dst, const u16* __restrict__ sr
     const unsigned span = (unsigned)max(0, min(ROWS - tail, T - row0) - lo);
     const unsigned long long policy = EVF ? tc_evict_first_policy() : 0ull;  // EVF: K and V under KV_EVICT's policy
 #pragma unroll
-    for (int i = 0; i < ROWS / RSTEP; ++i) {
+    for (int i = 0; i < PROWS / RSTEP; ++i) {
         const int r = r0 + i * RSTEP;
         const bool ok = ENTRY_SPAN ? (unsigned)(r - lo) < span : row0 + r < T;
         tc_cp_async16_kv<EVF>(d0 + i * RSTEP * Layout::ROWB,

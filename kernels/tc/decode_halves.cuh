@@ -1,0 +1,48 @@
+// KWG 2 (kernels/decode.cu: two warpgroups on the same rows, warpgroup w on keys w * BN .. of every stage of
+// 2 x BN): each warpgroup loads the half of every stage that it alone reads, and waits for it on a barrier of its
+// own 128 threads (bar.sync 1 + w), so the warpgroups meet only after their last tile (decode_kwg_merge).
+// TcLoadAsync's block copies every stage with all its threads, so each tile waits there on a block barrier.
+// The interface is TcLoadAsync's (tc/mainloop_sync.cuh); Q still comes by the block, waited on at the block
+// barrier of wait_first().
+#pragma once
+#include "tc/mainloop_sync.cuh"
+
+static_assert(KWG == 2 && THREADS == 256, "tc/decode_halves.cuh: two warpgroups sharing the stages");
+
+template <class Mma>
+struct DecodeLoadHalves : TcLoadAsync<Mma, KWG * BN> {
+    typedef TcLoadAsync<Mma, KWG * BN> Base;
+    typedef typename Mma::Layout Layout;
+    enum { STAGE_BYTES = Base::STAGE_BYTES };
+
+    // this warpgroup's BN rows of tile entry ent's K and V into stage s
+    static __device__ __forceinline__ void load_half(const TcSmem& sm, const TcGlobal& gm, int T, int s, int ent) {
+        const int kt = tc_entry_tile(ent), lo = tc_entry_lo(ent), tail = tc_entry_tail(ent);
+        const unsigned tid = threadIdx.x % 128;
+        const int part0 = (int)(threadIdx.x / 128) * BN;
+        tc_load_tile<Layout, KWG * BN, STRIDE, KV_EVICT, 128, BN>(sm.k + s * STAGE_BYTES, gm.k, kt * KWG * BN, T, lo,
+                                                                  tail, tid, part0);
+        tc_load_tile<Layout, KWG * BN, STRIDE, KV_EVICT, 128, BN>(sm.v + s * STAGE_BYTES, gm.v, kt * KWG * BN, T, lo,
+                                                                  tail, tid, part0);
+    }
+
+    __device__ __forceinline__ void first_tiles(const TcTileList& list) {
+#pragma unroll
+        for (int s = 0; s < STAGES - 1; ++s) {
+            if (s < list.n) load_half(this->sm, this->gm, this->T, s, list.ring[s]);
+            tc_commit();
+        }
+        Base::wait_first();
+    }
+
+    static __device__ __forceinline__ void refill(const TcSmem& sm, const TcGlobal& gm, int T, u32 bar, int st,
+                                                  int st_fill, u32 phase, int ent_nx, int nx, int n) {
+        tc_wait<STAGES - 2>();
+        Mma::fence_loads();
+        // this warpgroup's half of tile `it` is visible to its four warps; its half of the stage refilled below,
+        // which only its own products read, is free
+        asm volatile("bar.sync %0, 128;\n" :: "r"(1 + (int)(threadIdx.x / 128)) : "memory");
+        if (nx < n) load_half(sm, gm, T, st_fill, ent_nx);
+        tc_commit();
+    }
+};
