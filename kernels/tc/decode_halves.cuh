@@ -12,18 +12,10 @@ static_assert(KWG == 2 && THREADS == 256, "tc/decode_halves.cuh: two warpgroups 
 template <class Mma>
 struct DecodeLoadHalves : TcLoadAsync<Mma, KWG * BN> {
     typedef TcLoadAsync<Mma, KWG * BN> Base;
-    typedef typename Mma::Layout Layout;
-    enum { STAGE_BYTES = Base::STAGE_BYTES };
 
     // this warpgroup's BN rows of tile entry ent's K and V into stage s
     static __device__ __forceinline__ void load_half(const TcSmem& sm, const TcGlobal& gm, int T, int s, int ent) {
-        const int kt = tc_entry_tile(ent), lo = tc_entry_lo(ent), tail = tc_entry_tail(ent);
-        const unsigned tid = threadIdx.x % 128;
-        const int part0 = (int)(threadIdx.x / 128) * BN;
-        tc_load_tile<Layout, KWG * BN, STRIDE, KV_EVICT, 128, BN>(sm.k + s * STAGE_BYTES, gm.k, kt * KWG * BN, T, lo,
-                                                                  tail, tid, part0);
-        tc_load_tile<Layout, KWG * BN, STRIDE, KV_EVICT, 128, BN>(sm.v + s * STAGE_BYTES, gm.v, kt * KWG * BN, T, lo,
-                                                                  tail, tid, part0);
+        Base::template load_stage<128, BN>(sm, gm, T, s, ent, threadIdx.x % 128, (int)(threadIdx.x / 128) * BN);
     }
 
     __device__ __forceinline__ void first_tiles(const TcTileList& list) {

@@ -178,16 +178,24 @@ struct TcLoadAsync {
         wait_first();
     }
 
+    // K and V of tile entry ent into stage s: rows [part0, part0 + PROWS) of the stage by NT threads (tid the
+    // thread's index among them); by default the whole stage by the block
+    template <int NT = THREADS, int PROWS = TROWS>
+    static __device__ __forceinline__ void load_stage(const TcSmem& sm, const TcGlobal& gm, int T, int s, int ent,
+                                                      unsigned tid = threadIdx.x, int part0 = 0) {
+        const int kt = tc_entry_tile(ent), lo = tc_entry_lo(ent), tail = tc_entry_tail(ent);
+        tc_load_tile<Layout, TROWS, STRIDE, KV_EVICT, NT, PROWS>(sm.k + s * STAGE_BYTES, gm.k, kt * TROWS, T, lo,
+                                                                  tail, tid, part0);
+        tc_load_tile<Layout, TROWS, STRIDE, KV_EVICT, NT, PROWS>(sm.v + s * STAGE_BYTES, gm.v, kt * TROWS, T, lo,
+                                                                  tail, tid, part0);
+    }
+
     // first_tiles in two halves (a persistent block issues the next work's loads before it stores this
     // one's output): the list's first STAGES - 1 tiles, a commit group each ...
     __device__ __forceinline__ void issue_first(const TcTileList& list) {
 #pragma unroll
         for (int s = 0; s < STAGES - 1; ++s) {
-            if (s < list.n) {
-                const int ent = list.ring[s], kt = tc_entry_tile(ent), lo = tc_entry_lo(ent), tail = tc_entry_tail(ent);
-                tc_load_tile<Layout, TROWS, STRIDE, KV_EVICT>(sm.k + s * STAGE_BYTES, gm.k, kt * TROWS, T, lo, tail);
-                tc_load_tile<Layout, TROWS, STRIDE, KV_EVICT>(sm.v + s * STAGE_BYTES, gm.v, kt * TROWS, T, lo, tail);
-            }
+            if (s < list.n) load_stage(sm, gm, T, s, list.ring[s]);
             tc_commit();
         }
     }
@@ -206,11 +214,7 @@ struct TcLoadAsync {
         tc_wait<STAGES - 2>();
         Mma::fence_loads();
         __syncthreads();  // tile `it` is visible to all; the stage refilled below is free
-        if (nx < n) {
-            const int ktn = tc_entry_tile(ent_nx), lo = tc_entry_lo(ent_nx), tail = tc_entry_tail(ent_nx);
-            tc_load_tile<Layout, TROWS, STRIDE, KV_EVICT>(sm.k + st_fill * STAGE_BYTES, gm.k, ktn * TROWS, T, lo, tail);
-            tc_load_tile<Layout, TROWS, STRIDE, KV_EVICT>(sm.v + st_fill * STAGE_BYTES, gm.v, ktn * TROWS, T, lo, tail);
-        }
+        if (nx < n) load_stage(sm, gm, T, st_fill, ent_nx);
         tc_commit();
     }
 
