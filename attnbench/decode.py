@@ -51,10 +51,9 @@ import numpy as np
 
 from .arrays import bind
 from .compile import get_module, resident_blocks
-from .decode_config import (BN, DEFAULT, ENV, EVICT_L2, HEAD_CUTS, HEAD_DS, HEAD_DTYPE, HEAD_ENTRIES, LONG_BN,
-                            MAX_TILES, NWARPS, SHORT_LIST_KEYS, SPAN_BITS, SPAN_UNIT, DecodeConfig, DecodeSpec,
-                            cluster_size, cluster_tries, flat_stretches, kernel_defines, parse_decode_config,
-                            split_count, split_cuts, tile_weights)
+from .decode_config import (BN, DEFAULT, ENV, EVICT_L2, HEAD_DS, HEAD_DTYPE, HEAD_ENTRIES, LONG_BN, MAX_TILES, NWARPS,
+                            SHORT_LIST_KEYS, SPAN_BITS, SPAN_UNIT, DecodeConfig, DecodeSpec, cluster_size, cluster_tries, flat_stretches,
+                            kernel_defines, parse_decode_config, split_count)
 from .errors import BadInput
 from .fwd_config import WG_ARCH
 from .fast_tc import LOG2E
@@ -104,14 +103,10 @@ class DecodeList:
             tail = np.minimum(BN // SPAN_UNIT - -(-self.hi.astype(np.int64) // SPAN_UNIT), (1 << SPAN_BITS) - 1)
         return (kt << (1 + 2 * SPAN_BITS) | lo << (1 + SPAN_BITS) | tail << 1 | partial).astype(np.int32)
 
-    def tile_keys(self, BN: int, spans: bool = True) -> np.ndarray:
-        """The keys (K and V rows) a walk of this list loads of each tile: the whole tile, or with ``spans`` its span."""
-        e, step = self.device_entries(BN, spans).astype(np.int64), (1 << SPAN_BITS) - 1
-        return BN - SPAN_UNIT * ((e >> (1 + SPAN_BITS) & step) + (e >> 1 & step))
-
     def span_keys(self, BN: int, spans: bool = True) -> int:
-        """The keys (K and V rows) a walk of this list loads."""
-        return int(self.tile_keys(BN, spans).sum())
+        """The keys (K and V rows) a walk of this list loads: whole tiles, or with ``spans`` each tile's span."""
+        e, step = self.device_entries(BN, spans).astype(np.int64), (1 << SPAN_BITS) - 1
+        return int((BN - SPAN_UNIT * ((e >> (1 + SPAN_BITS) & step) + (e >> 1 & step))).sum())
 
 
 def decode_list(mask: Mask, Tq: int, BN: int = BN) -> DecodeList:
@@ -158,18 +153,13 @@ def plan_lists(prob: Problem, cfg: DecodeConfig, order: list[int], rows: int | N
     return chosen, stride, mask, lists
 
 
-def list_head(tent: np.ndarray, cuts: np.ndarray | None = None) -> np.ndarray:
-    """The split launch's last argument, one structure passed by value (kernels/tc/decode_common.cuh: DecodeHead):
-    tent's first HEAD_ENTRIES entries (zeros past its end), then ``cuts`` (``split_cuts``: where each split's stretch
-    starts, then the list's length; zeros when the splits take per_split tiles each)."""
-    head = np.zeros(1, HEAD_DTYPE)
+def list_head(tent: np.ndarray) -> np.ndarray:
+    """The split launch's last argument: tent's first HEAD_ENTRIES entries (zeros past its end) as one
+    structure passed by value (kernels/tc/decode_common.cuh: DecodeHead)."""
+    head = np.zeros(HEAD_ENTRIES, np.int32)
     n = min(HEAD_ENTRIES, tent.size)
-    head["e"][0, :n] = tent[:n]
-    if cuts is not None:
-        if not 2 <= len(cuts) <= HEAD_CUTS + 1:
-            raise ValueError(f"list_head: {len(cuts) - 1} splits' cuts; the launch takes 1 to {HEAD_CUTS}")
-        head["cut"][0, :len(cuts)] = cuts
-    return head
+    head[:n] = tent[:n]
+    return head.view(HEAD_DTYPE)
 
 
 class DecodeRunner(Runner):
@@ -356,13 +346,6 @@ class FastDecode(Impl):
             setup["flat_blocks"] = stretches.blocks
             setup["flat_stretches"] = len(stretches.segs)
         setup["splits"] = splits
-        one_len = len(order) == 1 and order[0] == prob.T  # every sequence at T: the list head as arguments
-        # CUTS: one list, its splits' stretches cut by what their tiles load (``split_cuts``), passed with the head
-        cuts = None
-        if cfg.CUTS and one_len and stretches is None and not by_pairs and 2 <= splits <= HEAD_CUTS:
-            cuts = split_cuts(tile_weights(lists[0].tile_keys(cfg.BN, bool(cfg.SPANS)), cfg.BN), splits)
-            setup["split_tiles"] = np.diff(cuts).tolist()
-            per_split = -1  # (the kernels read each split's stretch from the head's cuts)
         heads_d = cupy.asarray(np.stack([firsts, counts], axis=1).astype(np.int32))  # each list's (first, count)
         list_of = cupy.asarray(np.array(list_of_seq, np.int32))
         lens_d = cupy.asarray(np.array(lens, np.int32))
@@ -381,9 +364,10 @@ class FastDecode(Impl):
         out = cupy.empty(prob.shape, dtype=qa.dtype)
         tickets = cupy.zeros(prob.B * groups, cupy.int32)  # MERGE: splits finished per row group, back to 0
         scale_log2 = np.float32(prob.softmax_scale * LOG2E)
+        one_len = len(order) == 1 and order[0] == prob.T  # every sequence at T: the list head as arguments
         args = (qa, ka, va, op, lp, heads_d, tent_d, lens_d, list_of, np.int32(prob.H), np.int32(groups),
                 np.int32(prob.q_len), np.int32(prob.T), np.int32(per_split), scale_log2, table, out, tickets,
-                np.int32(one_len), np.int32(counts[0] if one_len else 0), segs, seg_at, list_head(tent, cuts))
+                np.int32(one_len), np.int32(counts[0] if one_len else 0), segs, seg_at, list_head(tent))
         merge_args = (op, lp, out, np.int32(prob.H), np.int32(groups), np.int32(prob.q_len),
                       np.int32(splits))
         # no merge launch when the last split merges, when each pair has one split (it stores the output), or

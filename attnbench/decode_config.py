@@ -18,10 +18,7 @@ ENV = "ATTNBENCH_DECODE_CONFIG"
 # the list's first entries passed with the split launch, a kernel parameter (kernels/tc/decode_common.cuh: DecodeHead),
 # so that a block's first K/V loads wait on no read of them from global memory
 HEAD_ENTRIES = 128
-# ... and where every sequence holds the same keys (CUTS), the first entry of each of at most HEAD_CUTS splits, then
-# the list's length: split s takes entries cut[s] .. cut[s + 1]
-HEAD_CUTS = 16
-HEAD_DTYPE = np.dtype([("e", np.int32, (HEAD_ENTRIES,)), ("cut", np.int32, (HEAD_CUTS + 1,))])
+HEAD_DTYPE = np.dtype([("e", np.int32, (HEAD_ENTRIES,))])
 MAX_SMEM = 227 * 1024  # dynamic shared memory a block may ask for (sm_80 163 KiB: refused there at launch)
 # a decode list entry's span (kernels/tc/scheduler.cuh ENTRY_SPAN, given these as -D constants): the rows of its tile
 # that some query may read, in steps of SPAN_UNIT keys, as SPAN_BITS bits each of the step it starts at and of the
@@ -100,12 +97,7 @@ class DecodeConfig:
     on its own (RAGGED).
     SPANS 1: a partial tile's K and V rows that no query of the block reads (past the sinks, before the window's first
     key) are zero-filled, never loaded: each list entry carries the span of its tile that some query reads, in steps
-    of 16 keys (``decode.DecodeList.device_entries``); 0: every tile loaded whole.
-    CUTS 1: where every sequence holds the same keys and a pair's splits number 2 to HEAD_CUTS, the list is cut where
-    the splits' heaviest stretch is lightest, a tile weighing the keys it loads (its span) plus a quarter tile's
-    (``split_cuts``, ``CUT_TILE``): a list whose first tiles are nearly empty (the sinks, a window's first keys at Tq=16)
-    no longer gives its splits one full tile more than the rest; 0: every split the same number of tiles (the last
-    fewer), as a ragged batch's lists are cut."""
+    of 16 keys (``decode.DecodeList.device_entries``); 0: every tile loaded whole."""
     NWARPS: int = 4
     BN: int = 64
     STAGES: int = 3
@@ -151,7 +143,6 @@ class DecodeConfig:
     SPANS: int = 1  # H100, T=32768, 1 / 0 in one process (results/decode-spans-ab-h100.csv, docs/PERF.md "decode v13"):
     #                 where the K and V bytes fall 8-25%, 0.886-0.955 (streaming 16+64 B=64 Tq=1 16.45 -> 14.78 us); where
     #                 they do not, 0.990-1.025
-    CUTS: int = 1  # (predicted, not yet measured: docs/PERF.md "decode v17")
 
     @property
     def rows(self) -> int:
@@ -306,7 +297,7 @@ DECODE_LIMITS = {"NWARPS": (4, 16, 4), "BN": (16, 256, 16), "STAGES": (2, 8, 1),
                  "BN_SHORT": (0, 256, 16), "PDL": (0, 1, 1), "CLUSTER": (0, 16, 1), "CLUSTER_TILES": (1, 4096, 1),
                  "CLUSTER_ROWS": (1, 4096, 1), "BY_PAIRS": (0, 2, 1), "HEADS": (0, 16, 1), "WG": (0, 1, 1),
                  "KWG": (0, 2, 1), "EVICT": (0, 2, 1), "CMERGE": (0, 2, 1),
-                 "RAGGED": (0, 1, 1), "FLAT": (0, 2, 1), "SPANS": (0, 1, 1), "CUTS": (0, 1, 1)}
+                 "RAGGED": (0, 1, 1), "FLAT": (0, 2, 1), "SPANS": (0, 1, 1)}
 DEFAULT = DecodeConfig()
 LONG_BN = DEFAULT.BN
 # lists of at most this many keys (in 64-key tiles) take BN_SHORT-key tiles. H100, B 1 to 64, Tq 1 and 16, BN=32 /
@@ -347,7 +338,7 @@ class DecodeSpec:
 def parse_decode_config(text: str, option: str = "--decode-config") -> DecodeSpec:
     """'FIELD=N,...' of NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, BY_KEYS,
     ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES, CLUSTER_ROWS, BY_PAIRS, HEADS, WG, KWG, EVICT,
-    CMERGE, RAGGED, FLAT, SPANS, CUTS (any case; the others at their defaults) or all by position from NWARPS,BN,STAGES; BadInput naming
+    CMERGE, RAGGED, FLAT, SPANS (any case; the others at their defaults) or all by position from NWARPS,BN,STAGES; BadInput naming
     ``option`` and the limit."""
     given = parse_fields(text, option, DecodeConfig, DECODE_LIMITS, min_positional=3)
     return DecodeSpec(tuple((f, given[f]) for f in DECODE_FIELDS if f in given))
@@ -365,7 +356,7 @@ def kernel_defines(D: int, dtype: str, mask: Mask, cfg: DecodeConfig = DEFAULT, 
     ``flat``, the key slices' kernel walking a flat run of stretches a block: FLAT 1)."""
     bn = cfg.BN // cfg.NWARPS if keys else cfg.BN
     d = dict(HEAD_D=D, BN=bn, NWARPS=cfg.NWARPS, STAGES=cfg.STAGES, MT=1, MINB=cfg.MINB, QREG=1, STRIDE=stride,
-             DECODE_HEAD_N=HEAD_ENTRIES, DECODE_CUTS=HEAD_CUTS, ENTRY_SPAN=1, SPAN_UNIT=SPAN_UNIT, SPAN_BITS=SPAN_BITS)  # (SPANS)
+             DECODE_HEAD_N=HEAD_ENTRIES, ENTRY_SPAN=1, SPAN_UNIT=SPAN_UNIT, SPAN_BITS=SPAN_BITS)  # (SPANS)
     if not keys and not pairs:
         d["MERGE_LAST"] = cfg.MERGE
     if cluster > 1:
@@ -415,42 +406,6 @@ def split_count(longest: int, work: int, sms: int, cfg: DecodeConfig = DEFAULT, 
     else:
         per_split = max(cfg.MIN_PER_SPLIT, -(-longest * work // (cfg.BLOCKS_PER_SM * sms)))
     return per_split, max(1, -(-longest // per_split))
-
-
-# CUTS: a tile's work beside its loads (its products, softmax and barrier, which a nearly empty tile pays in full)
-# counted as this share of a whole tile's keys (a guess, judged by the launches it balances: docs/PERF.md "decode v17")
-CUT_TILE = 0.25
-
-
-def tile_weights(tile_keys, BN: int) -> np.ndarray:
-    """The weight ``split_cuts`` gives each tile of a list of BN-key tiles that load ``tile_keys`` keys each."""
-    return np.asarray(tile_keys, np.int64) + int(round(CUT_TILE * BN))
-
-
-def split_cuts(weights, splits: int) -> np.ndarray:
-    """Where ``splits`` stretches of a list whose tiles weigh ``weights`` start, then the list's length (int32,
-    splits + 1): contiguous and in order, the heaviest stretch as light as any cut makes it; each stretch takes as
-    many tiles as that bound allows, so the last may be short or empty. Tiles of one weight cut as ``split_count``
-    does (ceil(n / splits) a split)."""
-    w = np.asarray(weights, np.int64)
-    if (w < 0).any() or splits < 1:
-        raise ValueError(f"split_cuts: weights must be at least 0 and splits at least 1 (got {splits})")
-    cum = np.concatenate([[0], np.cumsum(w)])
-
-    def cut(cap: int) -> list[int]:
-        at = [0]
-        for _ in range(splits):
-            at.append(int(np.searchsorted(cum, cum[at[-1]] + cap, side="right")) - 1)
-        return at
-
-    lo, hi = max(int(w.max(initial=0)), -(-int(cum[-1]) // splits)), int(cum[-1])
-    while lo < hi:  # the least bound under which `splits` stretches hold the whole list
-        mid = (lo + hi) // 2
-        if cut(mid)[-1] >= w.size:
-            hi = mid
-        else:
-            lo = mid + 1
-    return np.array(cut(lo), np.int32)
 
 
 def ragged_splits(lengths, longest: int, slots: int, least: int, most: int) -> int:

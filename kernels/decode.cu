@@ -95,7 +95,7 @@ __device__ __forceinline__ void decode_kwg_merge(TcAcc& acc, TcSoftmax& sf, unsi
 extern "C" __global__ void DECODE_CLUSTER __launch_bounds__(THREADS, MINB) decode_split(DECODE_SPLIT_PARAMS) {
     extern __shared__ __align__(1024) unsigned char smem[];
     const DecodeBlock blk = decode_block(Qg, Kg, Vg, lists, lens, list_of, H, H_kv, Tq, Tk, per_split, one_len,
-                                             list_count, head);
+                                             list_count);
     ab_pdl_trigger();  // a merge launched as a programmatic dependent (PDL=1) may be placed now; it waits
     const int b = blk.b, kvh = blk.kvh, rows = blk.rows, Tb = blk.Tb, count = blk.count;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

@@ -155,7 +155,7 @@ extern "C" __global__ void DECODE_CLUSTER __launch_bounds__(THREADS, MINB) decod
     }
 #else
     const DecodeBlock blk = decode_block(Qg, Kg, Vg, lists, lens, list_of, H, H_kv, Tq, Tk, per_split, one_len,
-                                         list_count, head);
+                                         list_count);
     ab_pdl_trigger();  // a merge launched as a programmatic dependent (PDL=1) may be placed now; it waits
     decode_keys_stretch(blk, smem, pat, tent, head, Op, Lp, Og, H, H_kv, Tq, scale_log2);
 #endif

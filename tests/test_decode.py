@@ -126,19 +126,15 @@ def test_the_split_launch_takes_the_list_head_the_host_packs(kernel, entry):
     import re
 
     from attnbench.compile import ptx
-    from attnbench.decode_config import HEAD_CUTS, HEAD_DTYPE, HEAD_ENTRIES
+    from attnbench.decode_config import HEAD_DTYPE, HEAD_ENTRIES
     from attnbench.decode import list_head
 
     tent = np.arange(1, 300, dtype=np.int32)
     head = list_head(tent)
-    assert head.dtype == HEAD_DTYPE and head.shape == (1,) and head.nbytes == 4 * (HEAD_ENTRIES + HEAD_CUTS + 1)
-    assert list(head["e"][0]) == list(tent[:HEAD_ENTRIES]) and not head["cut"].any()
+    assert head.dtype == HEAD_DTYPE and head.shape == (1,) and head.nbytes == 4 * HEAD_ENTRIES
+    assert list(head["e"][0]) == list(tent[:HEAD_ENTRIES])
     short = list_head(np.array([6, 9, 0], np.int32))["e"][0]
     assert list(short[:3]) == [6, 9, 0] and not short[3:].any()
-    cut = list_head(tent, np.array([0, 150, 299], np.int32))["cut"][0]
-    assert list(cut[:3]) == [0, 150, 299] and not cut[3:].any()
-    with pytest.raises(ValueError, match="1 to 16"):
-        list_head(tent, np.arange(HEAD_CUTS + 2, dtype=np.int32))
 
     mask = make_mask("streaming", 4096, True)
     text = ptx(kernel, kernel_defines(128, "bfloat16", mask, keys=kernel == "decode_keys",
@@ -271,24 +267,6 @@ def test_tiles_loaded_by_their_spans_pass_the_gate_and_read_fewer_bytes(spec, ke
         assert setups[1]["kv_bytes"] < setups[0]["kv_bytes"], setups
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("spec,kernel", [("", "decode"), ("NWARPS=8,KWG=2", "decode"), ("BN_SHORT=0", "decode_keys"),
-                                         ("CLUSTER=0", "decode")])
-@pytest.mark.parametrize("pattern,params", [("streaming", {"sink": 4, "window": 1024}), ("window", {"window": 4096})])
-def test_splits_cut_by_what_their_tiles_load_pass_the_gate(spec, kernel, pattern, params):
-    """CUTS=1 (the default) and CUTS=0 through the gate on a batch of one length whose list starts with nearly empty
-    tiles, in a cluster and through the merge launch: with the cuts, the splits' tiles (``split_tiles``) differ from
-    per_split's and still cover the list once."""
-    Tq = 16 if kernel == "decode" else 1
-    H, H_kv = (32, 8) if kernel == "decode" else (8, 8)
-    specs = {x: ",".join(filter(None, [spec, f"CUTS={x}"])) for x in (0, 1)}
-    setups = _ragged_gates(make_mask(pattern, 32768, True, **params), Tq, H, H_kv, specs, lens=(32768,))
-    assert {s["kernel"] for s in setups.values()} == {kernel}, setups
-    assert "split_tiles" not in setups[0]
-    tiles = setups[1]["split_tiles"]
-    assert len(tiles) == setups[1]["splits"] == setups[0]["splits"] > 1, setups
-
-
 def test_list_says_which_shapes_each_implementation_takes():
     from attnbench.impls import get_impl
 
@@ -298,7 +276,7 @@ def test_list_says_which_shapes_each_implementation_takes():
 
 # ---- its shape, for tuning: --decode-config and ATTNBENCH_DECODE_CONFIG ------------------------------
 from attnbench.decode_config import (DEFAULT, ENV, DecodeConfig, flat_stretches, parse_decode_config, ragged_splits,  # noqa: E402
-                                     split_count, split_cuts, tile_weights)
+                                     split_count)
 
 # the choices of scripts/gpu_check.sh's decodeshapes step (DECODE_SHAPES' default)
 GPU_CHECK_SHAPES = ("BY_KEYS=0", "SPLITS=8", "SPLITS=16", "STAGES=2", "STAGES=4", "STAGES=2,MINB=3", "BN=128,STAGES=2",
@@ -320,7 +298,7 @@ def test_the_gpu_check_step_sweeps_these_shapes():
                 ("MIN_PER_SPLIT", 4), ("MERGE", 0), ("BY_KEYS", 2), ("ONE_PER_SM", 8), ("CLASSES", 1),
                 ("BN_SHORT", 32), ("PDL", 1), ("CLUSTER", 8), ("CLUSTER_TILES", 9), ("CLUSTER_ROWS", 64),
                 ("BY_PAIRS", 2), ("HEADS", 0), ("WG", 1), ("KWG", 0), ("EVICT", 2), ("CMERGE", 2), ("RAGGED", 1),
-                ("FLAT", 1), ("SPANS", 1), ("CUTS", 1))),
+                ("FLAT", 1), ("SPANS", 1))),
     ("by_keys=0", (("BY_KEYS", 0),)),
 ])
 def test_a_decode_shape_parses_named_and_positional_forms(text, given):
@@ -335,7 +313,7 @@ def test_a_decode_shape_parses_named_and_positional_forms(text, given):
     ("SPLITS=-1", "SPLITS=-1 must be from 0 to 4096"),
     ("TMA=1", "unknown field 'TMA' (fields: NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, "
               "BY_KEYS, ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES, CLUSTER_ROWS, BY_PAIRS, HEADS, WG, "
-              "KWG, EVICT, CMERGE, RAGGED, FLAT, SPANS, CUTS)"),
+              "KWG, EVICT, CMERGE, RAGGED, FLAT, SPANS)"),
     ("WG=2", "WG=2 must be 0 or 1"),
     ("FLAT=3", "FLAT=3 must be from 0 to 2"),
     ("CLUSTER=17", "CLUSTER=17 must be from 0 to 16"),
@@ -346,7 +324,6 @@ def test_a_decode_shape_parses_named_and_positional_forms(text, given):
     ("HEADS=17", "HEADS=17 must be from 0 to 16"),
     ("CMERGE=3", "CMERGE=3 must be from 0 to 2"),
     ("RAGGED=2", "RAGGED=2 must be 0 or 1"),
-    ("CUTS=2", "CUTS=2 must be 0 or 1"),
 ])
 def test_bad_decode_shapes_name_the_option_and_the_limit(text, words):
     with pytest.raises(BadInput) as e:
@@ -393,48 +370,6 @@ def test_a_ragged_batch_gives_its_long_lists_more_splits():
     # SPLITS given wins; and no more splits than MIN_PER_SPLIT tiles each allow
     assert split_count(455, 64, 132, replace(DEFAULT, SPLITS=3), 2, pairs) == (152, 3)
     assert ragged_splits([8, 1], 8, 1000, 1, 2) == 2
-
-
-def _heaviest(weights, cuts) -> int:
-    cum = np.concatenate([[0], np.cumsum(weights)])
-    return int(max(cum[b] - cum[a] for a, b in zip(cuts[:-1], cuts[1:])))
-
-
-def test_a_lists_cuts_leave_its_heaviest_split_as_light_as_any_cut_can():
-    import itertools
-
-    rng = np.random.default_rng(5)
-    for _ in range(200):
-        w = rng.integers(0, 9, size=int(rng.integers(0, 9)))
-        splits = int(rng.integers(1, 5))
-        cuts = split_cuts(w, splits)
-        assert cuts.dtype == np.int32 and len(cuts) == splits + 1 and cuts[0] == 0 and cuts[-1] == w.size
-        assert (np.diff(cuts) >= 0).all()
-        best = min((_heaviest(w, (0, *inner, w.size))
-                    for inner in itertools.combinations_with_replacement(range(w.size + 1), splits - 1)), default=0)
-        assert _heaviest(w, cuts) == best, (w, splits, cuts)
-    # tiles of one weight: ceil(n / splits) a split, as split_count gives, the last short
-    assert list(np.diff(split_cuts(np.full(65, 80), 8))) == [9] * 7 + [2]
-    assert list(np.diff(split_cuts(np.full(64, 80), 8))) == [8] * 8
-    with pytest.raises(ValueError, match="splits at least 1"):
-        split_cuts([1, 2], 0)
-
-
-@pytest.mark.parametrize("pattern,params,Tq,bn,splits,tiles", [
-    # window 4096 at Tq=16: a first tile of 15 keys among 64 whole ones; with it, 8 tiles a split, not 9
-    ("window", {"window": 4096}, 16, 64, 8, [9] + [8] * 7),
-    # streaming 4+1024 at Tq=16 (B=8's two splits): the sinks' tile and the window's first 15 keys go with 8 whole
-    ("streaming", {"sink": 4, "window": 1024}, 16, 64, 2, [10, 8]),
-    # ... at Tq=1 in 32-key tiles (B=1's cluster of 8): the sinks' tile and 4 whole tiles a split, not 5
-    ("streaming", {"sink": 4, "window": 1024}, 1, 32, 8, [5] + [4] * 7),
-    # whole tiles only: as split_count's
-    ("window", {"window": 4096}, 1, 64, 8, [8] * 8),
-])
-def test_a_list_with_nearly_empty_tiles_is_cut_by_what_its_tiles_load(pattern, params, Tq, bn, splits, tiles):
-    lst = decode_list(make_mask(pattern, 32768, True, **params), Tq, bn)
-    cuts = split_cuts(tile_weights(lst.tile_keys(bn), bn), splits)
-    assert list(np.diff(cuts)) == tiles
-    assert lst.tile_keys(bn).sum() == lst.span_keys(bn) and (lst.tile_keys(bn, False) == bn).all()
 
 
 def test_a_flat_walk_cuts_the_lists_end_to_end_into_equal_runs():

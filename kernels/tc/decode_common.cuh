@@ -16,8 +16,7 @@
 //   decode_entries(tent, head) -> DecodeEntries: the list's entries (TcTileList's init_range and next read
 //     them), the first DECODE_HEAD_N from the launch's parameter `head`;
 //   decode_block(...) -> DecodeBlock: the block's pair, split, rows, keys, Q slab, K/V and its stretch of
-//     the list (first entry in tent, count: per_split tiles a split, or the head's cuts); from the arguments alone
-//     when the batch is not ragged;
+//     the list (first entry in tent, count); from the arguments alone when the batch is not ragged;
 //     with STRIDE > 1 (one query a sequence) the keys and K/V of the query's residue class;
 //     decode_block_at(split, kvh, b, ...) the same for a pair named otherwise than by blockIdx;
 //   decode_out_slab(Og, blk, H, Tq): the group's first output row;
@@ -51,18 +50,11 @@
 // so its first K/V loads wait on no read of global memory for them (the host passes tent[:DECODE_HEAD_N] as the
 // structure; attnbench/decode.py HEAD_ENTRIES sets the count). DecodeEntries reads tent[i] from there below
 // DECODE_HEAD_N, from tent itself above.
-// Where every sequence holds the same keys, the head also carries where each split's stretch of the list starts
-// (cut[split], then the list's length: the host's split_cuts, attnbench/decode_config.py), and the host passes
-// per_split -1: the splits' stretches need not hold the same number of tiles.
 #ifndef DECODE_HEAD_N
 #error "DECODE_HEAD_N: the list's entries passed with the launch (attnbench/decode.py: HEAD_ENTRIES)"
 #endif
-#ifndef DECODE_CUTS
-#error "DECODE_CUTS: the splits whose stretches the launch's head may carry (attnbench/decode_config.py: HEAD_CUTS)"
-#endif
 struct DecodeHead {
     int e[DECODE_HEAD_N];
-    int cut[DECODE_CUTS + 1];
 };
 struct DecodeEntries {
     const int* tent;
@@ -134,18 +126,11 @@ __device__ __forceinline__ DecodeBlock decode_block_at(int split, int kvh, int b
     d.v = Vg + kv;
     return d;
 }
-// (per_split -1: one length, split blockIdx.x's stretch from the head's cuts)
 __device__ __forceinline__ DecodeBlock decode_block(const u16* Qg, const u16* Kg, const u16* Vg, const int2* lists,
                                                     const int* lens, const int* list_of, int H, int H_kv, int Tq,
-                                                    int Tk, int per_split, int one_len, int list_count,
-                                                    const DecodeHead& head) {
-    DecodeBlock d = decode_block_at(blockIdx.x, blockIdx.y, blockIdx.z, Qg, Kg, Vg, lists, lens, list_of, H, H_kv, Tq,
-                                    Tk, max(per_split, 0), one_len, list_count);
-    if (per_split < 0) {
-        d.first = head.cut[blockIdx.x];
-        d.count = head.cut[blockIdx.x + 1] - d.first;
-    }
-    return d;
+                                                    int Tk, int per_split, int one_len, int list_count) {
+    return decode_block_at(blockIdx.x, blockIdx.y, blockIdx.z, Qg, Kg, Vg, lists, lens, list_of, H, H_kv, Tq, Tk,
+                           per_split, one_len, list_count);
 }
 
 // FLAT 1 (the key slices' kernel, a ragged batch; attnbench/decode_config.py flat_stretches): the grid is one
