@@ -279,17 +279,14 @@ class FastDecode(Impl):
         table = cupy.asarray(table if table is not None else np.zeros(1, np.int32), dtype=cupy.int32)
         smem = cfg.smem_bytes(prob.D, keys)
 
-        def build_smem(cluster: int = 1) -> int:  # (PUSH: a cluster's builds take a region for the pushed rows)
-            return smem + (cfg.push_bytes(prob.D, cluster) if cluster > 1 and cfg.PUSH and not keys else 0)
-
         def kernels(cluster: int = 1, flat: bool = False):
             mod = get_module(setup["kernel"], kernel_defines(prob.D, prob.dtype, mask,
                                                              cfg.cmerge_for(rows, cluster, prob.D), keys, stride,
                                                              cluster, heads=heads, wg=wg, flat=flat),
                              WG_ARCH if wg else None)
             split = mod.get_function(KEYS_SPLIT if keys else SPLIT)
-            if build_smem(cluster) > 48 * 1024:
-                split.max_dynamic_shared_size_bytes = build_smem(cluster)
+            if smem > 48 * 1024:
+                split.max_dynamic_shared_size_bytes = smem
             if cluster > 8:  # the non-portable sizes
                 allow_nonportable_clusters(split)
             return split, mod.get_function(MERGE)
@@ -324,7 +321,7 @@ class FastDecode(Impl):
         for size in cluster_tries(cluster, longest, cfg):
             with timed(setup, "compile_s"):
                 split_c, _ = kernels(size)
-            fit, rc = max_active_clusters(split_c, (size, groups, prob.B), cfg.threads, build_smem(size))
+            fit, rc = max_active_clusters(split_c, (size, groups, prob.B), cfg.threads, smem)
             setup["clusters_fit"] = fit
             if rc:  # the driver refused the question: no cluster, and the row says why
                 setup["clusters_error"] = f"cuOccupancyMaxActiveClusters: CUresult {rc}"
@@ -379,8 +376,8 @@ class FastDecode(Impl):
         pdl = setup["pdl"] = bool(merge is not None and cfg.PDL and pdl_available())
         grid = ((-(-groups // cfg.NWARPS), 1, prob.B) if by_pairs else (stretches.blocks, 1, 1) if stretches is not None
                 else (splits, groups, prob.B))
-        return DecodeRunner(split_k, merge, grid, (prob.B * prob.H * prob.q_len,), build_smem(cluster), args,
-                            merge_args, out, setup, prob.D, cfg.threads, pdl)
+        return DecodeRunner(split_k, merge, grid, (prob.B * prob.H * prob.q_len,), smem, args, merge_args, out,
+                            setup, prob.D, cfg.threads, pdl)
 
 
 IMPL = register(FastDecode(

@@ -97,12 +97,7 @@ class DecodeConfig:
     on its own (RAGGED).
     SPANS 1: a partial tile's K and V rows that no query of the block reads (past the sinks, before the window's first
     key) are zero-filled, never loaded: each list entry carries the span of its tile that some query reads, in steps
-    of 16 keys (``decode.DecodeList.device_entries``); 0: every tile loaded whole.
-    PUSH 1 (where a pair's splits merge in their cluster, the rows kernel): each split stores its rows straight into
-    the shared memory of the blocks that merge them, a region of its own past Q's tile and the stages
-    (``push_bytes``), and after one barrier each block merges from its own memory (kernels/tc/decode_push.cuh); 0:
-    each block leaves its rows in its own memory and the others read them after the barrier (CMERGE), then a
-    second barrier. The same sums in the same order, so the same bits. The key slices' kernel always reads."""
+    of 16 keys (``decode.DecodeList.device_entries``); 0: every tile loaded whole."""
     NWARPS: int = 4
     BN: int = 64
     STAGES: int = 3
@@ -148,7 +143,6 @@ class DecodeConfig:
     SPANS: int = 1  # H100, T=32768, 1 / 0 in one process (results/decode-spans-ab-h100.csv, docs/PERF.md "decode v13"):
     #                 where the K and V bytes fall 8-25%, 0.886-0.955 (streaming 16+64 B=64 Tq=1 16.45 -> 14.78 us); where
     #                 they do not, 0.990-1.025
-    PUSH: int = 0
 
     @property
     def rows(self) -> int:
@@ -170,14 +164,6 @@ class DecodeConfig:
 
     def smem_bytes(self, D: int, keys: bool = False) -> int:
         return (self.tile_rows(keys) + 2 * self.STAGES * self.BN) * D * 2
-
-    def push_bytes(self, D: int, cluster: int) -> int:
-        """PUSH's region in each block of a cluster of ``cluster`` splits of the rows kernel at head dimension D: a
-        float4 a four-column piece and a log-sum-exp a row, the rows' pieces dealt in turns of ``cluster`` x threads
-        (kernels/tc/decode_push.cuh's PUSH_BYTES)."""
-        pieces, threads = D // 4, self.threads
-        turns = -(-self.rows * pieces // (cluster * threads))
-        return cluster * turns * threads * 16 + cluster * turns * (threads // pieces) * 4
 
     def cluster_rows_fit(self, D: int, keys: bool = False) -> bool:
         """Whether a block's float32 rows and log-sum-exps for the cluster's merge fit the shared memory it
@@ -311,7 +297,7 @@ DECODE_LIMITS = {"NWARPS": (4, 16, 4), "BN": (16, 256, 16), "STAGES": (2, 8, 1),
                  "BN_SHORT": (0, 256, 16), "PDL": (0, 1, 1), "CLUSTER": (0, 16, 1), "CLUSTER_TILES": (1, 4096, 1),
                  "CLUSTER_ROWS": (1, 4096, 1), "BY_PAIRS": (0, 2, 1), "HEADS": (0, 16, 1), "WG": (0, 1, 1),
                  "KWG": (0, 2, 1), "EVICT": (0, 2, 1), "CMERGE": (0, 2, 1),
-                 "RAGGED": (0, 1, 1), "FLAT": (0, 2, 1), "SPANS": (0, 1, 1), "PUSH": (0, 1, 1)}
+                 "RAGGED": (0, 1, 1), "FLAT": (0, 2, 1), "SPANS": (0, 1, 1)}
 DEFAULT = DecodeConfig()
 LONG_BN = DEFAULT.BN
 # lists of at most this many keys (in 64-key tiles) take BN_SHORT-key tiles. H100, B 1 to 64, Tq 1 and 16, BN=32 /
@@ -352,7 +338,7 @@ class DecodeSpec:
 def parse_decode_config(text: str, option: str = "--decode-config") -> DecodeSpec:
     """'FIELD=N,...' of NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, BY_KEYS,
     ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES, CLUSTER_ROWS, BY_PAIRS, HEADS, WG, KWG, EVICT,
-    CMERGE, RAGGED, FLAT, SPANS, PUSH (any case; the others at their defaults) or all by position from NWARPS,BN,STAGES; BadInput naming
+    CMERGE, RAGGED, FLAT, SPANS (any case; the others at their defaults) or all by position from NWARPS,BN,STAGES; BadInput naming
     ``option`` and the limit."""
     given = parse_fields(text, option, DecodeConfig, DECODE_LIMITS, min_positional=3)
     return DecodeSpec(tuple((f, given[f]) for f in DECODE_FIELDS if f in given))
@@ -377,8 +363,6 @@ def kernel_defines(D: int, dtype: str, mask: Mask, cfg: DecodeConfig = DEFAULT, 
         d["CLUSTER"] = cluster
         if cfg.CMERGE == 1:  # (2: not yet decided, ``cmerge_for``)
             d["CMERGE"] = 1
-        if cfg.PUSH and not keys and not pairs:  # (the region's bytes: the kernel checks it counts the same)
-            d["PUSH"] = cfg.push_bytes(D, cluster)
     if heads > 1:
         d["HSPLIT"] = heads
     if flat:

@@ -43,15 +43,6 @@ typedef TcMmaWgmma TcMma;
 #else
 typedef TcMmaSync TcMma;
 #endif
-// PUSH (a cluster's builds; the bytes of the region the rows go to, 0: none): the splits push their rows to the
-// blocks that merge them (tc/decode_push.cuh)
-#ifndef PUSH
-#define PUSH 0
-#endif
-static_assert(!PUSH || (CLUSTER > 1 && !MERGE_LAST), "PUSH: the splits of a cluster push their rows");
-#if PUSH
-#include "tc/decode_push.cuh"
-#endif
 #if KWG > 1
 #include "tc/decode_halves.cuh"
 typedef DecodeLoadHalves<TcMma> TcLoad;  // a stage of 2 x BN keys, each warpgroup loading and reading its BN
@@ -106,9 +97,6 @@ extern "C" __global__ void DECODE_CLUSTER __launch_bounds__(THREADS, MINB) decod
     const DecodeBlock blk = decode_block(Qg, Kg, Vg, lists, lens, list_of, H, H_kv, Tq, Tk, per_split, one_len,
                                              list_count);
     ab_pdl_trigger();  // a merge launched as a programmatic dependent (PDL=1) may be placed now; it waits
-#if PUSH
-    decode_push_start();  // (the cluster's blocks' arrival: a push waits for it)
-#endif
     const int b = blk.b, kvh = blk.kvh, rows = blk.rows, Tb = blk.Tb, count = blk.count;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane >> 2, t4 = lane & 3;
@@ -156,9 +144,7 @@ extern "C" __global__ void DECODE_CLUSTER __launch_bounds__(THREADS, MINB) decod
     // this split's rows: O normalised by the split's own row sums, and the log-sum-exp (base 2); the
     // output itself when the pair has one split
     const bool alone = decode_alone();
-#if PUSH
-    const DecodePush push(smem);  // the rows to the blocks that merge them, as they are normalised
-#elif CLUSTER > 1
+#if CLUSTER > 1
     // the cluster's merge: the rows in shared memory (Q's tile and the stages are free once every warp is
     // past its last tile), [BM][HEAD_D] then the log-sum-exps [BM]
     static_assert(!MERGE_LAST, "CLUSTER > 1 merges in the cluster, MERGE_LAST in the last split");
@@ -181,25 +167,15 @@ extern "C" __global__ void DECODE_CLUSTER __launch_bounds__(THREADS, MINB) decod
 #pragma unroll
             for (int d = 0; d < HEAD_D / 8; ++d) {
                 const float y0 = acc[0][d][2 * r] * inv, y1 = acc[0][d][2 * r + 1] * inv;
-#if PUSH
-                push.put2(row, d * 8 + 2 * t4, y0, y1);  // (never alone: a cluster has 2 splits or more)
-#else
                 if (alone)
                     *reinterpret_cast<u32*>(og + (size_t)row * HEAD_D + d * 8 + 2 * t4) = tc_pack(y0, y1);
                 else
                     *reinterpret_cast<float2*>(o + (size_t)row * HEAD_D + d * 8 + 2 * t4) = make_float2(y0, y1);
-#endif
             }
-#if PUSH
-            if (t4 == 0) push.put_lse(row, x > 0.f ? sf.m[0][r] * scale_log2 + __log2f(x) : AB_NEG_INF);
-#else
             if (t4 == 0 && !alone) l[row] = x > 0.f ? sf.m[0][r] * scale_log2 + __log2f(x) : AB_NEG_INF;
-#endif
         }
     }
-#if PUSH
-    push.merge(rows, og);
-#elif CLUSTER > 1
+#if CLUSTER > 1
     decode_cluster_merge(o, l, rows, og);
 #endif
     if (alone || !MERGE_LAST) return;

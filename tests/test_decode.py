@@ -298,7 +298,7 @@ def test_the_gpu_check_step_sweeps_these_shapes():
                 ("MIN_PER_SPLIT", 4), ("MERGE", 0), ("BY_KEYS", 2), ("ONE_PER_SM", 8), ("CLASSES", 1),
                 ("BN_SHORT", 32), ("PDL", 1), ("CLUSTER", 8), ("CLUSTER_TILES", 9), ("CLUSTER_ROWS", 64),
                 ("BY_PAIRS", 2), ("HEADS", 0), ("WG", 1), ("KWG", 0), ("EVICT", 2), ("CMERGE", 2), ("RAGGED", 1),
-                ("FLAT", 1), ("SPANS", 1), ("PUSH", 0))),
+                ("FLAT", 1), ("SPANS", 1))),
     ("by_keys=0", (("BY_KEYS", 0),)),
 ])
 def test_a_decode_shape_parses_named_and_positional_forms(text, given):
@@ -313,7 +313,7 @@ def test_a_decode_shape_parses_named_and_positional_forms(text, given):
     ("SPLITS=-1", "SPLITS=-1 must be from 0 to 4096"),
     ("TMA=1", "unknown field 'TMA' (fields: NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, "
               "BY_KEYS, ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES, CLUSTER_ROWS, BY_PAIRS, HEADS, WG, "
-              "KWG, EVICT, CMERGE, RAGGED, FLAT, SPANS, PUSH)"),
+              "KWG, EVICT, CMERGE, RAGGED, FLAT, SPANS)"),
     ("WG=2", "WG=2 must be 0 or 1"),
     ("FLAT=3", "FLAT=3 must be from 0 to 2"),
     ("CLUSTER=17", "CLUSTER=17 must be from 0 to 16"),
@@ -324,7 +324,6 @@ def test_a_decode_shape_parses_named_and_positional_forms(text, given):
     ("HEADS=17", "HEADS=17 must be from 0 to 16"),
     ("CMERGE=3", "CMERGE=3 must be from 0 to 2"),
     ("RAGGED=2", "RAGGED=2 must be 0 or 1"),
-    ("PUSH=2", "PUSH=2 must be 0 or 1"),
 ])
 def test_bad_decode_shapes_name_the_option_and_the_limit(text, words):
     with pytest.raises(BadInput) as e:
@@ -714,78 +713,6 @@ def test_the_clusters_merge_matches_the_merge_launch_run_after_run(by_keys, Tq, 
         outs[cluster, cmerge] = _bytes_run_after_run(runner)
     _all_equal(outs[0, 0], outs[16, 0])
     _all_equal(outs[0, 0], outs[16, 1])  # CMERGE=1: the cluster's merge gathered, the same sums, the same bytes
-
-
-# ---- PUSH=1: the splits push their rows to the blocks that merge them ------------------------------------------
-@pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("text,cluster,wg", [("PUSH=1", 8, True), ("PUSH=1", 9, True), ("PUSH=1", 16, True),
-                                             ("PUSH=1,NWARPS=8,KWG=2", 2, True), ("PUSH=1,BN=32,WG=0", 3, False)])
-def test_pushed_rows_build_for_sm_90_with_no_read_of_another_blocks_memory(D, text, cluster, wg):
-    """PUSH=1 in a cluster's rows kernel: the host's count of the region (push_bytes, added to the launch's shared
-    memory) is the kernel's (its static assertion), and the build has no spill, no load through the cluster window
-    and a remote store for each of a thread's two rows' D / 8 column pairs and their log-sum-exps, and two cluster
-    barriers (the arrival at the start and the merge's); the key slices' kernel and a build without a cluster hold
-    no PUSH."""
-    import re
-
-    from attnbench.compile import ptx
-
-    cfg = parse_decode_config(text).apply()
-    mask = make_mask("window", 4096, True, window=4096)
-    defines = kernel_defines(D, "bfloat16", mask, cfg, cluster=cluster, wg=wg)
-    turns = -(-cfg.rows * D // 4 // (cluster * cfg.threads))
-    assert defines["PUSH"] == cfg.push_bytes(D, cluster) == (cluster * turns * cfg.threads * 16
-                                                              + cluster * turns * cfg.threads // (D // 4) * 4)
-    arch = "sm_90a" if wg else "sm_90"
-    for r in compile_only(KERNEL, defines, arch):
-        assert 0 < r.registers <= 255 and (r.spill_stores, r.spill_loads) == (0, 0), r
-    text_ptx = ptx(KERNEL, defines, arch)
-    assert not re.search(r"ld\.shared::cluster", text_ptx)
-    assert len(re.findall(r"st\.shared::cluster", text_ptx)) == 2 * (D // 8) + 2
-    assert len(re.findall(r"barrier\.cluster\.arrive", text_ptx)) == 2
-    assert "PUSH" not in kernel_defines(D, "bfloat16", mask, cfg, keys=True, cluster=cluster)
-    assert "PUSH" not in kernel_defines(D, "bfloat16", mask, cfg, wg=wg)
-    assert "PUSH" not in kernel_defines(D, "bfloat16", mask, DEFAULT_CFG, cluster=cluster, wg=wg)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("text,B,Tq,splits", [("", 1, 16, 8), ("", 1, 16, 9), ("NWARPS=8,KWG=2", 3, 16, 2),
-                                              ("BY_KEYS=0", 3, 4, 3), ("WG=0,BY_KEYS=0", 3, 16, 5)])
-def test_pushed_rows_merge_to_the_bytes_of_the_read_ones_and_the_merge_launch(text, B, Tq, splits):
-    """PUSH=1 (each split's rows stored into the merging blocks' shared memory, one barrier) gives the bytes of
-    the cluster's merge that reads them (CMERGE 0 and 1) and of the merge launch, run after run, in clusters of
-    2 to 9 (9: a non-portable size), with two warpgroups, on mma.sync, ragged batches included, and passes the
-    gate; its launch takes the region's bytes beside the stages."""
-    import cupy
-
-    from attnbench.arrays import random_inputs
-    from attnbench.check import gate
-
-    if int(cupy.cuda.Device().compute_capability) < 90:
-        pytest.skip("clusters: sm_90 and later")
-    if "KWG=2" in text and cupy.cuda.Device().compute_capability != "90":
-        pytest.skip("KWG runs on sm_90's warpgroup MMA")
-    lens = None if B == 1 else (8192, 2000, 5000)
-    prob = Problem(make_mask("window", 8192, True, window=3000), B, 8, 128, "bfloat16", H_kv=2, Tq=Tq,
-                   cache_lens=lens)
-    q = random_inputs(prob.shape, prob.dtype, 7)[0]
-    _, k, v = random_inputs(prob.kv_shape, prob.dtype, 8)
-    base = (text + "," if text else "") + f"SPLITS={splits},CLUSTER_ROWS=64"
-    outs = {}
-    for extra in ("CLUSTER=0", "CLUSTER=16,CMERGE=0", "CLUSTER=16,CMERGE=1", "CLUSTER=16,PUSH=1"):
-        impl = IMPL.decode_variant(parse_decode_config(f"{base},{extra}"))
-        runner = impl.prepare(prob, q, k, v)
-        # (a split count that leaves the last splits no tile is cut to fewer: 9 of 48 tiles are 8 of 6)
-        want = runner.setup["splits"] if extra != "CLUSTER=0" else 1
-        assert runner.setup["splits"] <= splits and runner.setup["cluster"] == want, (extra, runner.setup)
-        assert runner.setup["kernel"] == KERNEL, runner.setup
-        outs[extra] = _bytes_run_after_run(runner)
-        if "PUSH" in extra:
-            cfg = impl.shape()
-            assert runner._smem == cfg.smem_bytes(prob.D) + cfg.push_bytes(prob.D, runner.setup["cluster"])
-            assert gate(impl, prob).ok
-    for extra in list(outs)[1:]:
-        _all_equal(outs["CLUSTER=0"], outs[extra])
 
 
 # ---- CLASSES=1: a strided pattern's one query reads its residue class only ---------------------------
