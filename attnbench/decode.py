@@ -431,8 +431,10 @@ def standard_builds() -> list[tuple[str, dict]]:
     # two warpgroups on the rows (KWG=2) with the splits merged in a cluster of 2, as at B=8, Tq=16
     add((KERNEL, kernel_defines(128, "bfloat16", c.instances[0].mask(c.build_T), replace(DEFAULT, NWARPS=8, KWG=2),
                                 cluster=2, wg=True)))
-    # the warpgroup build with its splits merged in a cluster of 8, and in the last split
+    # the warpgroup build with its splits merged in a cluster of 8, of 9 (the default's, a non-portable size: B=1's
+    # short lists), and in the last split
     add((KERNEL, kernel_defines(128, "bfloat16", c.instances[0].mask(c.build_T), cluster=8, wg=True)))
+    add((KERNEL, kernel_defines(128, "bfloat16", c.instances[0].mask(c.build_T), cluster=DEFAULT.CLUSTER, wg=True)))
     add((KERNEL, kernel_defines(128, "bfloat16", c.instances[0].mask(c.build_T), replace(DEFAULT, MERGE=1), wg=True)))
     # the cluster's merge gathered (CMERGE=1) on the warpgroup builds (sm_90a only, as clusters are): clusters of 2
     # (two warpgroups, B=8 Tq=16) and of 8; the key slices' kernel's, sm_90 only, compile in tests/test_decode.py

@@ -296,7 +296,7 @@ def test_the_gpu_check_step_sweeps_these_shapes():
     ("BLOCKS_PER_SM=0,MIN_PER_SPLIT=2", (("BLOCKS_PER_SM", 0), ("MIN_PER_SPLIT", 2))),
     ("8,32,4", (("NWARPS", 8), ("BN", 32), ("STAGES", 4), ("MINB", 1), ("SPLITS", 0), ("BLOCKS_PER_SM", 0),
                 ("MIN_PER_SPLIT", 4), ("MERGE", 0), ("BY_KEYS", 2), ("ONE_PER_SM", 8), ("CLASSES", 1),
-                ("BN_SHORT", 32), ("PDL", 1), ("CLUSTER", 8), ("CLUSTER_TILES", 9), ("CLUSTER_ROWS", 64),
+                ("BN_SHORT", 32), ("PDL", 1), ("CLUSTER", 9), ("CLUSTER_TILES", 9), ("CLUSTER_ROWS", 64),
                 ("BY_PAIRS", 2), ("HEADS", 0), ("WG", 1), ("KWG", 0), ("EVICT", 2), ("CMERGE", 2), ("RAGGED", 1),
                 ("FLAT", 1), ("SPANS", 1))),
     ("by_keys=0", (("BY_KEYS", 0),)),
@@ -622,6 +622,10 @@ def test_the_merge_as_a_programmatic_dependent_matches_the_plain_launch_run_afte
     (4, 16, dict(CLUSTER=3), 90, 3),
     (4, 100, dict(CLUSTER=3), 90, 1),
     (4, 16, dict(CLUSTER=8, MERGE=1), 90, 1),
+    (13, 65, dict(), 90, 9),   # the default: window 4096 at B=1, Tq=16 takes 9 splits of at most 8 tiles, not 8 of 9
+    (9, 34, dict(), 90, 9),    # streaming 4+1024 at B=1, Tq=16: 9 splits of at most 4 tiles (a cluster of 9)
+    (16, 81, dict(), 90, 9),   # 9 x CLUSTER_TILES
+    (16, 82, dict(), 90, 1),
 ])
 def test_the_cluster_is_the_pairs_splits_where_they_fit_one(splits, longest, cfg, cc, want):
     from attnbench.decode_config import DEFAULT, cluster_size
