@@ -471,14 +471,17 @@ def cluster_size(splits: int, longest: int, rows: int, cfg: DecodeConfig, comput
     query rows a pair) merge in (1: none, the merge launch or the split's own store): on compute
     capability 90 and later, with the merge not the last split's (MERGE) and at most CLUSTER_ROWS rows,
     the splits themselves where they number 2 to CLUSTER, or CLUSTER where more were derived and the list
-    holds at most CLUSTER x CLUSTER_TILES tiles. The caller still checks that the clusters fit one wave
+    holds at most CLUSTER x CLUSTER_TILES tiles, fewer where CLUSTER splits would leave one without a tile (the
+    fewest that keep ceil(tiles / CLUSTER) a split). The caller still checks that the clusters fit one wave
     (and takes fewer splits where they do not)."""
     if (cfg.MERGE or not cfg.CLUSTER or compute_capability < 90 or splits < 2 or cfg.SPLITS > cfg.CLUSTER
             or rows > cfg.CLUSTER_ROWS):
         return 1
     if splits <= cfg.CLUSTER:
         return splits
-    return cfg.CLUSTER if longest <= cfg.CLUSTER * cfg.CLUSTER_TILES else 1
+    if longest > cfg.CLUSTER * cfg.CLUSTER_TILES:
+        return 1
+    return -(-longest // -(-longest // cfg.CLUSTER))  # (no split left without a tile: 64 tiles are 8 of 8, not 9)
 
 
 def cluster_tries(cluster: int, longest: int, cfg: DecodeConfig) -> list[int]:

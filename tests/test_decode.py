@@ -626,6 +626,9 @@ def test_the_merge_as_a_programmatic_dependent_matches_the_plain_launch_run_afte
     (9, 34, dict(), 90, 9),    # streaming 4+1024 at B=1, Tq=16: 9 splits of at most 4 tiles (a cluster of 9)
     (16, 81, dict(), 90, 9),   # 9 x CLUSTER_TILES
     (16, 82, dict(), 90, 1),
+    (16, 64, dict(), 90, 8),   # 9 splits of 8 tiles would leave the ninth none: 8 of 8 (window 4096 at Tk=4096)
+    (16, 56, dict(), 90, 8),   # 7 tiles a split either way
+    (16, 63, dict(), 90, 9),
 ])
 def test_the_cluster_is_the_pairs_splits_where_they_fit_one(splits, longest, cfg, cc, want):
     from attnbench.decode_config import DEFAULT, cluster_size
