@@ -113,8 +113,8 @@ class DecodeConfig:
     PDL: int = 1  # the merge launch (long dense lists; clusters take the short ones) 0.1-1.4% faster on an H200
     #               (docs/PERF.md "Dense decoding at Tq=1 against cuDNN: the merge launch"; "decode v5", "decode v6")
     CLUSTER: int = 9  # H100, B=1, T=32768, 9 / 8 in one process, two runs (results/decode-cluster-sizes-b1-tq16-h100.csv,
-    #                  results/decode-push-cluster9-shapes-h100.csv; docs/PERF.md "decode v18"): where the cluster
-    #                  changes (lists of 33-65 tiles) 0.95-0.99 at Tq=16, 0.95 and 1.00 at Tq=1; 11 to 16 lose
+    #                  results/decode-push-cluster9-shapes-h100.csv; docs/PERF.md "decode v18"): where 9 shortens
+    #                  the heaviest split (lists of 33-65 tiles) 0.95-0.99; 11 to 16 lose (``cluster_size``)
     CLUSTER_TILES: int = 9  # window 4096 at Tq=16 (65 tiles) in a cluster: B=8 73.3 -> 70.2 us, others within
     #                          2% (H100; docs/PERF.md "decode v6")
     CLUSTER_ROWS: int = 64  # H100, 64 rows (Tq=16), the merge of four columns a load: 0.78-0.96 of the merge
