@@ -290,6 +290,20 @@ def test_the_gpu_check_step_sweeps_these_shapes():
     assert f'DECODE_SHAPES:-{" ".join(GPU_CHECK_SHAPES)}' in text
 
 
+def test_the_readme_names_the_decode_shapes_fields_and_defaults():
+    """The README's `--decode-config` row lists DecodeConfig's fields in order and their defaults as they are."""
+    import re
+    from pathlib import Path
+
+    from attnbench.decode_config import DECODE_FIELDS
+
+    text = (Path(__file__).parents[1] / "README.md").read_text()
+    got = re.search(r"fields `([A-Z_ ]+)` as `FIELD=N,...`, the others at their defaults `([0-9,]+)`", text)
+    assert got, "the README's --decode-config row"
+    assert tuple(got.group(1).split()) == DECODE_FIELDS
+    assert got.group(2) == ",".join(str(getattr(DEFAULT, f)) for f in DECODE_FIELDS)
+
+
 @pytest.mark.parametrize("text, given", [
     ("SPLITS=8", (("SPLITS", 8),)),
     ("stages=4, bn=32", (("BN", 32), ("STAGES", 4))),
