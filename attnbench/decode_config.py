@@ -388,6 +388,11 @@ def smem_bytes(D: int, cfg: DecodeConfig = DEFAULT, keys: bool = False) -> int:
     return cfg.smem_bytes(D, keys)
 
 
+def fewest_splits(tiles: int, per_split: int) -> int:
+    """The splits a list of ``tiles`` tiles takes at ``per_split`` tiles a split (at least 1): none without a tile."""
+    return max(1, -(-tiles // per_split))
+
+
 def split_count(longest: int, work: int, sms: int, cfg: DecodeConfig = DEFAULT, resident: int = 1,
                 lengths=None) -> tuple[int, int]:
     """(key tiles a split, splits) for lists of at most ``longest`` tiles and ``work`` = B * H_kv of
@@ -407,7 +412,7 @@ def split_count(longest: int, work: int, sms: int, cfg: DecodeConfig = DEFAULT, 
         per_split = max(1, -(-longest // splits))
     else:
         per_split = max(cfg.MIN_PER_SPLIT, -(-longest * work // (cfg.BLOCKS_PER_SM * sms)))
-    return per_split, max(1, -(-longest // per_split))
+    return per_split, fewest_splits(longest, per_split)
 
 
 def ragged_splits(lengths, longest: int, slots: int, least: int, most: int) -> int:
@@ -481,7 +486,7 @@ def cluster_size(splits: int, longest: int, rows: int, cfg: DecodeConfig, comput
         return splits
     if longest > cfg.CLUSTER * cfg.CLUSTER_TILES:
         return 1
-    return -(-longest // -(-longest // cfg.CLUSTER))  # (no split left without a tile: 64 tiles are 8 of 8, not 9)
+    return fewest_splits(longest, -(-longest // cfg.CLUSTER))  # (64 tiles: 8 of 8, not 9 with the ninth empty)
 
 
 def cluster_tries(cluster: int, longest: int, cfg: DecodeConfig) -> list[int]:
