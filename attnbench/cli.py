@@ -173,7 +173,9 @@ DECODE_CONFIG_HELP = ("a fast-decode shape: FIELD=N,... of NWARPS, BN, STAGES, M
                       "from the longest), FLAT (1: a ragged batch's lists end to end in one wave of equal runs, a "
                       "block's run crossing pairs, where the key slices' kernel merges by the merge launch; 2: a batch "
                       "of one length too, where its pairs take several splits; 0: each list split on its own), SPANS (1: a "
-                      "partial tile's rows no query reads are never loaded; 0: every tile whole) (the "
+                      "partial tile's rows no query reads are never loaded; 0: every tile whole), OV (1: the warps-on-rows "
+                      "kernel on warpgroup MMA keeps a tile's S and the tile before's P V in flight together, 3 stages "
+                      "or more; 0: each product waited for) (the "
                       "others at their defaults); each adds a row per configuration, named e.g. "
                       "fast-decode[SPLITS=8], timed with the others (repeatable; the plain fast-decode takes "
                       "ATTNBENCH_DECODE_CONFIG)")

@@ -97,7 +97,11 @@ class DecodeConfig:
     on its own (RAGGED).
     SPANS 1: a partial tile's K and V rows that no query of the block reads (past the sinks, before the window's first
     key) are zero-filled, never loaded: each list entry carries the span of its tile that some query reads, in steps
-    of 16 keys (``decode.DecodeList.device_entries``); 0: every tile loaded whole."""
+    of 16 keys (``decode.DecodeList.device_entries``); 0: every tile loaded whole.
+    OV 1: where kernels/decode.cu runs on warpgroup MMA (``wgmma``), S = Q K^T of each tile and O += P V of the tile
+    before it in flight together, the softmax of the one beside the other's product (tc/decode_overlap.cuh; 3 stages
+    or more); 0: each product waited for before the next (tc/decode_walk.cuh). The other kernels and builds ignore
+    it."""
     NWARPS: int = 4
     BN: int = 64
     STAGES: int = 3
@@ -145,6 +149,7 @@ class DecodeConfig:
     SPANS: int = 1  # H100, T=32768, 1 / 0 in one process (results/decode-spans-ab-h100.csv, docs/PERF.md "decode v13"):
     #                 where the K and V bytes fall 8-25%, 0.886-0.955 (streaming 16+64 B=64 Tq=1 16.45 -> 14.78 us); where
     #                 they do not, 0.990-1.025
+    OV: int = 0  # not yet measured on a GPU
 
     @property
     def rows(self) -> int:
@@ -211,6 +216,8 @@ class DecodeConfig:
         if k > 1 and not keys and (self.NWARPS != 4 * k or self.BN // k not in (32, 64, 128) or self.BN % k):
             return (f"KWG={k} takes {k} warpgroups (NWARPS={4 * k}, not {self.NWARPS}) on "
                     f"slices of BN / KWG keys, 32, 64 or 128 (BN={self.BN})")
+        if self.OV and not keys and self.STAGES < 3:
+            return f"OV=1 keeps a tile's P V in flight beside the next tile's S: 3 stages or more (STAGES={self.STAGES})"
         if self.smem_bytes(D, keys) > MAX_SMEM:
             return f"{self.smem_bytes(D, keys)} bytes of shared memory at D={D}, above {MAX_SMEM}"
         return None
@@ -299,7 +306,7 @@ DECODE_LIMITS = {"NWARPS": (4, 16, 4), "BN": (16, 256, 16), "STAGES": (2, 8, 1),
                  "BN_SHORT": (0, 256, 16), "PDL": (0, 1, 1), "CLUSTER": (0, 16, 1), "CLUSTER_TILES": (1, 4096, 1),
                  "CLUSTER_ROWS": (1, 4096, 1), "BY_PAIRS": (0, 2, 1), "HEADS": (0, 16, 1), "WG": (0, 1, 1),
                  "KWG": (0, 2, 1), "EVICT": (0, 2, 1), "CMERGE": (0, 2, 1),
-                 "RAGGED": (0, 1, 1), "FLAT": (0, 2, 1), "SPANS": (0, 1, 1)}
+                 "RAGGED": (0, 1, 1), "FLAT": (0, 2, 1), "SPANS": (0, 1, 1), "OV": (0, 1, 1)}
 DEFAULT = DecodeConfig()
 LONG_BN = DEFAULT.BN
 # lists of at most this many keys (in 64-key tiles) take BN_SHORT-key tiles. H100, B 1 to 64, Tq 1 and 16, BN=32 /
@@ -340,7 +347,7 @@ class DecodeSpec:
 def parse_decode_config(text: str, option: str = "--decode-config") -> DecodeSpec:
     """'FIELD=N,...' of NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, BY_KEYS,
     ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES, CLUSTER_ROWS, BY_PAIRS, HEADS, WG, KWG, EVICT,
-    CMERGE, RAGGED, FLAT, SPANS (any case; the others at their defaults) or all by position from NWARPS,BN,STAGES; BadInput naming
+    CMERGE, RAGGED, FLAT, SPANS, OV (any case; the others at their defaults) or all by position from NWARPS,BN,STAGES; BadInput naming
     ``option`` and the limit."""
     given = parse_fields(text, option, DecodeConfig, DECODE_LIMITS, min_positional=3)
     return DecodeSpec(tuple((f, given[f]) for f in DECODE_FIELDS if f in given))
@@ -354,7 +361,8 @@ def kernel_defines(D: int, dtype: str, mask: Mask, cfg: DecodeConfig = DEFAULT, 
     pattern (with ``stride`` > 1, the inner pattern of a residue class, one query a sequence: ``by_class``;
     with ``cluster`` > 1, the splits of a pair are a cluster of that many blocks that merges in the
     launch: sm_90 only; with ``heads`` > 1, each group's query heads dealt to that many blocks: HSPLIT; with ``wg``,
-    kernels/decode.cu's products on warpgroup MMA: WG 1, an sm_90a build, the softmax's max taken on every tile; with
+    kernels/decode.cu's products on warpgroup MMA: WG 1, an sm_90a build, the softmax's max taken on every tile, and
+    with OV 1 the overlapped walk (DECODE_OV 1); with
     ``flat``, the key slices' kernel walking a flat run of stretches a block: FLAT 1)."""
     bn = cfg.BN // cfg.NWARPS if keys else cfg.BN
     d = dict(HEAD_D=D, BN=bn, NWARPS=cfg.NWARPS, STAGES=cfg.STAGES, MT=1, MINB=cfg.MINB, QREG=1, STRIDE=stride,
@@ -377,6 +385,8 @@ def kernel_defines(D: int, dtype: str, mask: Mask, cfg: DecodeConfig = DEFAULT, 
         d.update(WG=1, LAZY=0)
         if cfg.kwg > 1:  # two warpgroups on the rows, a slice of each tile each
             d.update(KWG=cfg.kwg, BN=cfg.BN // cfg.kwg)
+        if cfg.OV:  # the products of consecutive tiles in flight together
+            d["DECODE_OV"] = 1
     elif cfg.kwg > 1 and not keys and not pairs:
         raise ValueError(f"KWG={cfg.kwg} is the rows kernel's on warpgroup MMA (WG=1, sm_90)")
     if cfg.EVICT == 1:  # (2: not yet decided, ``evict_for``)

@@ -13,7 +13,9 @@
 // and its own softmax, merged in shared memory after the last tile: decode_kwg_merge), K/V tiles by
 // cp.async (TcLoadAsync; with KWG 2 DecodeLoadHalves, tc/decode_halves.cuh: each warpgroup loads its own
 // keys of every stage and waits on a barrier of its own), partial tiles masked with the pattern
-// predicate at each row's own position (tc_mask_rows), the online softmax (TcSoftmax). Each split
+// predicate at each row's own position (tc_mask_rows), the online softmax (TcSoftmax), walked one tile after
+// another (DecodeWalkSerial, tc/decode_walk.cuh) or, with DECODE_OV 1 on warpgroup MMA, with S of one tile and
+// P V of the one before in flight together (DecodeWalkOverlap, tc/decode_overlap.cuh). Each split
 // stores its rows' output normalised by its own row sums, in
 // float32, with the rows' log-sum-exp (base 2); decode_merge (tc/decode_common.cuh) then weighs the
 // splits of every row in a second launch, a block per output row (the default). A pair with one split
@@ -48,6 +50,18 @@ typedef TcMmaSync TcMma;
 typedef DecodeLoadHalves<TcMma> TcLoad;  // a stage of 2 x BN keys, each warpgroup loading and reading its BN
 #else
 typedef TcLoadAsync<TcMma, BN> TcLoad;
+#endif
+// the walk over the split's tiles: each product waited for (tc/decode_walk.cuh), or with DECODE_OV 1 the products of
+// consecutive tiles in flight together (tc/decode_overlap.cuh; the warpgroup MMA build)
+#ifndef DECODE_OV
+#define DECODE_OV 0
+#endif
+#include "tc/decode_walk.cuh"
+#if DECODE_OV
+#include "tc/decode_overlap.cuh"
+typedef DecodeWalkOverlap<TcMma, TcLoad> DecodeWalk;
+#else
+typedef DecodeWalkSerial<TcMma, TcLoad> DecodeWalk;
 #endif
 
 #if KWG > 1
@@ -124,19 +138,7 @@ extern "C" __global__ void DECODE_CLUSTER __launch_bounds__(THREADS, MINB) decod
     const int ra = (KWG > 1 ? warp % 4 : warp) * RW + g, rb = ra + 8;  // the thread's two rows
     const int pos_a = decode_pos(ra, rows, Tb, Tq), pos_b = decode_pos(rb, rows, Tb, Tq);
 
-    int st = 0, st_fill = STAGES - 1;
-    for (int it = 0; it < count; ++it) {
-        const int nx = it + STAGES - 1;
-        int ent_nx;
-        const int ent = list.next(ents, it, ent_nx);
-        TcLoad::refill(sm, gm, Tb, ld.bar, st, st_fill, 0, ent_nx, nx, count);
-        st_fill = st_fill == STAGES - 1 ? 0 : st_fill + 1;
-        const int sc = st;
-        st = st == STAGES - 1 ? 0 : st + 1;
-        decode_tile<TcMma>(acc, sf, op, pat, ent, sc, (tc_entry_tile(ent) * KWG + slice) * BN, pos_a, pos_b, Tb, t4,
-                           scale_log2, it);
-    }
-    TcLoad::drain();
+    DecodeWalk::run(acc, sf, op, list, ents, count, sm, gm, Tb, pat, slice, pos_a, pos_b, t4, scale_log2);
 #if KWG > 1
     decode_kwg_merge(acc, sf, smem, slice, scale_log2);
 #endif

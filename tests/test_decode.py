@@ -312,7 +312,7 @@ def test_the_readme_names_the_decode_shapes_fields_and_defaults():
                 ("MIN_PER_SPLIT", 4), ("MERGE", 0), ("BY_KEYS", 2), ("ONE_PER_SM", 8), ("CLASSES", 1),
                 ("BN_SHORT", 32), ("PDL", 1), ("CLUSTER", 9), ("CLUSTER_TILES", 9), ("CLUSTER_ROWS", 64),
                 ("BY_PAIRS", 2), ("HEADS", 0), ("WG", 1), ("KWG", 0), ("EVICT", 2), ("CMERGE", 2), ("RAGGED", 1),
-                ("FLAT", 1), ("SPANS", 1))),
+                ("FLAT", 1), ("SPANS", 1), ("OV", 0))),
     ("by_keys=0", (("BY_KEYS", 0),)),
 ])
 def test_a_decode_shape_parses_named_and_positional_forms(text, given):
@@ -327,7 +327,7 @@ def test_a_decode_shape_parses_named_and_positional_forms(text, given):
     ("SPLITS=-1", "SPLITS=-1 must be from 0 to 4096"),
     ("TMA=1", "unknown field 'TMA' (fields: NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, "
               "BY_KEYS, ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES, CLUSTER_ROWS, BY_PAIRS, HEADS, WG, "
-              "KWG, EVICT, CMERGE, RAGGED, FLAT, SPANS)"),
+              "KWG, EVICT, CMERGE, RAGGED, FLAT, SPANS, OV)"),
     ("WG=2", "WG=2 must be 0 or 1"),
     ("FLAT=3", "FLAT=3 must be from 0 to 2"),
     ("CLUSTER=17", "CLUSTER=17 must be from 0 to 16"),
@@ -1013,7 +1013,8 @@ def test_the_rows_kernel_takes_warpgroup_mma_on_sm_90_only():
 @pytest.mark.parametrize("pattern", ["dense", "streaming", "document", "custom"])
 @pytest.mark.parametrize("cfg_text, cluster", [("", 1), ("", 8), ("BN=32", 1), ("NWARPS=8,MERGE=1", 1),
                                                ("NWARPS=8,KWG=2,BN=128", 8), ("NWARPS=8,KWG=2", 1),
-                                               ("NWARPS=8,KWG=2,BN=128,MERGE=1", 1)])
+                                               ("NWARPS=8,KWG=2,BN=128,MERGE=1", 1), ("OV=1", 9), ("OV=1,BN=32", 1),
+                                               ("NWARPS=8,KWG=2,OV=1", 2), ("OV=1,STAGES=4", 1)])
 def test_the_warpgroup_build_compiles_for_sm_90a_without_spills_or_serialised_products(D, pattern, cfg_text, cluster):
     """The rows kernel's WG build: no spills, and no warpgroup MMA that ptxas serialises (C7514 / C7515: a plain
     instruction touching its accumulators in flight), with a cluster's merge, short tiles and two warpgroups, on
@@ -1160,6 +1161,41 @@ def test_the_runner_loads_evict_first_where_a_launch_reads_little():
         setup = IMPL.prepare(prob, *_gate_inputs(prob)).setup
         assert setup["kv_bytes"] == B * 8 * T * 128 * 4
         assert f",EVICT={want}" in setup["decode_config"] and (setup["kv_bytes"] <= 3 * l2) == bool(want), setup
+
+
+# ---- OV: the products of consecutive tiles in flight together ---------------------------------------------------
+def test_the_overlapped_walk_is_the_warpgroup_builds_and_takes_three_stages():
+    """OV=1 compiles DECODE_OV into the rows kernel's warpgroup MMA build only (the mma.sync build, the key slices and a
+    warp a pair ignore it), and a shape of 2 stages with it is refused with the field and the limit."""
+    m = make_mask("window", 4096, True, window=1000)
+    ov = parse_decode_config("OV=1").apply()
+    assert kernel_defines(128, "bfloat16", m, ov, wg=True)["DECODE_OV"] == 1
+    assert "DECODE_OV" not in kernel_defines(128, "bfloat16", m, DEFAULT, wg=True) and DEFAULT.OV == 0
+    for kw in (dict(), dict(keys=True), dict(pairs=True)):
+        assert "DECODE_OV" not in kernel_defines(128, "bfloat16", m, ov, **kw), kw
+    assert "OV=1" in parse_decode_config("OV=1,STAGES=2").apply().problem(128)
+    assert parse_decode_config("OV=1,STAGES=2").apply().problem(128, keys=True) is None
+    assert ov.problem(128) is None and parse_decode_config("OV=1,STAGES=4").apply().problem(64) is None
+    with pytest.raises(BadInput, match="OV=2"):
+        parse_decode_config("OV=2")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", ["OV=1", "OV=1,CLUSTER=0", "OV=1,NWARPS=8,KWG=2", "OV=1,STAGES=4,CLUSTER=0"])
+@pytest.mark.parametrize("pattern,params", [("dense", {}), ("streaming", {"sink": 4, "window": 1000}),
+                                            ("window", {"window": 3000}), ("dilated", {"window": 512, "dilation": 2}),
+                                            ("bigbird", {})])
+def test_the_overlapped_walk_passes_the_gate(spec, pattern, params):
+    """OV=1 through the gate on a ragged batch (lists from one tile to 256, a sequence of 64 keys, 1000 and 3008 off
+    the tiles' edges), 64 rows a group (4 heads x Tq=16): in a cluster and with the merge launch, one warpgroup and two
+    on the rows, 3 stages and 4; on sm_90 the rows kernel runs on warpgroup MMA with the overlapped walk."""
+    import cupy
+
+    mask = make_mask(pattern, 16384, True, **params)
+    setups = _ragged_gates(mask, 16, 8, 2, {spec: spec})
+    s = setups[spec]
+    assert s["kernel"] == KERNEL and "OV=1" in s["decode_config"], s
+    assert s["wgmma"] == (cupy.cuda.Device().compute_capability == "90"), s
 
 
 # ---- KWG: two warpgroups on the same rows, a slice of every tile each ---------------------------------------

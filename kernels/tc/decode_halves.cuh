@@ -29,11 +29,21 @@ struct DecodeLoadHalves : TcLoadAsync<Mma, KWG * BN> {
 
     static __device__ __forceinline__ void refill(const TcSmem& sm, const TcGlobal& gm, int T, u32 bar, int st,
                                                   int st_fill, u32 phase, int ent_nx, int nx, int n) {
-        tc_wait<STAGES - 2>();
+        wait_tile<STAGES - 2>();
+        load_next(sm, gm, T, st_fill, ent_nx, nx, n);
+    }
+
+    // TcLoadAsync's halves of refill, a warpgroup's: the wait, then this warpgroup's half of tile `it` is visible to
+    // its four warps and its half of the stage refilled next, which only its own products read, is free ...
+    template <int PENDING>
+    static __device__ __forceinline__ void wait_tile() {
+        tc_wait<PENDING>();
         Mma::fence_loads();
-        // this warpgroup's half of tile `it` is visible to its four warps; its half of the stage refilled below,
-        // which only its own products read, is free
         asm volatile("bar.sync %0, 128;\n" :: "r"(1 + (int)(threadIdx.x / 128)) : "memory");
+    }
+    // ... and its half of tile nx (entry ent_nx) into stage st_fill when nx < n, a commit group either way
+    static __device__ __forceinline__ void load_next(const TcSmem& sm, const TcGlobal& gm, int T, int st_fill,
+                                                     int ent_nx, int nx, int n) {
         if (nx < n) load_half(sm, gm, T, st_fill, ent_nx);
         tc_commit();
     }

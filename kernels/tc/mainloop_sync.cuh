@@ -21,6 +21,7 @@
 //   refill(sm, gm, T, bar, st, st_fill, phase, ent_nx, nx, n) (static): waits for tile `it`
 //     (stage st), loads tile nx (entry ent_nx) into stage st_fill when nx < n;
 //   release(bar, st) (static): a warp done with stage st (nothing here; TcLoadTmaReleased's arrival, REL 1).
+//   (TcLoadAsync: refill's halves too, wait_tile<PENDING>() and load_next(...), for tc/decode_overlap.cuh.)
 //   drain(): waits for what is left.
 //   tc_load_tile<Layout, ROWS[, RS]>(dst, src, row0, T[, lo, tail]): rows [row0, row0 + ROWS) of a [T][HEAD_D]
 //     matrix whose rows lie RS (default STRIDE) rows apart into a swizzled tile (any rows: Q, K or V); with
@@ -211,9 +212,22 @@ struct TcLoadAsync {
     // ent_nx) into stage st_fill when nx < n (bar and phase: TcLoadTma's, unused here)
     static __device__ __forceinline__ void refill(const TcSmem& sm, const TcGlobal& gm, int T, u32 bar, int st,
                                                   int st_fill, u32 phase, int ent_nx, int nx, int n) {
-        tc_wait<STAGES - 2>();
+        wait_tile<STAGES - 2>();  // tile `it` is visible to all; the stage refilled below is free
+        load_next(sm, gm, T, st_fill, ent_nx, nx, n);
+    }
+
+    // refill's halves, for a walk whose loads run another distance ahead (tc/decode_overlap.cuh): the wait until
+    // at most PENDING commit groups are in flight, the tiles landed made visible to the products, and a block
+    // barrier (every warp past what it did before: the stage refilled next is free) ...
+    template <int PENDING>
+    static __device__ __forceinline__ void wait_tile() {
+        tc_wait<PENDING>();
         Mma::fence_loads();
-        __syncthreads();  // tile `it` is visible to all; the stage refilled below is free
+        __syncthreads();
+    }
+    // ... then tile nx (entry ent_nx) into stage st_fill when nx < n, a commit group either way
+    static __device__ __forceinline__ void load_next(const TcSmem& sm, const TcGlobal& gm, int T, int st_fill,
+                                                     int ent_nx, int nx, int n) {
         if (nx < n) load_stage(sm, gm, T, st_fill, ent_nx);
         tc_commit();
     }

@@ -148,9 +148,10 @@ struct TcTileList {
         return ent;
     }
 
-    // next(), for a walk that loads tile it + STAGES - 2 at step it (tc/loop_overlap.cuh): `near` is
+    // next(), for a walk that loads tile it + STAGES - 2 at step it (tc/loop_overlap.cuh, tc/decode_overlap.cuh): `near` is
     // that tile's entry, `far` tile it + STAGES - 1's (K's, a tile earlier than V's, tc/load_split.cuh)
-    __device__ __forceinline__ int next_near(const int* __restrict__ tent, int it, int& near, int& far) {
+    template <class Entries>
+    __device__ __forceinline__ int next_near(const Entries& tent, int it, int& near, int& far) {
         near = ring[STAGES - 2];
         return next(tent, it, far);
     }
