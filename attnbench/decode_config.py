@@ -149,7 +149,8 @@ class DecodeConfig:
     SPANS: int = 1  # H100, T=32768, 1 / 0 in one process (results/decode-spans-ab-h100.csv, docs/PERF.md "decode v13"):
     #                 where the K and V bytes fall 8-25%, 0.886-0.955 (streaming 16+64 B=64 Tq=1 16.45 -> 14.78 us); where
     #                 they do not, 0.990-1.025
-    OV: int = 0  # not yet measured on a GPU
+    OV: int = 0  # H100, Tq=16, OV=1,STAGES=4 / the default (results/decode-ov-shapes-h100.csv, docs/PERF.md "decode
+    #              v19"): window 4096 at B=1 0.969-0.973, every other list 1.00-1.02; with 3 stages 0.98-1.06
 
     @property
     def rows(self) -> int:
