@@ -1227,11 +1227,11 @@ def test_bulk_copies_take_the_one_warpgroup_rows_kernel_on_a_batch_of_one_length
 
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("cfg_text, cluster", [("TMA=1", 1), ("TMA=1", 9), ("TMA=1,OV=1", 9),
-                                               ("TMA=1,OV=1,STAGES=4", 1), ("TMA=1,BN=32", 1)])
+                                               ("TMA=1,OV=1,STAGES=4", 1), ("TMA=1,BN=32", 1), ("TMA=1,EVICT=1", 9)])
 def test_the_bulk_copy_build_compiles_for_sm_90a_and_copies_k_and_v_by_tensor_maps(D, cfg_text, cluster):
     """DECODE_TMA's build: no spills, no serialised warpgroup MMA, K and V by bulk tensor copies on mbarriers (Q's
-    rows still by cp.async, fewer of them than the cp.async build's Q, K and V), and the two maps last among the
-    split kernel's parameters."""
+    rows still by cp.async, fewer of them than the cp.async build's Q, K and V), with EVICT=1 every tensor copy under
+    an L2 cache policy and otherwise none, and the two maps last among the split kernel's parameters."""
     from attnbench import compile as kc
 
     cfg = parse_decode_config(cfg_text).apply()
@@ -1245,6 +1245,8 @@ def test_the_bulk_copy_build_compiles_for_sm_90a_and_copies_k_and_v_by_tensor_ma
     ptx_on, ptx_off = kc.ptx(KERNEL, on, "sm_90a"), kc.ptx(KERNEL, off, "sm_90a")
     assert "cp.async.bulk.tensor.3d" in ptx_on and "mbarrier.try_wait.parity" in ptx_on
     assert "cp.async.bulk.tensor" not in ptx_off
+    tensor = [ln for ln in ptx_on.splitlines() if "cp.async.bulk.tensor" in ln]
+    assert all(("L2::cache_hint" in ln) == ("EVICT=1" in cfg_text) for ln in tensor), tensor
     n_on = sum(len(x) for x in _copies(ptx_on))
     assert 0 < n_on < sum(len(x) for x in _copies(ptx_off))
     split = ptx_on[ptx_on.index(".entry decode_split"):]

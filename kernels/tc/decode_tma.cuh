@@ -10,6 +10,7 @@
 // Tile t of a split sits in stage t % STAGES, whose barrier completes once for each tile it takes: tile t's phase
 // is (t / STAGES) & 1. The loader counts the tiles it has waited for, so both walks (tc/decode_walk.cuh,
 // tc/decode_overlap.cuh) keep their calls.
+// With KV_EVICT 1 the copies carry the evict-first L2 policy the cp.async loads take (tc_evict_first_policy).
 // Interface: TcLoadAsync's as the walks use it (init, first_tiles, refill, wait_tile<PENDING>, load_next, drain),
 // on an instance (the barriers, the tile count and the key/value head's plane in the maps are its own).
 #pragma once
@@ -24,6 +25,7 @@ struct DecodeLoadTma {
     int plane;    // the key/value head's plane in the maps: b * H_kv + kvh
     u32 bar;      // the stages' barriers, after the V stages
     int waited;   // tiles waited for so far (the next one's stage and phase)
+    unsigned long long policy;  // KV_EVICT 1: the copies' L2 policy
 
     __device__ __forceinline__ void init(const TcSmem& sm_, const TcGlobal& gm_, const TcWork& w) {
         sm = sm_;
@@ -31,6 +33,14 @@ struct DecodeLoadTma {
         plane = (int)w.bh;
         bar = sm.v + STAGES * TILE_BYTES;
         waited = 0;
+        policy = KV_EVICT ? tc_evict_first_policy() : 0ull;
+    }
+
+    __device__ __forceinline__ void copy(u32 dst, const TmaMap* map, int col, int row0, u32 b) const {
+        if (KV_EVICT)
+            tma_load3_hint(dst, map, col, row0, plane, b, policy);
+        else
+            tma_load3(dst, map, col, row0, plane, b);
     }
 
     // K and V rows row0.. into stage s, completing on its barrier (thread 0's)
@@ -40,8 +50,8 @@ struct DecodeLoadTma {
         tma_expect(b, 2 * TILE_BYTES);
 #pragma unroll
         for (int pn = 0; pn < HEAD_D / 64; ++pn) {
-            tma_load3(sm.k + s * TILE_BYTES + pn * BN * 128, gm.mk, pn * 64, row0, plane, b);
-            tma_load3(sm.v + s * TILE_BYTES + pn * BN * 128, gm.mv, pn * 64, row0, plane, b);
+            copy(sm.k + s * TILE_BYTES + pn * BN * 128, gm.mk, pn * 64, row0, b);
+            copy(sm.v + s * TILE_BYTES + pn * BN * 128, gm.mv, pn * 64, row0, b);
         }
     }
 
