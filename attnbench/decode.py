@@ -61,7 +61,6 @@ from .impls import Impl, Problem, Runner, register, timed
 from .launch import allow_nonportable_clusters, max_active_clusters, pdl_available, pdl_launch
 from .patterns import Mask
 from .serving import one_predicate
-from .tma import head_maps
 
 KERNEL, KEYS_KERNEL, PAIRS_KERNEL = "decode", "decode_keys", "decode_pairs"  # warps take a tile's rows / keys / pairs
 SPLIT, KEYS_SPLIT, PAIRS_SPLIT, MERGE = "decode_split", "decode_keys_split", "decode_pairs", "decode_merge"
@@ -165,9 +164,8 @@ def list_head(tent: np.ndarray) -> np.ndarray:
 
 class DecodeRunner(Runner):
     def __init__(self, split, merge, grid, merge_grid, smem, args, merge_args, out, setup, D, threads=32 * NWARPS,
-                 pdl=False, maps=()):
+                 pdl=False):
         self._split, self._merge = split, merge  # merge None: the split kernel stores the output
-        self._maps = maps  # the tensor maps' host bytes, which the launches' arguments point at
         self._pdl = pdl  # the merge a programmatic dependent of the split launch
         self._threads = threads
         self._grid, self._merge_grid = grid, merge_grid
@@ -270,8 +268,6 @@ class FastDecode(Impl):
             raise BadInput(f"--decode-config KWG={cfg.kwg}: the rows kernel's warpgroups on key slices run on warpgroup "
                            f"MMA (WG=1, compute capability 9.0; this device's is {cc})")
         setup["kernel"] = KEYS_KERNEL if keys else KERNEL
-        one_len = len(order) == 1 and order[0] == prob.T  # every sequence at T: the list head as arguments
-        tma = setup["tma"] = cfg.tma_takes(wg, stride, one_len)
         setup["classes"] = stride
         setup["tiles_build_s"] = sum(x.build_s for x in lists)
         counts = np.array([x.entries.size for x in lists], np.int64)
@@ -281,12 +277,12 @@ class FastDecode(Impl):
         # table depends on it)
         table = mask.table
         table = cupy.asarray(table if table is not None else np.zeros(1, np.int32), dtype=cupy.int32)
-        smem = cfg.smem_bytes(prob.D, keys, tma)
+        smem = cfg.smem_bytes(prob.D, keys)
 
         def kernels(cluster: int = 1, flat: bool = False):
             mod = get_module(setup["kernel"], kernel_defines(prob.D, prob.dtype, mask,
                                                              cfg.cmerge_for(rows, cluster, prob.D), keys, stride,
-                                                             cluster, heads=heads, wg=wg, flat=flat, tma=tma),
+                                                             cluster, heads=heads, wg=wg, flat=flat),
                              WG_ARCH if wg else None)
             split = mod.get_function(KEYS_SPLIT if keys else SPLIT)
             if smem > 48 * 1024:
@@ -312,7 +308,7 @@ class FastDecode(Impl):
             cupy.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"])
         if by_pairs:
             setup["kernel"] = PAIRS_KERNEL
-            setup["wgmma"] = setup["tma"] = tma = False
+            setup["wgmma"] = False
             smem = cfg.pairs_smem(prob.D)
             with timed(setup, "compile_s"):
                 split_k = get_module(PAIRS_KERNEL, kernel_defines(prob.D, prob.dtype, mask, cfg, stride=stride,
@@ -368,11 +364,10 @@ class FastDecode(Impl):
         out = cupy.empty(prob.shape, dtype=qa.dtype)
         tickets = cupy.zeros(prob.B * groups, cupy.int32)  # MERGE: splits finished per row group, back to 0
         scale_log2 = np.float32(prob.softmax_scale * LOG2E)
-        maps = head_maps([ka, va], (cfg.BN, cfg.BN)) if tma else []  # K's and V's, last (DECODE_TMA)
+        one_len = len(order) == 1 and order[0] == prob.T  # every sequence at T: the list head as arguments
         args = (qa, ka, va, op, lp, heads_d, tent_d, lens_d, list_of, np.int32(prob.H), np.int32(groups),
                 np.int32(prob.q_len), np.int32(prob.T), np.int32(per_split), scale_log2, table, out, tickets,
-                np.int32(one_len), np.int32(counts[0] if one_len else 0), segs, seg_at, list_head(tent),
-                *(m.arg for m in maps))
+                np.int32(one_len), np.int32(counts[0] if one_len else 0), segs, seg_at, list_head(tent))
         merge_args = (op, lp, out, np.int32(prob.H), np.int32(groups), np.int32(prob.q_len),
                       np.int32(splits))
         # no merge launch when the last split merges, when each pair has one split (it stores the output), or
@@ -382,7 +377,7 @@ class FastDecode(Impl):
         grid = ((-(-groups // cfg.NWARPS), 1, prob.B) if by_pairs else (stretches.blocks, 1, 1) if stretches is not None
                 else (splits, groups, prob.B))
         return DecodeRunner(split_k, merge, grid, (prob.B * prob.H * prob.q_len,), smem, args, merge_args, out,
-                            setup, prob.D, cfg.threads, pdl, maps)
+                            setup, prob.D, cfg.threads, pdl)
 
 
 IMPL = register(FastDecode(

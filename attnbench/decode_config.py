@@ -151,9 +151,6 @@ class DecodeConfig:
     #                 they do not, 0.990-1.025
     OV: int = 0  # H100, Tq=16, OV=1,STAGES=4 / the default (results/decode-ov-shapes-h100.csv, docs/PERF.md "decode
     #              v19"): window 4096 at B=1 0.969-0.973, every other list 1.00-1.02; with 3 stages 0.98-1.06
-    TMA: int = 0  # K and V by bulk tensor copies (kernels/tc/decode_tma.cuh) where the rows kernel runs on warpgroup
-    #               MMA with one warpgroup, the batch of one length and the lists unstrided (``tma_takes``); not yet
-    #               measured
 
     @property
     def rows(self) -> int:
@@ -173,16 +170,8 @@ class DecodeConfig:
         """A block's (and a split's partial's) rows: 16 when the warps take keys."""
         return 16 if keys else self.rows
 
-    def smem_bytes(self, D: int, keys: bool = False, tma: bool = False) -> int:
-        """The split kernel's shared memory: Q's tile and the K and V stages, with ``tma`` (DECODE_TMA) a stage's
-        mbarrier each past them."""
-        return (self.tile_rows(keys) + 2 * self.STAGES * self.BN) * D * 2 + (8 * self.STAGES if tma else 0)
-
-    def tma_takes(self, wgmma: bool, stride: int, one_len: bool) -> bool:
-        """Whether the rows kernel loads K and V by bulk tensor copies (DECODE_TMA): TMA 1, on warpgroup MMA
-        (``wgmma``) with one warpgroup a block, unstrided lists (``stride`` 1) and every sequence at the cache's
-        length (``one_len``: the maps read a shorter sequence's rows past its end as they are)."""
-        return bool(self.TMA) and wgmma and self.kwg == 1 and stride == 1 and one_len
+    def smem_bytes(self, D: int, keys: bool = False) -> int:
+        return (self.tile_rows(keys) + 2 * self.STAGES * self.BN) * D * 2
 
     def cluster_rows_fit(self, D: int, keys: bool = False) -> bool:
         """Whether a block's float32 rows and log-sum-exps for the cluster's merge fit the shared memory it
@@ -318,7 +307,7 @@ DECODE_LIMITS = {"NWARPS": (4, 16, 4), "BN": (16, 256, 16), "STAGES": (2, 8, 1),
                  "BN_SHORT": (0, 256, 16), "PDL": (0, 1, 1), "CLUSTER": (0, 16, 1), "CLUSTER_TILES": (1, 4096, 1),
                  "CLUSTER_ROWS": (1, 4096, 1), "BY_PAIRS": (0, 2, 1), "HEADS": (0, 16, 1), "WG": (0, 1, 1),
                  "KWG": (0, 2, 1), "EVICT": (0, 2, 1), "CMERGE": (0, 2, 1),
-                 "RAGGED": (0, 1, 1), "FLAT": (0, 2, 1), "SPANS": (0, 1, 1), "OV": (0, 1, 1), "TMA": (0, 1, 1)}
+                 "RAGGED": (0, 1, 1), "FLAT": (0, 2, 1), "SPANS": (0, 1, 1), "OV": (0, 1, 1)}
 DEFAULT = DecodeConfig()
 LONG_BN = DEFAULT.BN
 # lists of at most this many keys (in 64-key tiles) take BN_SHORT-key tiles. H100, B 1 to 64, Tq 1 and 16, BN=32 /
@@ -359,7 +348,7 @@ class DecodeSpec:
 def parse_decode_config(text: str, option: str = "--decode-config") -> DecodeSpec:
     """'FIELD=N,...' of NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, BY_KEYS,
     ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES, CLUSTER_ROWS, BY_PAIRS, HEADS, WG, KWG, EVICT,
-    CMERGE, RAGGED, FLAT, SPANS, OV, TMA (any case; the others at their defaults) or all by position from NWARPS,BN,STAGES; BadInput naming
+    CMERGE, RAGGED, FLAT, SPANS, OV (any case; the others at their defaults) or all by position from NWARPS,BN,STAGES; BadInput naming
     ``option`` and the limit."""
     given = parse_fields(text, option, DecodeConfig, DECODE_LIMITS, min_positional=3)
     return DecodeSpec(tuple((f, given[f]) for f in DECODE_FIELDS if f in given))
@@ -367,15 +356,15 @@ def parse_decode_config(text: str, option: str = "--decode-config") -> DecodeSpe
 
 def kernel_defines(D: int, dtype: str, mask: Mask, cfg: DecodeConfig = DEFAULT, keys: bool = False,
                    stride: int = 1, cluster: int = 1, pairs: bool = False, heads: int = 1, wg: bool = False,
-                   flat: bool = False, tma: bool = False) -> dict:
+                   flat: bool = False) -> dict:
     """The -D constants of kernels/decode.cu (kernels/decode_keys.cu when ``keys``: BN is then a warp's
     slice of the tile; kernels/decode_pairs.cu when ``pairs``): the head dimension, dtype, shape and the
     pattern (with ``stride`` > 1, the inner pattern of a residue class, one query a sequence: ``by_class``;
     with ``cluster`` > 1, the splits of a pair are a cluster of that many blocks that merges in the
     launch: sm_90 only; with ``heads`` > 1, each group's query heads dealt to that many blocks: HSPLIT; with ``wg``,
     kernels/decode.cu's products on warpgroup MMA: WG 1, an sm_90a build, the softmax's max taken on every tile, and
-    with OV 1 the overlapped walk (DECODE_OV 1), with ``tma`` (``DecodeConfig.tma_takes``) K and V by bulk tensor
-    copies (DECODE_TMA 1); with ``flat``, the key slices' kernel walking a flat run of stretches a block: FLAT 1)."""
+    with OV 1 the overlapped walk (DECODE_OV 1); with
+    ``flat``, the key slices' kernel walking a flat run of stretches a block: FLAT 1)."""
     bn = cfg.BN // cfg.NWARPS if keys else cfg.BN
     d = dict(HEAD_D=D, BN=bn, NWARPS=cfg.NWARPS, STAGES=cfg.STAGES, MT=1, MINB=cfg.MINB, QREG=1, STRIDE=stride,
              DECODE_HEAD_N=HEAD_ENTRIES, ENTRY_SPAN=1, SPAN_UNIT=SPAN_UNIT, SPAN_BITS=SPAN_BITS)  # (SPANS)
@@ -399,14 +388,8 @@ def kernel_defines(D: int, dtype: str, mask: Mask, cfg: DecodeConfig = DEFAULT, 
             d.update(KWG=cfg.kwg, BN=cfg.BN // cfg.kwg)
         if cfg.OV:  # the products of consecutive tiles in flight together
             d["DECODE_OV"] = 1
-        if tma:  # K and V by bulk tensor copies
-            if cfg.kwg > 1 or stride > 1:
-                raise ValueError("DECODE_TMA takes one warpgroup a block (KWG 1) and unstrided lists")
-            d["DECODE_TMA"] = 1
     elif cfg.kwg > 1 and not keys and not pairs:
         raise ValueError(f"KWG={cfg.kwg} is the rows kernel's on warpgroup MMA (WG=1, sm_90)")
-    elif tma:
-        raise ValueError("DECODE_TMA is the rows kernel's on warpgroup MMA (WG=1, sm_90)")
     if cfg.EVICT == 1:  # (2: not yet decided, ``evict_for``)
         d["KV_EVICT"] = 1
     return dict(d, AB_F16=int(dtype == "float16"), **pattern_defines(mask))

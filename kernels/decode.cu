@@ -12,8 +12,7 @@
 // 128-byte swizzle; with KWG 2 two warpgroups on the same rows, each on its BN keys of a stage of 2 x BN
 // and its own softmax, merged in shared memory after the last tile: decode_kwg_merge), K/V tiles by
 // cp.async (TcLoadAsync; with KWG 2 DecodeLoadHalves, tc/decode_halves.cuh: each warpgroup loads its own
-// keys of every stage and waits on a barrier of its own; with DECODE_TMA 1 by bulk tensor copies,
-// DecodeLoadTma, tc/decode_tma.cuh), partial tiles masked with the pattern
+// keys of every stage and waits on a barrier of its own), partial tiles masked with the pattern
 // predicate at each row's own position (tc_mask_rows), the online softmax (TcSoftmax), walked one tile after
 // another (DecodeWalkSerial, tc/decode_walk.cuh) or, with DECODE_OV 1 on warpgroup MMA, with S of one tile and
 // P V of the one before in flight together (DecodeWalkOverlap, tc/decode_overlap.cuh). Each split
@@ -46,10 +45,7 @@ typedef TcMmaWgmma TcMma;
 #else
 typedef TcMmaSync TcMma;
 #endif
-#if DECODE_TMA
-#include "tc/decode_tma.cuh"
-typedef DecodeLoadTma<TcMma> TcLoad;  // K and V by bulk tensor copies, one thread's issue a stage
-#elif KWG > 1
+#if KWG > 1
 #include "tc/decode_halves.cuh"
 typedef DecodeLoadHalves<TcMma> TcLoad;  // a stage of 2 x BN keys, each warpgroup loading and reading its BN
 #else
@@ -120,11 +116,7 @@ extern "C" __global__ void DECODE_CLUSTER __launch_bounds__(THREADS, MINB) decod
     const int g = lane >> 2, t4 = lane & 3;
     const TcSmem sm = tc_smem(smem);
     const u16* q = blk.q;
-#if DECODE_TMA
-    const TcGlobal gm = {q, blk.k, blk.v, nullptr, nullptr, &kmap, &vmap, nullptr};
-#else
     const TcGlobal gm = {q, blk.k, blk.v, nullptr, nullptr, nullptr, nullptr, nullptr};
-#endif
     const AB_PATTERN_T pat{AB_PATTERN_ARGS};
 
     TcLoad ld;
@@ -146,7 +138,7 @@ extern "C" __global__ void DECODE_CLUSTER __launch_bounds__(THREADS, MINB) decod
     const int ra = (KWG > 1 ? warp % 4 : warp) * RW + g, rb = ra + 8;  // the thread's two rows
     const int pos_a = decode_pos(ra, rows, Tb, Tq), pos_b = decode_pos(rb, rows, Tb, Tq);
 
-    DecodeWalk::run(ld, acc, sf, op, list, ents, count, sm, gm, Tb, pat, slice, pos_a, pos_b, t4, scale_log2);
+    DecodeWalk::run(acc, sf, op, list, ents, count, sm, gm, Tb, pat, slice, pos_a, pos_b, t4, scale_log2);
 #if KWG > 1
     decode_kwg_merge(acc, sf, smem, slice, scale_log2);
 #endif

@@ -47,13 +47,6 @@ __device__ __forceinline__ void tma_load3(unsigned dst, const void* map, int c0,
                  " [%0], [%1, {%2, %3, %4}], [%5];\n"
                  :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
 }
-// ... the same with an L2 cache policy (createpolicy's, e.g. tc_evict_first_policy of tc/common.cuh)
-__device__ __forceinline__ void tma_load3_hint(unsigned dst, const void* map, int c0, int c1, int c2, unsigned bar,
-                                               unsigned long long policy) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
-                 " [%0], [%1, {%2, %3, %4}], [%5], %6;\n"
-                 :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "l"(policy) : "memory");
-}
 // ... of a 4-d tensor map, at coordinates (c0, c1, c2, c3) (tc/rows.cuh: the class-major layout read in place)
 __device__ __forceinline__ void tma_load4(unsigned dst, const void* map, int c0, int c1, int c2, int c3, unsigned bar) {
     asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"

@@ -312,7 +312,7 @@ def test_the_readme_names_the_decode_shapes_fields_and_defaults():
                 ("MIN_PER_SPLIT", 4), ("MERGE", 0), ("BY_KEYS", 2), ("ONE_PER_SM", 8), ("CLASSES", 1),
                 ("BN_SHORT", 32), ("PDL", 1), ("CLUSTER", 9), ("CLUSTER_TILES", 9), ("CLUSTER_ROWS", 64),
                 ("BY_PAIRS", 2), ("HEADS", 0), ("WG", 1), ("KWG", 0), ("EVICT", 2), ("CMERGE", 2), ("RAGGED", 1),
-                ("FLAT", 1), ("SPANS", 1), ("OV", 0), ("TMA", 0))),
+                ("FLAT", 1), ("SPANS", 1), ("OV", 0))),
     ("by_keys=0", (("BY_KEYS", 0),)),
 ])
 def test_a_decode_shape_parses_named_and_positional_forms(text, given):
@@ -325,9 +325,9 @@ def test_a_decode_shape_parses_named_and_positional_forms(text, given):
     ("BN=24", "BN=24 must be a multiple of 16"),
     ("STAGES=1", "STAGES=1 must be from 2 to 8"),
     ("SPLITS=-1", "SPLITS=-1 must be from 0 to 4096"),
-    ("REL=1", "unknown field 'REL' (fields: NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, "
+    ("TMA=1", "unknown field 'TMA' (fields: NWARPS, BN, STAGES, MINB, SPLITS, BLOCKS_PER_SM, MIN_PER_SPLIT, MERGE, "
               "BY_KEYS, ONE_PER_SM, CLASSES, BN_SHORT, PDL, CLUSTER, CLUSTER_TILES, CLUSTER_ROWS, BY_PAIRS, HEADS, WG, "
-              "KWG, EVICT, CMERGE, RAGGED, FLAT, SPANS, OV, TMA)"),
+              "KWG, EVICT, CMERGE, RAGGED, FLAT, SPANS, OV)"),
     ("WG=2", "WG=2 must be 0 or 1"),
     ("FLAT=3", "FLAT=3 must be from 0 to 2"),
     ("CLUSTER=17", "CLUSTER=17 must be from 0 to 16"),
@@ -1198,84 +1198,6 @@ def test_the_overlapped_walk_passes_the_gate(spec, pattern, params):
     s = setups[spec]
     assert s["kernel"] == KERNEL and "OV=1" in s["decode_config"], s
     assert s["wgmma"] == (cupy.cuda.Device().compute_capability == "90"), s
-
-
-# ---- TMA: K and V by bulk tensor copies -------------------------------------------------------------------------
-def test_bulk_copies_take_the_one_warpgroup_rows_kernel_on_a_batch_of_one_length():
-    """TMA=1 compiles DECODE_TMA into the rows kernel's warpgroup MMA build only where it runs with one warpgroup, the
-    lists unstrided and every sequence at the cache's length (``tma_takes``; a shorter sequence's rows past its end
-    would be read as they are), with a stage's mbarrier each in shared memory; every other build is refused by
-    name, and the default has no TMA."""
-    m = make_mask("window", 4096, True, window=1000)
-    tma = parse_decode_config("TMA=1").apply()
-    assert DEFAULT.TMA == 0 and not DEFAULT.tma_takes(True, 1, True)
-    assert tma.tma_takes(True, 1, True)
-    assert not tma.tma_takes(False, 1, True) and not tma.tma_takes(True, 2, True) and not tma.tma_takes(True, 1, False)
-    assert not replace(tma, KWG=2, NWARPS=8).tma_takes(True, 1, True)
-    assert tma.smem_bytes(128, tma=True) == tma.smem_bytes(128) + 8 * tma.STAGES
-    assert kernel_defines(128, "bfloat16", m, tma, wg=True, tma=True)["DECODE_TMA"] == 1
-    assert "DECODE_TMA" not in kernel_defines(128, "bfloat16", m, tma, wg=True)  # the runner decides
-    for kw in (dict(), dict(keys=True), dict(pairs=True)):
-        with pytest.raises(ValueError, match="DECODE_TMA"):
-            kernel_defines(128, "bfloat16", m, tma, tma=True, **kw)
-    for cfg, kw in ((replace(tma, KWG=2, NWARPS=8), {}), (tma, dict(stride=2))):
-        with pytest.raises(ValueError, match="DECODE_TMA"):
-            kernel_defines(128, "bfloat16", m, cfg, wg=True, tma=True, **kw)
-    with pytest.raises(BadInput, match="TMA=2"):
-        parse_decode_config("TMA=2")
-
-
-@pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("cfg_text, cluster", [("TMA=1", 1), ("TMA=1", 9), ("TMA=1,OV=1", 9),
-                                               ("TMA=1,OV=1,STAGES=4", 1), ("TMA=1,BN=32", 1), ("TMA=1,EVICT=1", 9)])
-def test_the_bulk_copy_build_compiles_for_sm_90a_and_copies_k_and_v_by_tensor_maps(D, cfg_text, cluster):
-    """DECODE_TMA's build: no spills, no serialised warpgroup MMA, K and V by bulk tensor copies on mbarriers (Q's
-    rows still by cp.async, fewer of them than the cp.async build's Q, K and V), with EVICT=1 every tensor copy under
-    an L2 cache policy and otherwise none, and the two maps last among the split kernel's parameters."""
-    from attnbench import compile as kc
-
-    cfg = parse_decode_config(cfg_text).apply()
-    m = make_mask("streaming", 4096, True, sink=4, window=1000)
-    on = kernel_defines(D, "bfloat16", m, cfg, cluster=cluster, wg=True, tma=True)
-    off = kernel_defines(D, "bfloat16", m, cfg, cluster=cluster, wg=True)
-    for r in compile_only(KERNEL, on, "sm_90a"):
-        assert 0 < r.registers <= 255 and (r.spill_stores, r.spill_loads) == (0, 0), r
-    _, log = kc._nvrtc(KERNEL, kc.source(KERNEL, on), list(kc.options(on)) + ["-arch=sm_90a", "-Xptxas=-v"])
-    assert "C7514" not in log and "C7515" not in log and "serialized" not in log, log
-    ptx_on, ptx_off = kc.ptx(KERNEL, on, "sm_90a"), kc.ptx(KERNEL, off, "sm_90a")
-    assert "cp.async.bulk.tensor.3d" in ptx_on and "mbarrier.try_wait.parity" in ptx_on
-    assert "cp.async.bulk.tensor" not in ptx_off
-    tensor = [ln for ln in ptx_on.splitlines() if "cp.async.bulk.tensor" in ln]
-    assert all(("L2::cache_hint" in ln) == ("EVICT=1" in cfg_text) for ln in tensor), tensor
-    n_on = sum(len(x) for x in _copies(ptx_on))
-    assert 0 < n_on < sum(len(x) for x in _copies(ptx_off))
-    split = ptx_on[ptx_on.index(".entry decode_split"):]
-    params = split[:split.index(")")]
-    assert params.count(".param .align 64 .b8") == 2 and params.rstrip().endswith("[128]"), params
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("spec", ["TMA=1", "TMA=1,CLUSTER=0", "TMA=1,OV=1", "TMA=1,OV=1,STAGES=4,CLUSTER=0"])
-@pytest.mark.parametrize("pattern,params", [("dense", {}), ("streaming", {"sink": 4, "window": 1000}),
-                                            ("window", {"window": 3000}), ("dilated", {"window": 512, "dilation": 2}),
-                                            ("bigbird", {})])
-def test_bulk_copies_pass_the_gate(spec, pattern, params):
-    """TMA=1 through the gate on a batch of two sequences of 16344 keys (the last tile 24 keys past the cache's end,
-    which the maps read as 0), 64 rows a group (4 heads x Tq=16): in a cluster and with the merge launch, the serial
-    walk and the overlapped one; on sm_90 the rows kernel loads K and V by bulk tensor copies."""
-    import cupy
-
-    setups = _ragged_gates(make_mask(pattern, 16344, True, **params), 16, 8, 2, {spec: spec}, lens=(16344, 16344))
-    s = setups[spec]
-    assert s["kernel"] == KERNEL and "TMA=1" in s["decode_config"], s
-    assert s["tma"] == (cupy.cuda.Device().compute_capability == "90"), s
-
-
-@pytest.mark.gpu
-def test_bulk_copies_leave_a_ragged_batch_to_the_cp_async_loads():
-    """On a ragged batch TMA=1 keeps the cp.async loads (``tma`` False in the row's setup) and passes the gate."""
-    setups = _ragged_gates(make_mask("window", 16384, True, window=3000), 16, 8, 2, {"t": "TMA=1"})
-    assert setups["t"]["kernel"] == KERNEL and setups["t"]["tma"] is False, setups
 
 
 # ---- KWG: two warpgroups on the same rows, a slice of every tile each ---------------------------------------

@@ -87,8 +87,7 @@ def test_fast_tc_classes_is_sanitizer_clean(tool, pass_name, shapes):
 @pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer not on PATH")
 @pytest.mark.parametrize("tq, shape", [(1, ""), (16, ""), (16, "CLUSTER=0"), (1, "BY_PAIRS=1"), (16, "HEADS=4"),
                                        (16, "HEADS=2,CLUSTER=0"), (16, "WG=0"), (16, "NWARPS=8,KWG=2"),
-                                       (16, "NWARPS=8,KWG=2,CLUSTER=0"), (16, "CMERGE=1"), (16, "TMA=1"),
-                                       (16, "TMA=1,OV=1,CLUSTER=0")])
+                                       (16, "NWARPS=8,KWG=2,CLUSTER=0"), (16, "CMERGE=1")])
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
 def test_fast_decode_is_sanitizer_clean(tool, tq, shape):
     """fast-decode on every pattern through the gate, grouped heads (8 over 2), one query and sixteen: the
@@ -100,9 +99,7 @@ def test_fast_decode_is_sanitizer_clean(tool, tq, shape):
     short lists at Tq=16, whose 4 pairs are few; HEADS=4 on every list, HEADS=2 with the merge launch). On sm_90
     the rows kernel (Tq=16's 64 rows) runs on warpgroup MMA by default, and on mma.sync with WG=0; KWG=2 puts two
     warpgroups on those rows, each on half of every tile (sm_90 only), with the cluster's merge and the launch's;
-    CMERGE=1 gathers each thread's reads of the cluster's partials before it uses any; TMA=1 loads K and V by bulk
-    tensor copies on mbarriers (sm_90, the rows kernel with one warpgroup; the batch is of one length), with the
-    cluster's merge, and with the merge launch and the overlapped walk."""
+    CMERGE=1 gathers each thread's reads of the cluster's partials before it uses any."""
     env = dict(os.environ, ATTNBENCH_DECODE_CONFIG=shape) if shape else dict(os.environ)
     _decode_is_clean(tool, ["--T", "77", "--T", "1000", "--T", "4096", "--Tq", str(tq), "--D", "64", "--B", "2",
                             "--H", "8", "--H-kv", "2"], env)

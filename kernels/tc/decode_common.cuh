@@ -43,17 +43,7 @@
         const int *__restrict__ lens, const int *__restrict__ list_of, int H, int H_kv, int Tq, int Tk,           \
         int per_split, float scale_log2, const int *__restrict__ table, u16 *__restrict__ Og,                     \
         int *__restrict__ tickets, int one_len, int list_count, const int4 *__restrict__ segs,                   \
-        const int *__restrict__ seg_at, const __grid_constant__ DecodeHead head DECODE_TMA_PARAMS
-
-// DECODE_TMA 1 (kernels/decode.cu's DecodeLoadTma, tc/decode_tma.cuh): K's and V's tensor maps come last, by value
-#ifndef DECODE_TMA
-#define DECODE_TMA 0
-#endif
-#if DECODE_TMA
-#define DECODE_TMA_PARAMS , const __grid_constant__ TmaMap kmap, const __grid_constant__ TmaMap vmap
-#else
-#define DECODE_TMA_PARAMS
-#endif
+        const int *__restrict__ seg_at, const __grid_constant__ DecodeHead head
 
 // The list's first DECODE_HEAD_N entries (tent[0 ..), zeros past its end) come with the launch as well, a kernel
 // parameter: a block reads its first entries, and every one of a short list, from the launch's constant bank,
@@ -102,7 +92,6 @@ struct DecodeBlock {
     int Tb;             // this sequence's keys
     int first, count;   // the split's stretch of the sequence's list: first entry's index in tent, length
     int part;           // FLAT: its partial's index in Op / Lp (else (pair, split) of gridDim.x splits a pair)
-    int plane;          // its key/value head's index among K's and V's B x H_kv (their maps' third coordinate)
     const u16 *q, *k, *v;  // the group's Q slab, the key/value head's K and V
 };
 
@@ -132,7 +121,6 @@ __device__ __forceinline__ DecodeBlock decode_block_at(int split, int kvh, int b
     d.q = Qg + ((size_t)d.b * H + (size_t)d.kvh * d.group) * Tq * HEAD_D;
     // HSPLIT > 1: a group's query heads are dealt to HSPLIT blocks (row groups); H_kv counts the row groups,
     // kvh names one, and K and V are those of the key/value head it shares with the other HSPLIT - 1
-    d.plane = d.b * (H_kv / HSPLIT) + d.kvh / HSPLIT;
     const size_t kv = (((size_t)d.b * (H_kv / HSPLIT) + d.kvh / HSPLIT) * (size_t)Tk + c) * HEAD_D;
     d.k = Kg + kv;
     d.v = Vg + kv;
@@ -171,7 +159,7 @@ __device__ __forceinline__ DecodeBlock decode_block_stretch(const int4 seg, cons
 __device__ __forceinline__ TcWork decode_work(const DecodeBlock& d) {
     TcWork w;
     w.qt = 0;
-    w.bh = d.plane;  // (DecodeLoadTma's plane in the maps; TcLoadAsync reads the pointers)
+    w.bh = 0;
     w.T = d.Tb;
     w.base = 0;
     w.kv_base = 0;

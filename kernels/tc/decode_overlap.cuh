@@ -30,15 +30,15 @@ struct DecodeWalkOverlap {
     // Step it (FIRST: it = 0, no P V before it); a template, so that P V's issue is under no branch whose join
     // would copy the accumulators while P V writes them (ptxas then serialises the warpgroup MMA)
     template <bool FIRST, class P>
-    static __device__ __forceinline__ void step(Load& ld, State& w, int it, TcAcc& acc, TcSoftmax& sf,
+    static __device__ __forceinline__ void step(State& w, int it, TcAcc& acc, TcSoftmax& sf,
                                                 const typename Mma::Ops& op, TcTileList& list,
                                                 const DecodeEntries& ents, int n, const TcSmem& sm,
                                                 const TcGlobal& gm, int Tb, const P& pat, int slice, int pos_a,
                                                 int pos_b, int t4, float scale_log2) {
         int ent_nx, ent_far;
         const int ent = list.next_near(ents, it, ent_nx, ent_far);
-        ld.template wait_tile<FIRST ? STAGES - 2 : STAGES - 3>();  // tile it has landed; tile it - 2's stage is free
-        if (!FIRST) ld.load_next(sm, gm, Tb, w.st_fill, ent_nx, it + STAGES - 2, n);
+        Load::template wait_tile<FIRST ? STAGES - 2 : STAGES - 3>();  // tile it has landed; tile it - 2's stage is free
+        if (!FIRST) Load::load_next(sm, gm, Tb, w.st_fill, ent_nx, it + STAGES - 2, n);
         w.st_fill = w.st_fill == STAGES - 1 ? 0 : w.st_fill + 1;
         const int sc = w.st;
         w.st = w.st == STAGES - 1 ? 0 : w.st + 1;
@@ -73,19 +73,19 @@ struct DecodeWalkOverlap {
     }
 
     template <class P>
-    static __device__ __forceinline__ void run(Load& ld, TcAcc& acc, TcSoftmax& sf, const typename Mma::Ops& op,
+    static __device__ __forceinline__ void run(TcAcc& acc, TcSoftmax& sf, const typename Mma::Ops& op,
                                                TcTileList& list, const DecodeEntries& ents, int n, const TcSmem& sm,
                                                const TcGlobal& gm, int Tb, const P& pat, int slice, int pos_a,
                                                int pos_b, int t4, float scale_log2) {
         State w;
         if (n > 0)
-            step<true>(ld, w, 0, acc, sf, op, list, ents, n, sm, gm, Tb, pat, slice, pos_a, pos_b, t4, scale_log2);
+            step<true>(w, 0, acc, sf, op, list, ents, n, sm, gm, Tb, pat, slice, pos_a, pos_b, t4, scale_log2);
         for (int it = 1; it < n; ++it)
-            step<false>(ld, w, it, acc, sf, op, list, ents, n, sm, gm, Tb, pat, slice, pos_a, pos_b, t4, scale_log2);
+            step<false>(w, it, acc, sf, op, list, ents, n, sm, gm, Tb, pat, slice, pos_a, pos_b, t4, scale_log2);
         if (n > 0) {
             Mma::pv_issue(acc, w.pa, op, w.st_prev);
             wg_wait<0>();
         }
-        ld.drain();
+        Load::drain();
     }
 };
