@@ -168,6 +168,9 @@ __device__ __forceinline__ TcWork decode_work(const DecodeBlock& d) {
 
 __device__ __forceinline__ int decode_pos(int r, int rows, int Tb, int Tq) { return r < rows ? Tb - Tq + r % Tq : Tb - 1; }
 
+// the first key of tile entry ent for the warpgroup on `slice` of a stage of KWG x BN keys (the rows kernel's walks)
+__device__ __forceinline__ int decode_key0(int ent, int slice) { return (tc_entry_tile(ent) * KWG + slice) * BN; }
+
 // One key tile for a warp's 16 rows (the thread's two at positions pos_a, pos_b): S = Q K^T from
 // stage `st` by Mma's products (TcMmaSync: ldmatrix and mma.sync, a decode_keys warp's slice is a stage
 // index of its own; TcMmaWgmma: the warpgroup's 64 rows at once, every warp of it issuing), masked with the

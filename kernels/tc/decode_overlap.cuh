@@ -53,9 +53,7 @@ struct DecodeWalkOverlap {
             wg_wait<1>();                              // S is done (the groups complete in order)
         }
         bool idle = false;
-        if (ent & 1)
-            idle = tc_mask_idle(
-                tc_mask_rows(s[0], pat, pos_a, pos_b, (tc_entry_tile(ent) * KWG + slice) * BN, Tb, t4));
+        if (ent & 1) idle = tc_mask_idle(tc_mask_rows(s[0], pat, pos_a, pos_b, decode_key0(ent, slice), Tb, t4));
         if (idle) {
             TcSoftmax::zero(s, rs);  // no allowed key in the warp's rows: P = 0
         } else {

@@ -26,8 +26,7 @@ struct DecodeWalkSerial {
             st_fill = st_fill == STAGES - 1 ? 0 : st_fill + 1;
             const int sc = st;
             st = st == STAGES - 1 ? 0 : st + 1;
-            decode_tile<Mma>(acc, sf, op, pat, ent, sc, (tc_entry_tile(ent) * KWG + slice) * BN, pos_a, pos_b, Tb,
-                             t4, scale_log2, it);
+            decode_tile<Mma>(acc, sf, op, pat, ent, sc, decode_key0(ent, slice), pos_a, pos_b, Tb, t4, scale_log2, it);
         }
         Load::drain();
     }
