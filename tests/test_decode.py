@@ -1187,8 +1187,9 @@ def test_the_overlapped_walk_is_the_warpgroup_builds_and_takes_three_stages():
                                             ("bigbird", {})])
 def test_the_overlapped_walk_passes_the_gate(spec, pattern, params):
     """OV=1 through the gate on a ragged batch (lists from one tile to 256, a sequence of 64 keys, 1000 and 3008 off
-    the tiles' edges; BigBird, whose ragged batch every implementation refuses, on two of 16384), 64 rows a group (4 heads x Tq=16): in a cluster and with the merge launch, one warpgroup and two
-    on the rows, 3 stages and 4; on sm_90 the rows kernel runs on warpgroup MMA with the overlapped walk."""
+    the tiles' edges; BigBird, whose ragged batch every implementation refuses, on two of 16384), 64 rows a group (4
+    heads x Tq=16): in a cluster and with the merge launch, one warpgroup and two on the rows, 3 stages and 4; on sm_90
+    the rows kernel runs on warpgroup MMA with the overlapped walk."""
     import cupy
 
     mask = make_mask(pattern, 16384, True, **params)
